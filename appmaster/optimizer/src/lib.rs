@@ -1,0 +1,1 @@
+//! Cruise optimizer: cost model and solvers (work in progress).

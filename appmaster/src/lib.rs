@@ -1,0 +1,1 @@
+//! The application master (work in progress).

@@ -1,0 +1,1 @@
+//! The evaluator (work in progress).

@@ -1,0 +1,1 @@
+//! WebHDFS client, Hadoop configuration discovery and input splits (work in progress).
