@@ -1,1 +1,17 @@
-//! The evaluator (work in progress).
+//! The cruise-rs evaluator.
+//!
+//! One evaluator process runs in each container. It connects to the AM,
+//! proves it knows the job secret, registers, and from then on does what the
+//! AM tells it: load input blocks, become a worker or a server, move blocks,
+//! stop. It is reused across tasks: switching role never restarts it.
+//!
+//! Layout:
+//! - [`protocol`]: frames, handshake and messages shared with the AM.
+//! - [`store`]: the elastic store (tables, blocks, ownership, migration).
+//! - [`peer`]: the data plane (evaluator ⇄ evaluator connections).
+//! - [`ps`]: parameter-server roles (the worker loop, server metrics).
+//! - [`apps`]: the ML applications and their data generators.
+//! - [`evaluator`]: the evaluator's event loop and process entry point.
+
+pub mod protocol;
+pub mod store;

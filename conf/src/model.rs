@@ -1,0 +1,462 @@
+//! The configuration model: one struct per TOML section, with defaults.
+//!
+//! Every field has a default so that `cruise run` works with no file at all.
+//! Field documentation here is the reference; `conf/examples/local.toml` repeats
+//! it for users.
+
+use serde::{Deserialize, Serialize};
+
+use crate::ConfError;
+
+/// The whole configuration of a job.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct CruiseConfig {
+    /// What to train and how.
+    pub job: JobConfig,
+    /// Where containers come from.
+    pub runtime: RuntimeConfig,
+    /// Control channel and data plane framing.
+    pub channel: ChannelConfig,
+    /// Elastic store layout.
+    pub store: StoreConfig,
+    /// The AM's status endpoint.
+    pub status: StatusConfig,
+    /// Multinomial logistic regression.
+    pub mlr: MlrConfig,
+}
+
+/// The ML application to run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum AppKind {
+    /// Multinomial logistic regression (sparse, SGD).
+    #[default]
+    Mlr,
+}
+
+impl AppKind {
+    /// The name used on the command line and in files.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AppKind::Mlr => "mlr",
+        }
+    }
+}
+
+impl std::fmt::Display for AppKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// How workers synchronise their progress.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum SyncMode {
+    /// Workers never wait for each other (Cruise's default).
+    #[default]
+    Async,
+    /// Stale-synchronous: a worker may be at most `job.staleness` epochs ahead of
+    /// the slowest one; `staleness = 0` is bulk-synchronous.
+    Ssp,
+}
+
+/// `[job]`: what to train and how.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct JobConfig {
+    /// Human-readable job name (shown in logs and status).
+    pub name: String,
+    /// Application: `mlr`.
+    pub app: AppKind,
+    /// Input path or URI (file, directory, `file://`, `hdfs://`, `webhdfs://`).
+    /// Empty: generate a data set for the app into the work directory.
+    pub input: String,
+    /// Work directory for generated data and evaluator logs. Empty: a
+    /// `cruise` folder in the system's temporary directory.
+    pub work_dir: String,
+    /// Number of containers (evaluators) to start the job with.
+    pub containers: u32,
+    /// Initial number of workers; the rest are servers. 0: choose
+    /// automatically (three quarters of the containers, at least one server).
+    pub workers: u32,
+    /// Number of training epochs (passes over the data set).
+    pub epochs: u32,
+    /// Records per mini-batch.
+    pub mini_batch: u32,
+    /// `async` or `ssp`.
+    pub sync: SyncMode,
+    /// Staleness bound for `ssp`, in epochs (0 = bulk-synchronous).
+    pub staleness: u32,
+    /// Seed for data generation and model initialisation.
+    pub seed: u64,
+}
+
+impl Default for JobConfig {
+    fn default() -> Self {
+        JobConfig {
+            name: "cruise-job".to_string(),
+            app: AppKind::Mlr,
+            input: String::new(),
+            work_dir: String::new(),
+            containers: 4,
+            workers: 0,
+            epochs: 5,
+            mini_batch: 100,
+            sync: SyncMode::Async,
+            staleness: 0,
+            seed: 42,
+        }
+    }
+}
+
+impl JobConfig {
+    /// The initial (workers, servers) split for `containers` containers.
+    pub fn initial_split(&self) -> (u32, u32) {
+        let n = self.containers;
+        let w = if self.workers == 0 {
+            n.saturating_sub((n / 4).max(1)).max(1)
+        } else {
+            self.workers
+        };
+        (w, n.saturating_sub(w))
+    }
+}
+
+/// Which resource manager to use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum RuntimeKind {
+    /// Evaluator processes on this machine.
+    #[default]
+    Local,
+}
+
+/// `[runtime]`: where containers come from.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RuntimeConfig {
+    /// `local`.
+    pub kind: RuntimeKind,
+    /// Most containers the local runtime runs at once (its capacity).
+    pub max_containers: u32,
+    /// Memory asked for per container, in MiB.
+    pub container_memory_mb: u32,
+    /// Cores asked for per container.
+    pub container_cores: u32,
+    /// On release, how long an evaluator gets after SIGTERM before SIGKILL.
+    pub release_grace_ms: u64,
+    /// How long to wait for requested containers to register before failing.
+    pub allocation_timeout_ms: u64,
+    /// Command that starts an evaluator. Empty: this `cruise` executable with
+    /// the `evaluator` subcommand.
+    pub evaluator_command: Vec<String>,
+}
+
+impl Default for RuntimeConfig {
+    fn default() -> Self {
+        RuntimeConfig {
+            kind: RuntimeKind::Local,
+            max_containers: 8,
+            container_memory_mb: 1024,
+            container_cores: 1,
+            release_grace_ms: 5_000,
+            allocation_timeout_ms: 60_000,
+            evaluator_command: Vec::new(),
+        }
+    }
+}
+
+/// When to compress frame payloads with lz4.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Compression {
+    /// Compress large payloads when a sample of them compresses well.
+    #[default]
+    Auto,
+    /// Compress every payload above the size threshold.
+    Always,
+    /// Never compress.
+    Never,
+}
+
+/// `[channel]`: framing and liveness of the control channel and data plane.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ChannelConfig {
+    /// Largest frame accepted on the control channel (AM ⇄ evaluator), bytes.
+    pub control_max_frame_bytes: u64,
+    /// Largest frame accepted on the data plane (evaluator ⇄ evaluator), bytes.
+    pub data_max_frame_bytes: u64,
+    /// `auto`, `always` or `never`.
+    pub compression: Compression,
+    /// Payloads smaller than this are never compressed, bytes.
+    pub compress_min_bytes: u64,
+    /// With `auto`: compress only if a sample shrinks to at most this fraction.
+    pub compress_max_ratio: f64,
+    /// How often each side sends a heartbeat, milliseconds.
+    pub heartbeat_interval_ms: u64,
+    /// Silence after which the peer is declared dead, milliseconds.
+    pub heartbeat_timeout_ms: u64,
+    /// Timeout for connecting and authenticating, milliseconds.
+    pub connect_timeout_ms: u64,
+}
+
+impl Default for ChannelConfig {
+    fn default() -> Self {
+        ChannelConfig {
+            control_max_frame_bytes: 16 << 20,
+            data_max_frame_bytes: 256 << 20,
+            compression: Compression::Auto,
+            compress_min_bytes: 64 << 10,
+            compress_max_ratio: 0.5,
+            heartbeat_interval_ms: 1_000,
+            heartbeat_timeout_ms: 10_000,
+            connect_timeout_ms: 10_000,
+        }
+    }
+}
+
+/// `[store]`: how tables are split into blocks.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StoreConfig {
+    /// Blocks of the model table (hashed key ranges).
+    pub model_blocks: u32,
+    /// Blocks of the input table (record ranges, one input split each).
+    /// 0: eight per container of `runtime.max_containers`.
+    pub input_blocks: u32,
+    /// Chunk size for streaming a block during a move, bytes.
+    pub move_chunk_bytes: u64,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        StoreConfig {
+            model_blocks: 64,
+            input_blocks: 0,
+            move_chunk_bytes: 4 << 20,
+        }
+    }
+}
+
+impl StoreConfig {
+    /// The number of input blocks to use with `max_containers` containers.
+    pub fn input_blocks_for(&self, max_containers: u32) -> u32 {
+        if self.input_blocks == 0 {
+            (max_containers * 8).max(8)
+        } else {
+            self.input_blocks
+        }
+    }
+}
+
+/// `[status]`: the AM's status endpoint.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StatusConfig {
+    /// Address the JSON status endpoint binds to (loopback unless you mean it).
+    /// Empty: no status endpoint.
+    pub bind: String,
+}
+
+impl Default for StatusConfig {
+    fn default() -> Self {
+        StatusConfig {
+            bind: "127.0.0.1:0".to_string(),
+        }
+    }
+}
+
+/// `[mlr]`: multinomial logistic regression.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MlrConfig {
+    /// Number of classes; labels are 0..classes-1.
+    pub classes: u32,
+    /// Number of features; feature indices are 1..=features (libsvm, 1-based)
+    /// or 0..features-1 when the data uses 0.
+    pub features: u32,
+    /// Initial SGD step size.
+    pub step_size: f64,
+    /// Step size decay per epoch: step = step_size / (1 + decay * epoch).
+    pub decay: f64,
+    /// L2 regularisation strength.
+    pub l2: f64,
+    /// Features per model key (a key holds the weights of that many features
+    /// for all classes). 0: choose automatically.
+    pub features_per_key: u32,
+    /// Samples in the generated data set (used when `job.input` is empty).
+    pub generate_samples: u64,
+    /// Average non-zero features per generated sample.
+    pub generate_nnz: u32,
+}
+
+impl Default for MlrConfig {
+    fn default() -> Self {
+        MlrConfig {
+            classes: 10,
+            features: 1_000,
+            step_size: 0.5,
+            decay: 0.1,
+            l2: 1e-5,
+            features_per_key: 0,
+            generate_samples: 20_000,
+            generate_nnz: 40,
+        }
+    }
+}
+
+impl CruiseConfig {
+    /// Check the configuration as a whole. Errors name the key at fault.
+    pub fn validate(&self) -> Result<(), ConfError> {
+        let bad = |key: &str, reason: String| {
+            Err(ConfError::Invalid {
+                key: key.to_string(),
+                reason,
+            })
+        };
+        let job = &self.job;
+        if job.containers < 2 {
+            return bad(
+                "job.containers",
+                format!(
+                    "is {}, but a job needs at least 2 (one worker and one server)",
+                    job.containers
+                ),
+            );
+        }
+        if job.containers > self.runtime.max_containers {
+            return bad(
+                "job.containers",
+                format!(
+                    "is {}, more than runtime.max_containers = {}",
+                    job.containers, self.runtime.max_containers
+                ),
+            );
+        }
+        let (w, s) = job.initial_split();
+        if w == 0 || s == 0 {
+            return bad(
+                "job.workers",
+                format!(
+                    "is {}, but with job.containers = {} that leaves {} workers and {} servers; \
+                     both must be at least 1",
+                    job.workers, job.containers, w, s
+                ),
+            );
+        }
+        if job.epochs == 0 {
+            return bad("job.epochs", "must be at least 1".to_string());
+        }
+        if job.mini_batch == 0 {
+            return bad("job.mini_batch", "must be at least 1".to_string());
+        }
+        if job.staleness > 0 && job.sync == SyncMode::Async {
+            return bad(
+                "job.staleness",
+                "is set but job.sync is \"async\"; set job.sync = \"ssp\" to use a staleness bound"
+                    .to_string(),
+            );
+        }
+        let ch = &self.channel;
+        if ch.control_max_frame_bytes < 4096 {
+            return bad(
+                "channel.control_max_frame_bytes",
+                "must be at least 4096".to_string(),
+            );
+        }
+        if ch.data_max_frame_bytes < 65536 {
+            return bad(
+                "channel.data_max_frame_bytes",
+                "must be at least 65536".to_string(),
+            );
+        }
+        if !(0.0..=1.0).contains(&ch.compress_max_ratio) {
+            return bad(
+                "channel.compress_max_ratio",
+                format!("is {}, must be between 0 and 1", ch.compress_max_ratio),
+            );
+        }
+        if ch.heartbeat_interval_ms == 0 || ch.heartbeat_timeout_ms <= ch.heartbeat_interval_ms {
+            return bad(
+                "channel.heartbeat_timeout_ms",
+                format!(
+                    "is {} ms; it must be larger than channel.heartbeat_interval_ms = {} ms (> 0)",
+                    ch.heartbeat_timeout_ms, ch.heartbeat_interval_ms
+                ),
+            );
+        }
+        if self.store.model_blocks == 0 {
+            return bad("store.model_blocks", "must be at least 1".to_string());
+        }
+        if self.store.move_chunk_bytes < 4096
+            || self.store.move_chunk_bytes > ch.data_max_frame_bytes / 2
+        {
+            return bad(
+                "store.move_chunk_bytes",
+                format!(
+                    "is {}; it must be at least 4096 and at most half of channel.data_max_frame_bytes",
+                    self.store.move_chunk_bytes
+                ),
+            );
+        }
+        if self.runtime.max_containers == 0 {
+            return bad("runtime.max_containers", "must be at least 1".to_string());
+        }
+        if self
+            .runtime
+            .evaluator_command
+            .first()
+            .is_some_and(|p| p.is_empty())
+        {
+            return bad(
+                "runtime.evaluator_command",
+                "has an empty program name".to_string(),
+            );
+        }
+        if !self.status.bind.is_empty() && self.status.bind.parse::<std::net::SocketAddr>().is_err()
+        {
+            return bad(
+                "status.bind",
+                format!(
+                    "{:?} is not an address like 127.0.0.1:8080",
+                    self.status.bind
+                ),
+            );
+        }
+        let m = &self.mlr;
+        if m.classes < 2 {
+            return bad(
+                "mlr.classes",
+                format!("is {}, must be at least 2", m.classes),
+            );
+        }
+        if m.features == 0 {
+            return bad("mlr.features", "must be at least 1".to_string());
+        }
+        if !(m.step_size > 0.0 && m.step_size.is_finite()) {
+            return bad(
+                "mlr.step_size",
+                format!("is {}, must be positive", m.step_size),
+            );
+        }
+        if !(m.decay >= 0.0 && m.decay.is_finite()) {
+            return bad("mlr.decay", format!("is {}, must be >= 0", m.decay));
+        }
+        if !(m.l2 >= 0.0 && m.l2.is_finite()) {
+            return bad("mlr.l2", format!("is {}, must be >= 0", m.l2));
+        }
+        if m.generate_nnz == 0 || m.generate_nnz > m.features {
+            return bad(
+                "mlr.generate_nnz",
+                format!(
+                    "is {}, must be between 1 and mlr.features = {}",
+                    m.generate_nnz, m.features
+                ),
+            );
+        }
+        Ok(())
+    }
+}

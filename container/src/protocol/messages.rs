@@ -1,0 +1,683 @@
+//! The messages on every channel: one enum per direction per channel.
+//!
+//! | channel | direction | enum |
+//! |---|---|---|
+//! | any (first frames) | both | [`Handshake`] |
+//! | control | AM → evaluator | [`AmToEval`] |
+//! | control | evaluator → AM | [`EvalToAm`] |
+//! | data plane, requests | client → owner | [`ToOwner`] (carries [`PeerRequest`]) |
+//! | data plane, requests | owner → client | [`ToClient`] (carries [`PeerResponse`]) |
+//! | data plane, bulk | source → destination | [`BulkToDest`] |
+//! | data plane, bulk | destination → source | [`BulkToSource`] |
+
+use std::net::SocketAddr;
+
+use serde::{Deserialize, Serialize};
+
+use cruise_conf::CruiseConfig;
+use cruise_hdfs::Split;
+
+/// Version of this protocol; both ends must agree.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// An evaluator's id within a job, given by the AM at registration.
+pub type EvaluatorId = u32;
+/// A table's id.
+pub type TableId = u8;
+/// A block's index within its table.
+pub type BlockId = u32;
+/// A key within a table.
+pub type Key = u64;
+
+/// The model table (on servers): the shared parameters.
+pub const MODEL_TABLE: TableId = 0;
+/// The input table (on workers): training records, one block per split.
+pub const INPUT_TABLE: TableId = 1;
+/// Worker-local state (on workers), co-partitioned with and moving with the input.
+pub const STATE_TABLE: TableId = 2;
+
+/// A job secret proof is an HMAC-SHA256 tag.
+pub type Nonce = [u8; 32];
+
+// ---------------------------------------------------------------------------
+// Handshake
+// ---------------------------------------------------------------------------
+
+/// What a connection is for, declared in its first frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Purpose {
+    /// Evaluator → AM control channel.
+    Control,
+    /// Evaluator → evaluator store requests (pull, push, get, put, handover).
+    Requests,
+    /// Evaluator → evaluator bulk block transfer.
+    Bulk,
+}
+
+/// The first frames of every connection. The connecting side says hello with a
+/// nonce; the accepting side proves it knows the job secret and challenges;
+/// the connecting side proves it too. Anything else is dropped.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Handshake {
+    /// Connecting side → accepting side.
+    Hello {
+        /// [`PROTOCOL_VERSION`] of the sender.
+        protocol: u32,
+        /// The job this connection belongs to.
+        job_id: String,
+        /// Who is connecting: a container id on the control channel, an
+        /// evaluator id on the data plane.
+        peer: String,
+        /// What the connection is for.
+        purpose: Purpose,
+        /// Fresh random nonce.
+        nonce: Nonce,
+    },
+    /// Accepting side → connecting side.
+    Challenge {
+        /// Fresh random nonce.
+        nonce: Nonce,
+        /// HMAC over both nonces, proving the accepting side knows the secret.
+        proof: Vec<u8>,
+    },
+    /// Connecting side → accepting side.
+    Proof {
+        /// HMAC over both nonces and the hello, proving the connecting side knows the secret.
+        proof: Vec<u8>,
+    },
+    /// Accepting side → connecting side: the connection may be used.
+    Accepted,
+    /// Accepting side → connecting side: refused; the connection closes.
+    Rejected {
+        /// Why.
+        reason: String,
+    },
+}
+
+// ---------------------------------------------------------------------------
+// Control channel
+// ---------------------------------------------------------------------------
+
+/// Messages from the AM to an evaluator.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum AmToEval {
+    /// Liveness.
+    Heartbeat,
+    /// First message after registration: who the evaluator is and the job.
+    Setup(Box<JobSetup>),
+    /// The data-plane addresses of evaluators (full directory, replaces the old one).
+    Peers(Vec<(EvaluatorId, SocketAddr)>),
+    /// Block owners changed. Applied if `version` is newer than what the evaluator has.
+    Ownership(OwnershipUpdate),
+    /// Load these input blocks from their splits.
+    LoadInput {
+        /// Block id and the split it holds.
+        blocks: Vec<(BlockId, Split)>,
+    },
+    /// Create these empty blocks of a table (owned from now on).
+    CreateBlocks {
+        /// The table.
+        table: TableId,
+        /// The blocks.
+        blocks: Vec<BlockId>,
+    },
+    /// Start the worker task (train on local input blocks).
+    StartWorker(WorkerTask),
+    /// Stop the worker task: finish the current mini-batch, flush pushes, report.
+    StopWorker,
+    /// Start the server task (report serving metrics).
+    StartServer,
+    /// Stop the server task. Blocks stay until moved away.
+    StopServer,
+    /// Move blocks of a table to another evaluator.
+    MoveBlocks {
+        /// Id of this move, echoed in the reports.
+        move_id: u64,
+        /// The table.
+        table: TableId,
+        /// The blocks.
+        blocks: Vec<BlockId>,
+        /// Destination evaluator.
+        to: EvaluatorId,
+    },
+    /// SSP: the slowest worker's clock; a waiting worker may go on if within the bound.
+    Clock {
+        /// Minimum clock over all workers.
+        min_clock: u32,
+    },
+    /// Compute the objective over all local input with the current model (no updates).
+    Evaluate,
+    /// Stop: release everything and exit with status 0.
+    Shutdown {
+        /// Why (logged).
+        reason: String,
+    },
+}
+
+/// The job description sent to every evaluator.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobSetup {
+    /// This evaluator's id.
+    pub evaluator: EvaluatorId,
+    /// The job's configuration (app, store, channel settings).
+    pub config: CruiseConfig,
+    /// Application parameters that the AM derived (e.g. model size).
+    pub app: AppParams,
+    /// Number of blocks per table.
+    pub tables: Vec<(TableId, u32)>,
+}
+
+/// Application parameters fixed for the job (derived by the AM from the config
+/// and the input).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AppParams {
+    /// Values per model key.
+    pub value_len: u32,
+    /// Number of model keys.
+    pub model_keys: u64,
+    /// Extra per-app integer parameters (documented by each app).
+    pub extra: Vec<u64>,
+}
+
+/// A change of block owners.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OwnershipUpdate {
+    /// Monotonic version of the AM's ownership table.
+    pub version: u64,
+    /// `(table, block, owner)` for each changed block.
+    pub owners: Vec<(TableId, BlockId, EvaluatorId)>,
+}
+
+/// Parameters of a worker task.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WorkerTask {
+    /// Local epoch (clock) to start at.
+    pub start_clock: u32,
+    /// SSP bound; `None` means asynchronous.
+    pub staleness: Option<u32>,
+}
+
+/// Messages from an evaluator to the AM.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum EvalToAm {
+    /// First message after the handshake.
+    Register {
+        /// Data-plane listening address.
+        data_addr: SocketAddr,
+        /// Process id (evaluator reuse is visible through it).
+        pid: u32,
+        /// Host name.
+        host: String,
+    },
+    /// Liveness, with memory use.
+    Heartbeat {
+        /// Resident set size, bytes.
+        rss_bytes: u64,
+        /// Peak resident set size, bytes.
+        peak_rss_bytes: u64,
+        /// Bytes held in store blocks.
+        store_bytes: u64,
+    },
+    /// Ownership update applied up to this version.
+    OwnershipApplied {
+        /// The version.
+        version: u64,
+    },
+    /// Input blocks loaded.
+    InputLoaded {
+        /// `(block, records, bytes)`.
+        blocks: Vec<(BlockId, u64, u64)>,
+    },
+    /// Blocks created.
+    BlocksCreated {
+        /// The table.
+        table: TableId,
+        /// The blocks.
+        blocks: Vec<BlockId>,
+    },
+    /// A task started.
+    TaskStarted {
+        /// Which.
+        task: TaskKind,
+    },
+    /// A task stopped (after a stop request or because it finished).
+    TaskStopped {
+        /// Which.
+        task: TaskKind,
+    },
+    /// A worker finished a mini-batch.
+    MiniBatch(MiniBatchReport),
+    /// A server's periodic serving metrics.
+    ServerReport(ServerReport),
+    /// A worker finished a local epoch (SSP clock tick).
+    ClockTick {
+        /// The clock it reached.
+        clock: u32,
+    },
+    /// The answer to [`AmToEval::Evaluate`].
+    Evaluation(Stats),
+    /// One block of a move is installed at the destination (its new owner).
+    BlockMoved {
+        /// The move.
+        move_id: u64,
+        /// The table.
+        table: TableId,
+        /// The block.
+        block: BlockId,
+        /// The destination, now the owner.
+        to: EvaluatorId,
+        /// Bytes streamed.
+        bytes: u64,
+    },
+    /// A move ended. Blocks not reported by `BlockMoved` stayed with the source.
+    MoveFinished {
+        /// The move.
+        move_id: u64,
+        /// `Err` names what failed.
+        result: Result<(), String>,
+        /// Seconds taken.
+        secs: f64,
+    },
+    /// Something failed that the evaluator cannot recover from; it will exit.
+    Fatal {
+        /// What it was doing and what went wrong.
+        error: String,
+    },
+}
+
+/// Kinds of task an evaluator runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum TaskKind {
+    /// Trains on local input blocks.
+    Worker,
+    /// Serves model blocks and reports metrics.
+    Server,
+}
+
+/// Per-app objective statistics, summed over records.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Stats {
+    /// Records counted.
+    pub records: u64,
+    /// Sum of the per-record loss.
+    pub loss_sum: f64,
+    /// Records predicted correctly (apps without accuracy leave 0).
+    pub correct: u64,
+}
+
+impl Stats {
+    /// Adds another set of sums.
+    pub fn add(&mut self, o: &Stats) {
+        self.records += o.records;
+        self.loss_sum += o.loss_sum;
+        self.correct += o.correct;
+    }
+
+    /// Mean loss per record.
+    pub fn mean_loss(&self) -> f64 {
+        if self.records == 0 {
+            f64::NAN
+        } else {
+            self.loss_sum / self.records as f64
+        }
+    }
+
+    /// Fraction correct.
+    pub fn accuracy(&self) -> f64 {
+        if self.records == 0 {
+            f64::NAN
+        } else {
+            self.correct as f64 / self.records as f64
+        }
+    }
+}
+
+/// What a worker measured in one mini-batch.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct MiniBatchReport {
+    /// The worker's local epoch.
+    pub clock: u32,
+    /// Objective statistics of the mini-batch (before its update).
+    pub stats: Stats,
+    /// Seconds computing.
+    pub comp_secs: f64,
+    /// Seconds pulling.
+    pub pull_secs: f64,
+    /// Bytes pulled (values received).
+    pub pull_bytes: u64,
+    /// Seconds pushing.
+    pub push_secs: f64,
+    /// Bytes pushed (deltas sent).
+    pub push_bytes: u64,
+}
+
+/// What a server measured over a period.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct ServerReport {
+    /// Length of the period, seconds.
+    pub period_secs: f64,
+    /// Requests served.
+    pub requests: u64,
+    /// Seconds spent applying and reading values.
+    pub busy_secs: f64,
+    /// Bytes received in requests.
+    pub bytes_in: u64,
+    /// Bytes sent in responses.
+    pub bytes_out: u64,
+}
+
+// ---------------------------------------------------------------------------
+// Data plane
+// ---------------------------------------------------------------------------
+
+/// Values of several keys, concatenated. Travels as raw little-endian bytes.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ValueBatch {
+    /// Length of each key's value.
+    pub lens: Vec<u32>,
+    /// All values, concatenated in key order.
+    pub data: Vec<f32>,
+}
+
+impl ValueBatch {
+    /// Number of values.
+    pub fn len(&self) -> usize {
+        self.lens.len()
+    }
+
+    /// Whether there are no values.
+    pub fn is_empty(&self) -> bool {
+        self.lens.is_empty()
+    }
+
+    /// Bytes of value data.
+    pub fn byte_len(&self) -> usize {
+        self.data.len() * 4
+    }
+
+    /// Iterates over the values as slices.
+    pub fn iter(&self) -> impl Iterator<Item = &[f32]> {
+        let mut off = 0usize;
+        self.lens.iter().map(move |&l| {
+            let s = &self.data[off..off + l as usize];
+            off += l as usize;
+            s
+        })
+    }
+
+    /// Appends one value.
+    pub fn push(&mut self, v: &[f32]) {
+        self.lens.push(v.len() as u32);
+        self.data.extend_from_slice(v);
+    }
+}
+
+impl Serialize for ValueBatch {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeTuple;
+        let mut t = s.serialize_tuple(2)?;
+        t.serialize_element(&self.lens)?;
+        t.serialize_element(serde_bytes::Bytes::new(&f32s_to_le_bytes(&self.data)))?;
+        t.end()
+    }
+}
+
+impl<'de> Deserialize<'de> for ValueBatch {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = ValueBatch;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a value batch (lengths, little-endian f32 bytes)")
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut a: A,
+            ) -> Result<ValueBatch, A::Error> {
+                use serde::de::Error;
+                let lens: Vec<u32> = a
+                    .next_element()?
+                    .ok_or_else(|| A::Error::invalid_length(0, &self))?;
+                let F32Bytes(data) = a
+                    .next_element()?
+                    .ok_or_else(|| A::Error::invalid_length(1, &self))?;
+                let total: u64 = lens.iter().map(|&l| u64::from(l)).sum();
+                if total != data.len() as u64 {
+                    return Err(A::Error::custom(format!(
+                        "value lengths sum to {total} but {} values were sent",
+                        data.len()
+                    )));
+                }
+                Ok(ValueBatch { lens, data })
+            }
+        }
+        d.deserialize_tuple(2, V)
+    }
+}
+
+/// f32 values decoded straight from a byte string (one copy, no staging buffer).
+struct F32Bytes(Vec<f32>);
+
+impl<'de> Deserialize<'de> for F32Bytes {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = F32Bytes;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("little-endian f32 bytes")
+            }
+            fn visit_bytes<E: serde::de::Error>(self, b: &[u8]) -> Result<F32Bytes, E> {
+                if b.len() % 4 != 0 {
+                    return Err(E::custom("value bytes not a multiple of 4"));
+                }
+                Ok(F32Bytes(le_bytes_to_f32s(b)))
+            }
+        }
+        d.deserialize_bytes(V)
+    }
+}
+
+/// f32 values as little-endian bytes (borrowed on little-endian machines).
+pub fn f32s_to_le_bytes(v: &[f32]) -> std::borrow::Cow<'_, [u8]> {
+    if cfg!(target_endian = "little") {
+        std::borrow::Cow::Borrowed(bytemuck::cast_slice(v))
+    } else {
+        std::borrow::Cow::Owned(v.iter().flat_map(|x| x.to_le_bytes()).collect())
+    }
+}
+
+/// Little-endian bytes back to f32 values (one copy).
+pub fn le_bytes_to_f32s(b: &[u8]) -> Vec<f32> {
+    if cfg!(target_endian = "little") {
+        bytemuck::pod_collect_to_vec(b)
+    } else {
+        b.chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect()
+    }
+}
+
+/// A store request to the owner of the blocks it touches.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum PeerRequest {
+    /// Read values (pull). Answered by [`PeerResponse::Values`].
+    Get {
+        /// The table.
+        table: TableId,
+        /// The keys.
+        keys: Vec<Key>,
+    },
+    /// Overwrite values. Answered by [`PeerResponse::Done`].
+    Put {
+        /// The table.
+        table: TableId,
+        /// The keys.
+        keys: Vec<Key>,
+        /// One value per key.
+        values: ValueBatch,
+    },
+    /// Apply deltas with the table's update function (push). Answered by [`PeerResponse::Done`].
+    Update {
+        /// The table.
+        table: TableId,
+        /// The keys.
+        keys: Vec<Key>,
+        /// One delta per key.
+        deltas: ValueBatch,
+    },
+    /// Migration: take ownership of a block and queue operations on it until
+    /// its data arrives. Answered by [`PeerResponse::Done`].
+    Handover {
+        /// The table.
+        table: TableId,
+        /// The block.
+        block: BlockId,
+        /// The move it belongs to.
+        move_id: u64,
+    },
+    /// Migration failed after handover: the source owns the block again. The
+    /// destination stops queueing, answers every operation it queued with a
+    /// retryable error (none of them was applied), forwards later ones to the
+    /// source, and answers with [`PeerResponse::Done`].
+    AbortHandover {
+        /// The table.
+        table: TableId,
+        /// The block.
+        block: BlockId,
+    },
+}
+
+/// The answer to a [`PeerRequest`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum PeerResponse {
+    /// Values, in the order of the requested keys.
+    Values(ValueBatch),
+    /// Done.
+    Done,
+}
+
+/// An error answered to a request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[error("{message}")]
+pub struct RemoteError {
+    /// Whether the request was not applied and may be sent again.
+    pub retry: bool,
+    /// What went wrong, with context.
+    pub message: String,
+}
+
+impl RemoteError {
+    /// A permanent failure.
+    pub fn fatal(message: impl Into<String>) -> Self {
+        RemoteError {
+            retry: false,
+            message: message.into(),
+        }
+    }
+
+    /// The request was not applied; sending it again is safe.
+    pub fn retry(message: impl Into<String>) -> Self {
+        RemoteError {
+            retry: true,
+            message: message.into(),
+        }
+    }
+}
+
+/// Client → owner frames on a request connection.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum ToOwner {
+    /// A request, answered by a response with the same id.
+    Request {
+        /// Id chosen by the client, unique on the connection.
+        id: u64,
+        /// The request.
+        req: PeerRequest,
+    },
+    /// Answer to [`ToClient::GoAway`]: every request before this frame has
+    /// been sent; no more will come on this connection.
+    GoAwayAck,
+}
+
+/// Owner → client frames on a request connection.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum ToClient {
+    /// The answer to a request.
+    Response {
+        /// The request's id.
+        id: u64,
+        /// The outcome.
+        result: Result<PeerResponse, RemoteError>,
+    },
+    /// The owner is leaving: send nothing new, acknowledge with [`ToOwner::GoAwayAck`].
+    GoAway,
+}
+
+/// Source → destination frames on a bulk connection.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum BulkToDest {
+    /// A block's data begins.
+    Begin {
+        /// The move.
+        move_id: u64,
+        /// The table.
+        table: TableId,
+        /// The block.
+        block: BlockId,
+        /// Total bytes that follow in chunks.
+        bytes: u64,
+    },
+    /// A piece of the current block's encoded data.
+    Chunk(#[serde(with = "serde_bytes")] Vec<u8>),
+    /// The current block is complete; install it and answer.
+    End,
+}
+
+/// Destination → source frames on a bulk connection.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum BulkToSource {
+    /// The block is installed and owned by the destination.
+    Installed {
+        /// The table.
+        table: TableId,
+        /// The block.
+        block: BlockId,
+    },
+    /// The block could not be installed.
+    Failed {
+        /// The table.
+        table: TableId,
+        /// The block.
+        block: BlockId,
+        /// Why.
+        reason: String,
+    },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn value_batch_round_trip() {
+        let mut b = ValueBatch::default();
+        b.push(&[1.0, -2.5]);
+        b.push(&[]);
+        b.push(&[f32::MAX]);
+        let bytes = postcard::to_allocvec(&b).unwrap();
+        let back: ValueBatch = postcard::from_bytes(&bytes).unwrap();
+        assert_eq!(back, b);
+        let vals: Vec<&[f32]> = back.iter().collect();
+        assert_eq!(vals, vec![&[1.0, -2.5][..], &[][..], &[f32::MAX][..]]);
+    }
+
+    #[test]
+    fn value_batch_lengths_checked() {
+        let bad = ValueBatch {
+            lens: vec![3],
+            data: vec![1.0],
+        };
+        let bytes = postcard::to_allocvec(&bad).unwrap();
+        assert!(postcard::from_bytes::<ValueBatch>(&bytes).is_err());
+    }
+}

@@ -1,0 +1,137 @@
+//! Connection plumbing: the writer task that owns a connection's send half, and
+//! fault hooks for tests.
+//!
+//! Every connection has exactly one writer task, fed by a channel, so that the
+//! owner of the connection's state (an event loop) never blocks on a slow socket.
+//! The writer stops when its channel closes, when the connection's cancellation
+//! token fires, or when [`Faults::break_now`] is called; on a write error it
+//! cancels the connection token so the reading side notices at once.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use futures::{Sink, SinkExt};
+use tokio::sync::{Notify, mpsc};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use super::ProtocolError;
+
+/// Fault hooks on a connection: tests use them to delay every frame a side
+/// sends, or to break the connection abruptly. Production code never sets them;
+/// checking them costs two atomic loads per frame.
+#[derive(Clone, Debug, Default)]
+pub struct Faults {
+    inner: Arc<FaultState>,
+}
+
+#[derive(Debug, Default)]
+struct FaultState {
+    delay_us: AtomicU64,
+    broken: AtomicBool,
+    notify: Notify,
+}
+
+impl Faults {
+    /// Delays every frame sent from now on by `d` (zero to stop delaying).
+    pub fn set_delay(&self, d: Duration) {
+        self.inner.delay_us.store(
+            d.as_micros().min(u128::from(u64::MAX)) as u64,
+            Ordering::Relaxed,
+        );
+    }
+
+    /// The current delay.
+    pub fn delay(&self) -> Duration {
+        Duration::from_micros(self.inner.delay_us.load(Ordering::Relaxed))
+    }
+
+    /// Breaks every connection using these hooks: they stop reading and
+    /// writing as if the network failed.
+    pub fn break_now(&self) {
+        self.inner.broken.store(true, Ordering::SeqCst);
+        self.inner.notify.notify_waiters();
+    }
+
+    /// Whether [`Faults::break_now`] was called.
+    pub fn is_broken(&self) -> bool {
+        self.inner.broken.load(Ordering::SeqCst)
+    }
+
+    /// Resolves once the connection is broken.
+    pub async fn broken(&self) {
+        loop {
+            let notified = self.inner.notify.notified();
+            if self.is_broken() {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+/// Spawns the writer task of a connection on `tracker`. Messages sent on the
+/// returned channel are written in order. `what` names the connection in logs.
+pub fn spawn_writer<S, M>(
+    mut sink: S,
+    capacity: usize,
+    faults: Faults,
+    cancel: CancellationToken,
+    tracker: &TaskTracker,
+    what: String,
+) -> mpsc::Sender<M>
+where
+    S: Sink<M, Error = ProtocolError> + Unpin + Send + 'static,
+    M: Send + 'static,
+{
+    let (tx, mut rx) = mpsc::channel::<M>(capacity);
+    tracker.spawn(async move {
+        loop {
+            let first = tokio::select! {
+                biased;
+                _ = cancel.cancelled() => break,
+                _ = faults.broken() => break,
+                m = rx.recv() => match m {
+                    Some(m) => m,
+                    None => break,
+                },
+            };
+            let delay = faults.delay();
+            if !delay.is_zero() {
+                tokio::select! {
+                    _ = tokio::time::sleep(delay) => {}
+                    _ = cancel.cancelled() => break,
+                }
+            }
+            if let Err(e) = sink.feed(first).await {
+                tracing::debug!("{what}: write failed: {e}");
+                cancel.cancel();
+                return;
+            }
+            // Batch what is already queued into one flush.
+            while let Ok(m) = rx.try_recv() {
+                if !faults.delay().is_zero() {
+                    break;
+                }
+                if let Err(e) = sink.feed(m).await {
+                    tracing::debug!("{what}: write failed: {e}");
+                    cancel.cancel();
+                    return;
+                }
+            }
+            if let Err(e) = sink.flush().await {
+                tracing::debug!("{what}: flush failed: {e}");
+                cancel.cancel();
+                return;
+            }
+        }
+        if faults.is_broken() {
+            // Simulated network failure: drop the socket without a goodbye.
+            cancel.cancel();
+            return;
+        }
+        let _ = sink.close().await;
+    });
+    tx
+}

@@ -1,0 +1,343 @@
+use super::*;
+
+struct Add;
+
+impl ModelFunctions for Add {
+    fn value_len(&self) -> usize {
+        2
+    }
+    fn init(&self, key: Key) -> Vec<f32> {
+        vec![key as f32, 0.0]
+    }
+    fn update(&self, _key: Key, value: &mut [f32], delta: &[f32]) {
+        for (v, d) in value.iter_mut().zip(delta) {
+            *v += d;
+        }
+    }
+}
+
+const BLOCKS: u32 = 4;
+
+fn store(me: EvaluatorId) -> Store {
+    let s = Store::new(me);
+    s.configure(
+        &[(MODEL_TABLE, BLOCKS), (INPUT_TABLE, 2), (STATE_TABLE, 2)],
+        Arc::new(Add),
+    );
+    s
+}
+
+fn keys_in_block(b: BlockId, n: usize) -> Vec<Key> {
+    (0..10_000u64)
+        .filter(|&k| block_of_key(k, BLOCKS) == b)
+        .take(n)
+        .collect()
+}
+
+fn get(keys: &[Key]) -> StoreOp {
+    StoreOp {
+        kind: OpKind::Get,
+        table: MODEL_TABLE,
+        keys: keys.to_vec(),
+        values: ValueBatch::default(),
+    }
+}
+
+fn update(keys: &[Key], d: f32) -> StoreOp {
+    let mut values = ValueBatch::default();
+    for _ in keys {
+        values.push(&[d, 1.0]);
+    }
+    StoreOp {
+        kind: OpKind::Update,
+        table: MODEL_TABLE,
+        keys: keys.to_vec(),
+        values,
+    }
+}
+
+fn ready(sub: Submission) -> PeerResponse {
+    let mut parts = Vec::new();
+    for p in sub.parts {
+        match p.pending {
+            Pending::Ready(r) => parts.push((p.positions, r.unwrap())),
+            _ => panic!("expected only local parts"),
+        }
+    }
+    assemble(sub.kind, sub.keys, parts).unwrap()
+}
+
+fn values(r: PeerResponse) -> Vec<Vec<f32>> {
+    match r {
+        PeerResponse::Values(b) => b.iter().map(<[f32]>::to_vec).collect(),
+        other => panic!("expected values, got {other:?}"),
+    }
+}
+
+#[test]
+fn local_get_and_update_use_init_and_update_fn() {
+    let s = store(1);
+    s.create_blocks(MODEL_TABLE, &[0, 1, 2, 3]).unwrap();
+    let keys = [5u64, 17, 3];
+    assert_eq!(
+        values(ready(s.submit(get(&keys)).unwrap())),
+        vec![vec![5.0, 0.0], vec![17.0, 0.0], vec![3.0, 0.0]]
+    );
+    ready(s.submit(update(&keys, 2.0)).unwrap());
+    ready(s.submit(update(&keys[..1], 1.0)).unwrap());
+    assert_eq!(
+        values(ready(s.submit(get(&keys)).unwrap())),
+        vec![vec![8.0, 2.0], vec![19.0, 1.0], vec![5.0, 1.0]]
+    );
+}
+
+#[test]
+fn absent_blocks_are_forwarded_to_their_owner_grouped() {
+    let s = store(1);
+    s.create_blocks(MODEL_TABLE, &[0]).unwrap();
+    s.apply_ownership(&OwnershipUpdate {
+        version: 1,
+        owners: vec![
+            (MODEL_TABLE, 0, 1),
+            (MODEL_TABLE, 1, 2),
+            (MODEL_TABLE, 2, 2),
+            (MODEL_TABLE, 3, 3),
+        ],
+    });
+    let mut keys = keys_in_block(0, 2);
+    keys.extend(keys_in_block(1, 2));
+    keys.extend(keys_in_block(2, 1));
+    keys.extend(keys_in_block(3, 1));
+    let sub = s.submit(update(&keys, 1.0)).unwrap();
+    let mut fwd: Vec<(EvaluatorId, Vec<usize>, usize)> = Vec::new();
+    let mut local = 0;
+    for p in sub.parts {
+        match p.pending {
+            Pending::Ready(r) => {
+                r.unwrap();
+                local += p.positions.len();
+            }
+            Pending::Forward { to, op } => {
+                assert_eq!(op.keys.len(), op.values.len());
+                for (i, &pos) in p.positions.iter().enumerate() {
+                    assert_eq!(op.keys[i], keys[pos], "forwarded keys match positions");
+                }
+                fwd.push((to, p.positions, op.keys.len()));
+            }
+            Pending::Queued(_) => panic!("nothing is in flight"),
+        }
+    }
+    assert_eq!(local, 2);
+    fwd.sort();
+    assert_eq!(
+        fwd.iter().map(|f| (f.0, f.2)).collect::<Vec<_>>(),
+        vec![(2, 3), (3, 1)]
+    );
+}
+
+#[test]
+fn unknown_owner_is_retryable() {
+    let s = store(1);
+    let sub = s.submit(get(&[1])).unwrap();
+    match &sub.parts[0].pending {
+        Pending::Ready(Err(e)) => assert!(e.retry, "{e}"),
+        _ => panic!("expected a retryable error"),
+    }
+}
+
+#[tokio::test]
+async fn incoming_block_queues_then_applies_in_order() {
+    let src = store(1);
+    let dst = store(2);
+    src.create_blocks(MODEL_TABLE, &[0]).unwrap();
+    let k = keys_in_block(0, 1);
+    ready(src.submit(update(&k, 1.0)).unwrap()); // applied at the source
+
+    dst.begin_incoming(MODEL_TABLE, 0, 1).unwrap();
+    let data = src.take_for_move(MODEL_TABLE, 0, 2).unwrap();
+    // The source now forwards.
+    let sub = src.submit(update(&k, 10.0)).unwrap();
+    let Pending::Forward { to, op } = sub.parts.into_iter().next().unwrap().pending else {
+        panic!("expected forward")
+    };
+    assert_eq!(to, 2);
+    // The destination queues the forwarded update and a read after it.
+    let q1 = dst.submit(op).unwrap();
+    let q2 = dst.submit(get(&k)).unwrap();
+    let rx1 = match q1.parts.into_iter().next().unwrap().pending {
+        Pending::Queued(rx) => rx,
+        _ => panic!("expected queued"),
+    };
+    let rx2 = match q2.parts.into_iter().next().unwrap().pending {
+        Pending::Queued(rx) => rx,
+        _ => panic!("expected queued"),
+    };
+    // Data lands: encoded and decoded like a real move.
+    let data = BlockData::decode(&data.encode()).unwrap();
+    dst.install(MODEL_TABLE, 0, data).unwrap();
+    src.finish_move(MODEL_TABLE, 0).unwrap();
+    assert_eq!(rx1.await.unwrap().unwrap(), PeerResponse::Done);
+    let v = values(rx2.await.unwrap().unwrap());
+    assert_eq!(
+        v[0],
+        vec![k[0] as f32 + 11.0, 2.0],
+        "both updates, once each, in order"
+    );
+    assert_eq!(dst.local_blocks(MODEL_TABLE), vec![0]);
+    assert!(src.local_blocks(MODEL_TABLE).is_empty());
+}
+
+#[tokio::test]
+async fn aborted_move_restores_source_and_fails_queue_retryably() {
+    let src = store(1);
+    let dst = store(2);
+    src.create_blocks(MODEL_TABLE, &[1]).unwrap();
+    let k = keys_in_block(1, 1);
+    dst.begin_incoming(MODEL_TABLE, 1, 1).unwrap();
+    let data = src.take_for_move(MODEL_TABLE, 1, 2).unwrap();
+    let q = dst.submit(update(&k, 5.0)).unwrap();
+    let Pending::Queued(rx) = q.parts.into_iter().next().unwrap().pending else {
+        panic!("expected queued")
+    };
+    src.restore(MODEL_TABLE, 1, data).unwrap();
+    dst.abort_incoming(MODEL_TABLE, 1).unwrap();
+    let err = rx.await.unwrap().unwrap_err();
+    assert!(err.retry, "{err}");
+    // The source owns it again and the queued update was not applied anywhere.
+    assert_eq!(
+        values(ready(src.submit(get(&k)).unwrap()))[0],
+        vec![k[0] as f32, 0.0]
+    );
+    // The destination now forwards to the source.
+    let sub = dst.submit(get(&k)).unwrap();
+    assert!(matches!(
+        sub.parts[0].pending,
+        Pending::Forward { to: 1, .. }
+    ));
+}
+
+#[test]
+fn illegal_transitions_are_errors() {
+    let s = store(1);
+    s.create_blocks(MODEL_TABLE, &[0]).unwrap();
+    assert!(
+        s.begin_incoming(MODEL_TABLE, 0, 2).is_err(),
+        "cannot receive an owned block"
+    );
+    assert!(
+        s.take_for_move(MODEL_TABLE, 1, 2).is_err(),
+        "cannot move an absent block"
+    );
+    assert!(
+        s.install(MODEL_TABLE, 1, BlockData::Keyed(KeyedBlock::default()))
+            .is_err()
+    );
+    assert!(s.take_for_move(MODEL_TABLE, 9, 2).is_err(), "no such block");
+    assert!(
+        s.submit(StoreOp {
+            table: INPUT_TABLE,
+            ..get(&[1])
+        })
+        .is_err(),
+        "input is not keyed"
+    );
+    let bad = StoreOp {
+        values: ValueBatch::default(),
+        ..update(&[1], 1.0)
+    };
+    assert!(s.submit(bad).is_err(), "values must match keys");
+}
+
+#[test]
+fn wrong_value_length_rejected_not_applied() {
+    let s = store(1);
+    s.create_blocks(MODEL_TABLE, &[0, 1, 2, 3]).unwrap();
+    let mut values = ValueBatch::default();
+    values.push(&[1.0, 2.0, 3.0]);
+    let op = StoreOp {
+        kind: OpKind::Update,
+        table: MODEL_TABLE,
+        keys: vec![7],
+        values,
+    };
+    let sub = s.submit(op).unwrap();
+    assert!(matches!(&sub.parts[0].pending, Pending::Ready(Err(e)) if !e.retry));
+    assert_eq!(values_of(&s, 7), vec![7.0, 0.0]);
+}
+
+fn values_of(s: &Store, k: Key) -> Vec<f32> {
+    values(ready(s.submit(get(&[k])).unwrap())).remove(0)
+}
+
+#[test]
+fn ownership_updates_apply_only_when_newer() {
+    let s = store(1);
+    assert_eq!(
+        s.apply_ownership(&OwnershipUpdate {
+            version: 2,
+            owners: vec![(MODEL_TABLE, 0, 7)]
+        }),
+        2
+    );
+    assert_eq!(
+        s.apply_ownership(&OwnershipUpdate {
+            version: 1,
+            owners: vec![(MODEL_TABLE, 0, 8)]
+        }),
+        2
+    );
+    assert_eq!(s.owner(MODEL_TABLE, 0), Some(7));
+}
+
+#[test]
+fn departed_forward_target_falls_back_to_owner_view() {
+    let s = store(1);
+    s.create_blocks(MODEL_TABLE, &[2]).unwrap();
+    s.begin_incoming(MODEL_TABLE, 3, 5).ok();
+    let _ = s.take_for_move(MODEL_TABLE, 2, 4).unwrap();
+    s.finish_move(MODEL_TABLE, 2).unwrap();
+    s.apply_ownership(&OwnershipUpdate {
+        version: 3,
+        owners: vec![(MODEL_TABLE, 2, 6)],
+    });
+    let k = keys_in_block(2, 1);
+    let sub = s.submit(get(&k)).unwrap();
+    assert!(
+        matches!(sub.parts[0].pending, Pending::Forward { to: 4, .. }),
+        "follows the pointer"
+    );
+    s.set_departed([4]);
+    let sub = s.submit(get(&k)).unwrap();
+    assert!(
+        matches!(sub.parts[0].pending, Pending::Forward { to: 6, .. }),
+        "4 left: use the view"
+    );
+}
+
+#[test]
+fn state_blocks_are_held_during_access() {
+    let s = store(1);
+    s.put_block(
+        STATE_TABLE,
+        0,
+        BlockData::State(StateBlock {
+            floats: vec![1.0],
+            ints: vec![],
+        }),
+    )
+    .unwrap();
+    let r = s.with_state(0, |st| {
+        st.floats[0] += 1.0;
+        st.floats[0]
+    });
+    assert_eq!(r, Some(2.0));
+    let d = s.take_for_move(STATE_TABLE, 0, 2).unwrap();
+    assert_eq!(s.with_state(0, |_| ()), None, "moved away");
+    assert_eq!(
+        d,
+        BlockData::State(StateBlock {
+            floats: vec![2.0],
+            ints: vec![]
+        })
+    );
+}
