@@ -14,4 +14,6 @@
 //! - [`evaluator`]: the evaluator's event loop and process entry point.
 
 pub mod protocol;
+pub mod apps;
+pub mod peer;
 pub mod store;

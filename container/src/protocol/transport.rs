@@ -72,7 +72,8 @@ impl Faults {
 }
 
 /// Spawns the writer task of a connection on `tracker`. Messages sent on the
-/// returned channel are written in order. `what` names the connection in logs.
+/// returned channel are written in order; the task ends (after writing what
+/// was queued) when every sender is dropped. `what` names the connection in logs.
 pub fn spawn_writer<S, M>(
     mut sink: S,
     capacity: usize,
@@ -80,13 +81,13 @@ pub fn spawn_writer<S, M>(
     cancel: CancellationToken,
     tracker: &TaskTracker,
     what: String,
-) -> mpsc::Sender<M>
+) -> (mpsc::Sender<M>, tokio::task::JoinHandle<()>)
 where
     S: Sink<M, Error = ProtocolError> + Unpin + Send + 'static,
     M: Send + 'static,
 {
     let (tx, mut rx) = mpsc::channel::<M>(capacity);
-    tracker.spawn(async move {
+    let handle = tracker.spawn(async move {
         loop {
             let first = tokio::select! {
                 biased;
@@ -133,5 +134,5 @@ where
         }
         let _ = sink.close().await;
     });
-    tx
+    (tx, handle)
 }

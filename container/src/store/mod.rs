@@ -494,7 +494,7 @@ impl Store {
     /// queues the parts whose blocks are arriving, and returns the parts that
     /// must be forwarded. Synchronous, so that operations submitted one after
     /// the other (e.g. from one connection) are applied or forwarded in order.
-    pub fn submit(&self, op: StoreOp) -> Result<Submission, StoreError> {
+    pub fn submit(&self, op: &StoreOp) -> Result<Submission, StoreError> {
         let t = self.table(op.table)?;
         if !t.keyed {
             return Err(StoreError::BadOp(format!(
@@ -520,7 +520,7 @@ impl Store {
         let mut parts = Vec::new();
         let mut forwards: BTreeMap<EvaluatorId, (Vec<usize>, StoreOp)> = BTreeMap::new();
         for (block, positions) in groups {
-            let sub = sub_op(&op, &positions, &offsets);
+            let sub = sub_op(op, &positions, &offsets);
             let mut slot = lock(Self::slot(&t, op.table, block)?);
             let target = match &mut *slot {
                 Slot::Owned(BlockData::Keyed(data)) => {
@@ -887,7 +887,8 @@ impl Store {
     }
 }
 
-fn value_offsets(v: &ValueBatch) -> Vec<usize> {
+/// Start of each value in `v.data`.
+pub fn value_offsets(v: &ValueBatch) -> Vec<usize> {
     let mut offs = Vec::with_capacity(v.lens.len());
     let mut o = 0;
     for &l in &v.lens {
@@ -897,7 +898,8 @@ fn value_offsets(v: &ValueBatch) -> Vec<usize> {
     offs
 }
 
-fn sub_op(op: &StoreOp, positions: &[usize], offsets: &[usize]) -> StoreOp {
+/// The part of `op` at `positions` (in that order); `offsets` from [`value_offsets`].
+pub fn sub_op(op: &StoreOp, positions: &[usize], offsets: &[usize]) -> StoreOp {
     let keys = positions.iter().map(|&p| op.keys[p]).collect();
     let mut values = ValueBatch::default();
     if op.kind != OpKind::Get {

@@ -80,13 +80,13 @@ fn local_get_and_update_use_init_and_update_fn() {
     s.create_blocks(MODEL_TABLE, &[0, 1, 2, 3]).unwrap();
     let keys = [5u64, 17, 3];
     assert_eq!(
-        values(ready(s.submit(get(&keys)).unwrap())),
+        values(ready(s.submit(&get(&keys)).unwrap())),
         vec![vec![5.0, 0.0], vec![17.0, 0.0], vec![3.0, 0.0]]
     );
-    ready(s.submit(update(&keys, 2.0)).unwrap());
-    ready(s.submit(update(&keys[..1], 1.0)).unwrap());
+    ready(s.submit(&update(&keys, 2.0)).unwrap());
+    ready(s.submit(&update(&keys[..1], 1.0)).unwrap());
     assert_eq!(
-        values(ready(s.submit(get(&keys)).unwrap())),
+        values(ready(s.submit(&get(&keys)).unwrap())),
         vec![vec![8.0, 2.0], vec![19.0, 1.0], vec![5.0, 1.0]]
     );
 }
@@ -108,7 +108,7 @@ fn absent_blocks_are_forwarded_to_their_owner_grouped() {
     keys.extend(keys_in_block(1, 2));
     keys.extend(keys_in_block(2, 1));
     keys.extend(keys_in_block(3, 1));
-    let sub = s.submit(update(&keys, 1.0)).unwrap();
+    let sub = s.submit(&update(&keys, 1.0)).unwrap();
     let mut fwd: Vec<(EvaluatorId, Vec<usize>, usize)> = Vec::new();
     let mut local = 0;
     for p in sub.parts {
@@ -138,7 +138,7 @@ fn absent_blocks_are_forwarded_to_their_owner_grouped() {
 #[test]
 fn unknown_owner_is_retryable() {
     let s = store(1);
-    let sub = s.submit(get(&[1])).unwrap();
+    let sub = s.submit(&get(&[1])).unwrap();
     match &sub.parts[0].pending {
         Pending::Ready(Err(e)) => assert!(e.retry, "{e}"),
         _ => panic!("expected a retryable error"),
@@ -151,19 +151,19 @@ async fn incoming_block_queues_then_applies_in_order() {
     let dst = store(2);
     src.create_blocks(MODEL_TABLE, &[0]).unwrap();
     let k = keys_in_block(0, 1);
-    ready(src.submit(update(&k, 1.0)).unwrap()); // applied at the source
+    ready(src.submit(&update(&k, 1.0)).unwrap()); // applied at the source
 
     dst.begin_incoming(MODEL_TABLE, 0, 1).unwrap();
     let data = src.take_for_move(MODEL_TABLE, 0, 2).unwrap();
     // The source now forwards.
-    let sub = src.submit(update(&k, 10.0)).unwrap();
+    let sub = src.submit(&update(&k, 10.0)).unwrap();
     let Pending::Forward { to, op } = sub.parts.into_iter().next().unwrap().pending else {
         panic!("expected forward")
     };
     assert_eq!(to, 2);
     // The destination queues the forwarded update and a read after it.
-    let q1 = dst.submit(op).unwrap();
-    let q2 = dst.submit(get(&k)).unwrap();
+    let q1 = dst.submit(&op).unwrap();
+    let q2 = dst.submit(&get(&k)).unwrap();
     let rx1 = match q1.parts.into_iter().next().unwrap().pending {
         Pending::Queued(rx) => rx,
         _ => panic!("expected queued"),
@@ -195,7 +195,7 @@ async fn aborted_move_restores_source_and_fails_queue_retryably() {
     let k = keys_in_block(1, 1);
     dst.begin_incoming(MODEL_TABLE, 1, 1).unwrap();
     let data = src.take_for_move(MODEL_TABLE, 1, 2).unwrap();
-    let q = dst.submit(update(&k, 5.0)).unwrap();
+    let q = dst.submit(&update(&k, 5.0)).unwrap();
     let Pending::Queued(rx) = q.parts.into_iter().next().unwrap().pending else {
         panic!("expected queued")
     };
@@ -205,11 +205,11 @@ async fn aborted_move_restores_source_and_fails_queue_retryably() {
     assert!(err.retry, "{err}");
     // The source owns it again and the queued update was not applied anywhere.
     assert_eq!(
-        values(ready(src.submit(get(&k)).unwrap()))[0],
+        values(ready(src.submit(&get(&k)).unwrap()))[0],
         vec![k[0] as f32, 0.0]
     );
     // The destination now forwards to the source.
-    let sub = dst.submit(get(&k)).unwrap();
+    let sub = dst.submit(&get(&k)).unwrap();
     assert!(matches!(
         sub.parts[0].pending,
         Pending::Forward { to: 1, .. }
@@ -234,7 +234,7 @@ fn illegal_transitions_are_errors() {
     );
     assert!(s.take_for_move(MODEL_TABLE, 9, 2).is_err(), "no such block");
     assert!(
-        s.submit(StoreOp {
+        s.submit(&StoreOp {
             table: INPUT_TABLE,
             ..get(&[1])
         })
@@ -245,7 +245,7 @@ fn illegal_transitions_are_errors() {
         values: ValueBatch::default(),
         ..update(&[1], 1.0)
     };
-    assert!(s.submit(bad).is_err(), "values must match keys");
+    assert!(s.submit(&bad).is_err(), "values must match keys");
 }
 
 #[test]
@@ -260,13 +260,13 @@ fn wrong_value_length_rejected_not_applied() {
         keys: vec![7],
         values,
     };
-    let sub = s.submit(op).unwrap();
+    let sub = s.submit(&op).unwrap();
     assert!(matches!(&sub.parts[0].pending, Pending::Ready(Err(e)) if !e.retry));
     assert_eq!(values_of(&s, 7), vec![7.0, 0.0]);
 }
 
 fn values_of(s: &Store, k: Key) -> Vec<f32> {
-    values(ready(s.submit(get(&[k])).unwrap())).remove(0)
+    values(ready(s.submit(&get(&[k])).unwrap())).remove(0)
 }
 
 #[test]
@@ -301,13 +301,13 @@ fn departed_forward_target_falls_back_to_owner_view() {
         owners: vec![(MODEL_TABLE, 2, 6)],
     });
     let k = keys_in_block(2, 1);
-    let sub = s.submit(get(&k)).unwrap();
+    let sub = s.submit(&get(&k)).unwrap();
     assert!(
         matches!(sub.parts[0].pending, Pending::Forward { to: 4, .. }),
         "follows the pointer"
     );
     s.set_departed([4]);
-    let sub = s.submit(get(&k)).unwrap();
+    let sub = s.submit(&get(&k)).unwrap();
     assert!(
         matches!(sub.parts[0].pending, Pending::Forward { to: 6, .. }),
         "4 left: use the view"

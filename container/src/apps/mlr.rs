@@ -1,0 +1,572 @@
+//! Multinomial logistic regression: sparse softmax regression trained with
+//! mini-batch SGD and L2 regularisation.
+//!
+//! # Input
+//!
+//! libsvm text, one record per line: `label index:value index:value ...`.
+//! Labels are integers `0..classes` (a label equal to `classes` is out of range);
+//! indices are `0..=features` (libsvm data is 1-based, 0 is accepted too).
+//! Blank lines are skipped. Anything else is an error naming the token.
+//!
+//! # Model
+//!
+//! Weights for `features + 2` rows (indices `0..=features`, plus a bias row)
+//! times `classes`. A model key holds `features_per_key` consecutive rows for
+//! all classes, so a value is `features_per_key × classes` floats. Values start
+//! at zero; the update function adds the delta.
+//!
+//! # Step
+//!
+//! `step = step_size / (1 + decay × epoch)`, computed by the worker from its
+//! local epoch; the server only adds, so workers and servers cannot disagree
+//! about the schedule.
+
+use std::io::Write;
+use std::ops::Range;
+use std::sync::Arc;
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use cruise_conf::{AppKind, MlrConfig};
+
+use super::{App, AppError, ParseError, Step};
+use crate::protocol::{AppParams, Key, Stats, ValueBatch};
+use crate::store::{InputBlock, ModelFunctions, StateBlock};
+
+/// Derives the model layout from the configuration.
+pub fn params(c: &MlrConfig, model_blocks: u32) -> Result<AppParams, AppError> {
+    let rows = u64::from(c.features) + 2;
+    let fpk = if c.features_per_key == 0 {
+        // About four keys per model block, so blocks balance and moves are fine-grained.
+        let target_keys = u64::from(model_blocks.max(1)) * 4;
+        rows.div_ceil(target_keys).max(1)
+    } else {
+        u64::from(c.features_per_key)
+    };
+    let value_len = fpk * u64::from(c.classes);
+    let value_len = u32::try_from(value_len).map_err(|_| AppError::Params {
+        app: AppKind::Mlr,
+        message: format!("features_per_key × classes = {value_len} is too large"),
+    })?;
+    Ok(AppParams {
+        value_len,
+        model_keys: rows.div_ceil(fpk),
+        extra: vec![u64::from(c.classes), u64::from(c.features), fpk],
+    })
+}
+
+/// The MLR app.
+#[derive(Debug, Clone)]
+pub struct Mlr {
+    classes: usize,
+    features: u32,
+    fpk: usize,
+    value_len: usize,
+    step_size: f32,
+    decay: f32,
+    l2: f32,
+}
+
+impl Mlr {
+    /// Builds the app from its configuration and the job's parameters.
+    pub fn new(c: &MlrConfig, p: &AppParams) -> Result<Self, AppError> {
+        let bad = |m: String| AppError::Params {
+            app: AppKind::Mlr,
+            message: m,
+        };
+        let [classes, features, fpk] = p.extra[..] else {
+            return Err(bad(format!("expected 3 parameters, got {:?}", p.extra)));
+        };
+        if classes != u64::from(c.classes) || features != u64::from(c.features) {
+            return Err(bad("parameters disagree with the configuration".into()));
+        }
+        if fpk == 0 || u64::from(p.value_len) != fpk * classes {
+            return Err(bad(format!("bad layout: {p:?}")));
+        }
+        Ok(Mlr {
+            classes: classes as usize,
+            features: c.features,
+            fpk: fpk as usize,
+            value_len: p.value_len as usize,
+            step_size: c.step_size as f32,
+            decay: c.decay as f32,
+            l2: c.l2 as f32,
+        })
+    }
+
+    fn bias_row(&self) -> u64 {
+        u64::from(self.features) + 1
+    }
+
+    fn key_of(&self, row: u64) -> Key {
+        row / self.fpk as u64
+    }
+
+    /// Position of `row`'s weights in a value batch laid out as `keys`.
+    #[inline]
+    fn slot(&self, keys: &[Key], row: u64) -> Option<usize> {
+        let k = self.key_of(row);
+        keys.binary_search(&k)
+            .ok()
+            .map(|p| p * self.value_len + (row as usize % self.fpk) * self.classes)
+    }
+
+    /// Scores of one record into `scores`; returns the predicted class.
+    fn scores(&self, keys: &[Key], w: &[f32], idx: &[u32], val: &[f32], scores: &mut [f32]) -> usize {
+        let k = self.classes;
+        match self.slot(keys, self.bias_row()) {
+            Some(b) => scores.copy_from_slice(&w[b..b + k]),
+            None => scores.fill(0.0),
+        }
+        for (&i, &v) in idx.iter().zip(val) {
+            if let Some(s) = self.slot(keys, u64::from(i)) {
+                for (sc, wk) in scores.iter_mut().zip(&w[s..s + k]) {
+                    *sc += wk * v;
+                }
+            }
+        }
+        let mut best = 0;
+        for c in 1..k {
+            if scores[c] > scores[best] {
+                best = c;
+            }
+        }
+        best
+    }
+
+    fn check_values(&self, keys: &[Key], values: &ValueBatch) -> bool {
+        values.len() == keys.len() && values.data.len() == keys.len() * self.value_len
+    }
+}
+
+/// Softmax in place; returns the log of the normaliser relative to the max.
+fn softmax(scores: &mut [f32]) {
+    let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0.0;
+    for s in scores.iter_mut() {
+        *s = (*s - max).exp();
+        sum += *s;
+    }
+    for s in scores.iter_mut() {
+        *s /= sum;
+    }
+}
+
+struct AddModel {
+    value_len: usize,
+}
+
+impl ModelFunctions for AddModel {
+    fn value_len(&self) -> usize {
+        self.value_len
+    }
+    fn init(&self, _key: Key) -> Vec<f32> {
+        vec![0.0; self.value_len]
+    }
+    fn update(&self, _key: Key, value: &mut [f32], delta: &[f32]) {
+        for (v, d) in value.iter_mut().zip(delta) {
+            *v += d;
+        }
+    }
+}
+
+impl App for Mlr {
+    fn kind(&self) -> AppKind {
+        AppKind::Mlr
+    }
+
+    fn model(&self) -> Arc<dyn ModelFunctions> {
+        Arc::new(AddModel {
+            value_len: self.value_len,
+        })
+    }
+
+    fn parse(&self, text: &[u8]) -> Result<InputBlock, ParseError> {
+        let mut block = InputBlock::new();
+        let mut offset = 0usize;
+        let mut entries: Vec<(u32, f32)> = Vec::new();
+        for raw in text.split_inclusive(|&b| b == b'\n') {
+            let line_at = offset;
+            offset += raw.len();
+            let err = |message: String| ParseError {
+                offset: line_at,
+                message,
+            };
+            let line = std::str::from_utf8(raw).map_err(|_| err("not UTF-8 text".into()))?;
+            let mut tokens = line.split_ascii_whitespace();
+            let Some(label_tok) = tokens.next() else {
+                continue; // blank line
+            };
+            let label: f64 = label_tok
+                .parse()
+                .map_err(|_| err(format!("label {label_tok:?} is not a number")))?;
+            if label.fract() != 0.0 || label < 0.0 || label >= self.classes as f64 {
+                return Err(err(format!(
+                    "label {label_tok} is out of range: mlr.classes = {} allows labels 0..={}",
+                    self.classes,
+                    self.classes - 1
+                )));
+            }
+            entries.clear();
+            for tok in tokens {
+                let (i, v) = tok
+                    .split_once(':')
+                    .ok_or_else(|| err(format!("token {tok:?} is not index:value")))?;
+                let i: u32 = i
+                    .parse()
+                    .map_err(|_| err(format!("index in {tok:?} is not a non-negative integer")))?;
+                if i > self.features {
+                    return Err(err(format!(
+                        "feature index {i} in {tok:?} is out of range: mlr.features = {} allows 0..={}",
+                        self.features, self.features
+                    )));
+                }
+                let v: f32 = v
+                    .parse()
+                    .ok()
+                    .filter(|v: &f32| v.is_finite())
+                    .ok_or_else(|| err(format!("value in {tok:?} is not a finite number")))?;
+                entries.push((i, v));
+            }
+            block.push(label as f32, entries.iter().copied());
+        }
+        Ok(block)
+    }
+
+    fn keys(&self, input: &InputBlock, rows: Range<usize>, out: &mut Vec<Key>) {
+        out.clear();
+        let (a, b) = (input.offsets[rows.start] as usize, input.offsets[rows.end] as usize);
+        out.extend(input.indices[a..b].iter().map(|&i| self.key_of(u64::from(i))));
+        out.push(self.key_of(self.bias_row()));
+        out.sort_unstable();
+        out.dedup();
+    }
+
+    fn compute(
+        &self,
+        input: &InputBlock,
+        rows: Range<usize>,
+        keys: &[Key],
+        values: &ValueBatch,
+        _state: Option<&mut StateBlock>,
+        step: Step,
+    ) -> (ValueBatch, Stats) {
+        let mut stats = Stats::default();
+        if !self.check_values(keys, values) || rows.is_empty() {
+            return (ValueBatch::default(), stats);
+        }
+        let k = self.classes;
+        let w = &values.data;
+        let mut grad = vec![0f32; w.len()];
+        let mut touched = vec![false; keys.len() * self.fpk];
+        let mut p = vec![0f32; k];
+        let bias = self.slot(keys, self.bias_row());
+        for r in rows.clone() {
+            let (label, idx, val) = input.record(r);
+            let y = label as usize;
+            let pred = self.scores(keys, w, idx, val, &mut p);
+            softmax(&mut p);
+            stats.records += 1;
+            stats.loss_sum += -f64::from(p[y].max(1e-12)).ln();
+            stats.correct += u64::from(pred == y);
+            p[y] -= 1.0; // p is now the gradient of the loss w.r.t. the scores
+            if let Some(b) = bias {
+                for (g, d) in grad[b..b + k].iter_mut().zip(&p) {
+                    *g += d;
+                }
+            }
+            for (&i, &v) in idx.iter().zip(val) {
+                if let Some(s) = self.slot(keys, u64::from(i)) {
+                    touched[s / k] = true;
+                    for (g, d) in grad[s..s + k].iter_mut().zip(&p) {
+                        *g += d * v;
+                    }
+                }
+            }
+        }
+        let lr = self.step_size / (1.0 + self.decay * step.clock as f32);
+        let scale = 1.0 / rows.len() as f32;
+        for (row, t) in touched.iter().enumerate() {
+            let range = row * k..(row + 1) * k;
+            if *t {
+                for j in range {
+                    grad[j] = -lr * (grad[j] * scale + self.l2 * w[j]);
+                }
+            } else {
+                for j in range {
+                    grad[j] *= -lr * scale;
+                }
+            }
+        }
+        let deltas = ValueBatch {
+            lens: values.lens.clone(),
+            data: grad,
+        };
+        (deltas, stats)
+    }
+
+    fn evaluate(
+        &self,
+        input: &InputBlock,
+        rows: Range<usize>,
+        keys: &[Key],
+        values: &ValueBatch,
+        _state: Option<&StateBlock>,
+    ) -> Stats {
+        let mut stats = Stats::default();
+        if !self.check_values(keys, values) {
+            return stats;
+        }
+        let mut p = vec![0f32; self.classes];
+        for r in rows {
+            let (label, idx, val) = input.record(r);
+            let y = label as usize;
+            let pred = self.scores(keys, &values.data, idx, val, &mut p);
+            softmax(&mut p);
+            stats.records += 1;
+            stats.loss_sum += -f64::from(p[y].max(1e-12)).ln();
+            stats.correct += u64::from(pred == y);
+        }
+        stats
+    }
+
+    fn loss_name(&self) -> &'static str {
+        "log-loss"
+    }
+
+    fn has_accuracy(&self) -> bool {
+        true
+    }
+}
+
+/// Parameters of the generated data set.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GenParams {
+    /// Records.
+    pub samples: u64,
+    /// Features (indices 1..=features).
+    pub features: u32,
+    /// Classes (labels 0..classes).
+    pub classes: u32,
+    /// Non-zero features per record.
+    pub nnz: u32,
+    /// Seed.
+    pub seed: u64,
+}
+
+/// Writes a linearly separable data set in libsvm format: a random weight
+/// matrix (the ground truth) labels each sparse record with its best class.
+/// Returns the number of bytes written.
+pub fn generate(p: &GenParams, out: &mut impl Write) -> std::io::Result<u64> {
+    let mut rng = ChaCha8Rng::seed_from_u64(p.seed);
+    let (f, k) = (p.features as usize, p.classes as usize);
+    let normal = |rng: &mut ChaCha8Rng| -> f32 {
+        // Box-Muller: exact enough and reproducible across platforms.
+        let u1: f64 = rng.random::<f64>().max(1e-300);
+        let u2: f64 = rng.random();
+        ((-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()) as f32
+    };
+    let truth: Vec<f32> = (0..(f + 1) * k).map(|_| normal(&mut rng)).collect();
+    let nnz = (p.nnz as usize).clamp(1, f.max(1));
+    let mut written = 0u64;
+    let mut line = String::new();
+    let mut idx: Vec<u32> = Vec::with_capacity(nnz);
+    let mut scores = vec![0f32; k];
+    for _ in 0..p.samples {
+        idx.clear();
+        while idx.len() < nnz {
+            let i = rng.random_range(1..=p.features);
+            if !idx.contains(&i) {
+                idx.push(i);
+            }
+        }
+        idx.sort_unstable();
+        // Values rounded to what we print, so the labels are exact for the file.
+        let vals: Vec<f32> = idx
+            .iter()
+            .map(|_| (rng.random_range(1..=1000u32) as f32) / 1000.0)
+            .collect();
+        scores.fill(0.0);
+        for (&i, &v) in idx.iter().zip(&vals) {
+            let row = &truth[i as usize * k..(i as usize + 1) * k];
+            for (s, w) in scores.iter_mut().zip(row) {
+                *s += w * v;
+            }
+        }
+        let label = (0..k)
+            .max_by(|&a, &b| scores[a].total_cmp(&scores[b]))
+            .unwrap_or(0);
+        line.clear();
+        line.push_str(&label.to_string());
+        for (&i, &v) in idx.iter().zip(&vals) {
+            line.push_str(&format!(" {i}:{v:.3}"));
+        }
+        line.push('\n');
+        out.write_all(line.as_bytes())?;
+        written += line.len() as u64;
+    }
+    Ok(written)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn app(classes: u32, features: u32) -> Mlr {
+        let c = MlrConfig {
+            classes,
+            features,
+            features_per_key: 2,
+            ..MlrConfig::default()
+        };
+        Mlr::new(&c, &params(&c, 4).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn params_layout() {
+        let c = MlrConfig {
+            classes: 3,
+            features: 9,
+            features_per_key: 4,
+            ..MlrConfig::default()
+        };
+        let p = params(&c, 64).unwrap();
+        assert_eq!(p.value_len, 12);
+        assert_eq!(p.model_keys, 3, "11 rows in keys of 4");
+        let auto = params(&MlrConfig::default(), 64).unwrap();
+        assert_eq!(auto.extra[2], 4, "1002 rows over 256 target keys");
+    }
+
+    #[test]
+    fn parse_libsvm() {
+        let a = app(3, 10);
+        let b = a.parse(b"0 1:0.5 3:2\n\n2 10:1\r\n1\n").unwrap();
+        assert_eq!(b.len(), 3);
+        assert_eq!(b.record(0), (0.0, &[1u32, 3][..], &[0.5f32, 2.0][..]));
+        assert_eq!(b.record(1), (2.0, &[10u32][..], &[1.0f32][..]));
+        assert_eq!(b.record(2).1.len(), 0);
+    }
+
+    #[test]
+    fn parse_errors_name_the_token_and_offset() {
+        let a = app(3, 10);
+        let e = a.parse(b"0 1:1\n3 1:1\n").unwrap_err();
+        assert_eq!(e.offset, 6);
+        assert!(e.message.contains("label 3 is out of range"), "{}", e.message);
+        let e = a.parse(b"1 11:1\n").unwrap_err();
+        assert!(e.message.contains("feature index 11"), "{}", e.message);
+        let e = a.parse(b"1 x:1\n").unwrap_err();
+        assert!(e.message.contains("\"x:1\""), "{}", e.message);
+        let e = a.parse(b"1 1:nan\n").unwrap_err();
+        assert!(e.message.contains("finite"), "{}", e.message);
+        let e = a.parse(b"1 1\n").unwrap_err();
+        assert!(e.message.contains("index:value"), "{}", e.message);
+        let e = a.parse(b"-1 1:1\n").unwrap_err();
+        assert!(e.message.contains("out of range"), "{}", e.message);
+    }
+
+    #[test]
+    fn keys_cover_features_and_bias() {
+        let a = app(3, 10); // fpk 2: rows 0..=11, bias row 11 → key 5
+        let b = a.parse(b"0 1:1 3:1\n1 2:1\n").unwrap();
+        let mut keys = Vec::new();
+        a.keys(&b, 0..2, &mut keys);
+        assert_eq!(keys, vec![0, 1, 5]);
+    }
+
+    /// The gradient matches a finite-difference estimate of the loss.
+    #[test]
+    fn gradient_matches_finite_differences() {
+        let c = MlrConfig {
+            classes: 3,
+            features: 4,
+            features_per_key: 2,
+            step_size: 1.0,
+            decay: 0.0,
+            l2: 0.0,
+            ..MlrConfig::default()
+        };
+        let a = Mlr::new(&c, &params(&c, 4).unwrap()).unwrap();
+        let input = a.parse(b"0 1:0.5 2:1\n2 3:1 4:0.25\n1 1:1\n").unwrap();
+        let rows = 0..input.len();
+        let mut keys = Vec::new();
+        a.keys(&input, rows.clone(), &mut keys);
+        let mut rng = ChaCha8Rng::seed_from_u64(3);
+        let mut values = ValueBatch::default();
+        for _ in &keys {
+            let v: Vec<f32> = (0..a.value_len).map(|_| rng.random_range(-0.5..0.5)).collect();
+            values.push(&v);
+        }
+        let (deltas, _) = a.compute(&input, rows.clone(), &keys, &values, None, Step { clock: 0 });
+        let loss = |v: &ValueBatch| a.evaluate(&input, rows.clone(), &keys, v, None).loss_sum / 3.0;
+        let h = 1e-3f32;
+        for j in 0..values.data.len() {
+            let mut plus = values.clone();
+            plus.data[j] += h;
+            let mut minus = values.clone();
+            minus.data[j] -= h;
+            let numeric = (loss(&plus) - loss(&minus)) / (2.0 * f64::from(h));
+            let analytic = -f64::from(deltas.data[j]); // delta = -lr * grad with lr = 1
+            assert!(
+                (numeric - analytic).abs() < 2e-3,
+                "component {j}: numeric {numeric} analytic {analytic}"
+            );
+        }
+    }
+
+    #[test]
+    fn generated_data_parses_and_is_learnable() {
+        let p = GenParams {
+            samples: 2000,
+            features: 50,
+            classes: 4,
+            nnz: 10,
+            seed: 7,
+        };
+        let mut buf = Vec::new();
+        generate(&p, &mut buf).unwrap();
+        let mut again = Vec::new();
+        generate(&p, &mut again).unwrap();
+        assert_eq!(buf, again, "seeded generation is reproducible");
+        let c = MlrConfig {
+            classes: 4,
+            features: 50,
+            features_per_key: 5,
+            step_size: 1.0,
+            decay: 0.0,
+            l2: 0.0,
+            ..MlrConfig::default()
+        };
+        let a = Mlr::new(&c, &params(&c, 4).unwrap()).unwrap();
+        let input = a.parse(&buf).unwrap();
+        assert_eq!(input.len(), 2000);
+        // Plain SGD in one process: the model must fit separable data well.
+        let mut model: std::collections::HashMap<Key, Vec<f32>> = Default::default();
+        let mut keys = Vec::new();
+        for epoch in 0..10 {
+            for start in (0..input.len()).step_by(20) {
+                let rows = start..(start + 20).min(input.len());
+                a.keys(&input, rows.clone(), &mut keys);
+                let mut values = ValueBatch::default();
+                for k in &keys {
+                    values.push(model.entry(*k).or_insert_with(|| vec![0.0; a.value_len]));
+                }
+                let (d, _) = a.compute(&input, rows, &keys, &values, None, Step { clock: epoch });
+                for (k, dv) in keys.iter().zip(d.iter()) {
+                    for (w, x) in model.get_mut(k).unwrap().iter_mut().zip(dv) {
+                        *w += x;
+                    }
+                }
+            }
+        }
+        let all = 0..input.len();
+        a.keys(&input, all.clone(), &mut keys);
+        let mut values = ValueBatch::default();
+        for k in &keys {
+            values.push(model.entry(*k).or_insert_with(|| vec![0.0; a.value_len]));
+        }
+        let s = a.evaluate(&input, all, &keys, &values, None);
+        assert!(s.accuracy() > 0.9, "training accuracy {}", s.accuracy());
+    }
+}

@@ -1,0 +1,888 @@
+//! The data plane: evaluator ⇄ evaluator connections.
+//!
+//! This module owns the evaluator's data-plane sockets: the listener, one
+//! outbound *request* connection per peer, the inbound request connections,
+//! and the *bulk* connections that stream blocks during a move. It executes
+//! store operations ([`DataPlane::execute`]): the [`Store`] applies the local
+//! parts, and the parts owned elsewhere are written to the owner's request
+//! connection *before* `execute` returns, so operations arriving on one
+//! connection are forwarded in the order they arrived.
+//!
+//! # Leaving
+//!
+//! An evaluator that leaves the job ([`DataPlane::shutdown`]) sends `GoAway`
+//! on every inbound request connection and keeps serving until each client
+//! answers `GoAwayAck` (after which it sends nothing more on that connection)
+//! and every request read before it is answered. So no request that reached it
+//! is lost, and none is applied twice.
+//!
+//! # Failures
+//!
+//! A request that was never written (the connection could not be opened) fails
+//! with a retryable error and is sent again, with backoff, after re-routing.
+//! A request written on a connection that then broke fails for good: whether
+//! it was applied is unknown, and retrying could apply it twice.
+
+use std::collections::{HashMap, HashSet};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::future::BoxFuture;
+use futures::stream::FuturesUnordered;
+use futures::{FutureExt, SinkExt, StreamExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::codec::Framed;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::protocol::{
+    self, BlockId, BulkToDest, BulkToSource, EvalToAm, EvaluatorId, Faults, FrameCodec,
+    FrameOptions, PeerRequest, PeerResponse, Purpose, RemoteError, Secret, TableId, ToClient,
+    ToOwner,
+};
+use crate::store::{self, BlockData, OpKind, PartResult, Pending, Store, StoreOp};
+
+/// Most times a retryable part is sent again before the error is returned.
+const MAX_RETRIES: u32 = 30;
+/// Requests read from one connection and not yet answered, at most.
+const MAX_IN_FLIGHT: usize = 4096;
+
+/// Errors of the data plane.
+#[derive(Debug, thiserror::Error)]
+pub enum PeerError {
+    /// A peer is not in the directory.
+    #[error("evaluator {0} is not in the peer directory")]
+    UnknownPeer(EvaluatorId),
+    /// Connecting or the handshake failed.
+    #[error("cannot connect to evaluator {peer} at {addr}: {source}")]
+    Connect {
+        /// The peer.
+        peer: EvaluatorId,
+        /// Its address.
+        addr: SocketAddr,
+        /// What failed.
+        #[source]
+        source: protocol::ProtocolError,
+    },
+    /// The connection failed during a transfer.
+    #[error("connection to evaluator {peer} failed: {message}")]
+    Connection {
+        /// The peer.
+        peer: EvaluatorId,
+        /// What failed.
+        message: String,
+    },
+    /// The store refused an operation.
+    #[error(transparent)]
+    Store(#[from] store::StoreError),
+    /// The remote side refused.
+    #[error("evaluator {peer}: {error}")]
+    Remote {
+        /// The peer.
+        peer: EvaluatorId,
+        /// Its answer.
+        error: RemoteError,
+    },
+}
+
+/// Settings of the data plane.
+#[derive(Debug, Clone)]
+pub struct PeerSettings {
+    /// This job's id.
+    pub job_id: String,
+    /// The job secret.
+    pub secret: Secret,
+    /// Frame options.
+    pub frames: FrameOptions,
+    /// Timeout to connect and authenticate.
+    pub connect_timeout: Duration,
+    /// Chunk size for block transfers.
+    pub chunk_bytes: usize,
+    /// How long [`DataPlane::shutdown`] waits for clients to acknowledge.
+    pub drain_timeout: Duration,
+}
+
+/// Counters of requests served for other evaluators (server metrics).
+#[derive(Debug, Default)]
+pub struct ServeCounters {
+    requests: AtomicU64,
+    busy_ns: AtomicU64,
+    bytes_in: AtomicU64,
+    bytes_out: AtomicU64,
+}
+
+/// A snapshot of [`ServeCounters`].
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct ServeTotals {
+    /// Requests served.
+    pub requests: u64,
+    /// Seconds spent applying them.
+    pub busy_secs: f64,
+    /// Bytes received.
+    pub bytes_in: u64,
+    /// Bytes answered.
+    pub bytes_out: u64,
+}
+
+/// The data plane of one evaluator. Cheap to clone.
+#[derive(Clone)]
+pub struct DataPlane {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    me: EvaluatorId,
+    store: Store,
+    settings: PeerSettings,
+    directory: Mutex<HashMap<EvaluatorId, SocketAddr>>,
+    ever_seen: Mutex<HashSet<EvaluatorId>>,
+    conns: Mutex<HashMap<EvaluatorId, Arc<OutConn>>>,
+    counters: ServeCounters,
+    faults: Faults,
+    /// Everything stops.
+    cancel: CancellationToken,
+    /// Inbound connections say goodbye.
+    leaving: CancellationToken,
+    tasks: TaskTracker,
+    inbound: TaskTracker,
+    local_addr: SocketAddr,
+}
+
+impl std::fmt::Debug for DataPlane {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DataPlane")
+            .field("me", &self.inner.me)
+            .field("addr", &self.inner.local_addr)
+            .finish()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl DataPlane {
+    /// Starts serving on `listener`. Tasks run until [`DataPlane::shutdown`]
+    /// or until `parent` is cancelled.
+    pub fn start(
+        me: EvaluatorId,
+        store: Store,
+        listener: TcpListener,
+        settings: PeerSettings,
+        faults: Faults,
+        parent: &CancellationToken,
+    ) -> std::io::Result<DataPlane> {
+        let local_addr = listener.local_addr()?;
+        let dp = DataPlane {
+            inner: Arc::new(Inner {
+                me,
+                store,
+                settings,
+                directory: Mutex::new(HashMap::new()),
+                ever_seen: Mutex::new(HashSet::new()),
+                conns: Mutex::new(HashMap::new()),
+                counters: ServeCounters::default(),
+                faults,
+                cancel: parent.child_token(),
+                leaving: CancellationToken::new(),
+                tasks: TaskTracker::new(),
+                inbound: TaskTracker::new(),
+                local_addr,
+            }),
+        };
+        let this = dp.clone();
+        dp.inner.tasks.spawn(async move { this.accept_loop(listener).await });
+        Ok(dp)
+    }
+
+    /// The listening address.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.inner.local_addr
+    }
+
+    /// The store this data plane serves.
+    pub fn store(&self) -> &Store {
+        &self.inner.store
+    }
+
+    /// Totals of requests served so far.
+    pub fn serve_totals(&self) -> ServeTotals {
+        let c = &self.inner.counters;
+        ServeTotals {
+            requests: c.requests.load(Ordering::Relaxed),
+            busy_secs: c.busy_ns.load(Ordering::Relaxed) as f64 * 1e-9,
+            bytes_in: c.bytes_in.load(Ordering::Relaxed),
+            bytes_out: c.bytes_out.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Replaces the peer directory. Evaluators that were known and are no
+    /// longer listed have left: forwarding pointers to them are dropped and
+    /// their connections closed.
+    pub fn set_peers(&self, peers: &[(EvaluatorId, SocketAddr)]) {
+        let listed: HashSet<EvaluatorId> = peers.iter().map(|p| p.0).collect();
+        let departed: Vec<EvaluatorId> = {
+            let mut seen = lock(&self.inner.ever_seen);
+            seen.extend(listed.iter().copied());
+            seen.difference(&listed).copied().collect()
+        };
+        *lock(&self.inner.directory) = peers.iter().copied().collect();
+        self.inner.store.set_departed(departed.iter().copied());
+        let mut conns = lock(&self.inner.conns);
+        for d in departed {
+            if let Some(c) = conns.remove(&d) {
+                c.closed.store(true, Ordering::SeqCst);
+            }
+        }
+    }
+
+    fn addr_of(&self, peer: EvaluatorId) -> Option<SocketAddr> {
+        lock(&self.inner.directory).get(&peer).copied()
+    }
+
+    /// The outbound request connection to `peer`, created (and connected in
+    /// the background) if needed. Requests queued on it are sent in order.
+    fn conn(&self, peer: EvaluatorId) -> Arc<OutConn> {
+        let mut conns = lock(&self.inner.conns);
+        if let Some(c) = conns.get(&peer) {
+            if !c.closed.load(Ordering::SeqCst) {
+                return Arc::clone(c);
+            }
+        }
+        let (tx, rx) = mpsc::unbounded_channel();
+        let c = Arc::new(OutConn {
+            peer,
+            tx,
+            pending: Mutex::new(HashMap::new()),
+            next_id: AtomicU64::new(1),
+            closed: AtomicBool::new(false),
+        });
+        conns.insert(peer, Arc::clone(&c));
+        let this = self.clone();
+        let conn = Arc::clone(&c);
+        self.inner
+            .tasks
+            .spawn(async move { this.run_outbound(conn, rx).await });
+        c
+    }
+
+    /// Executes a keyed store operation wherever its blocks live.
+    pub fn execute(&self, op: StoreOp) -> BoxFuture<'static, PartResult> {
+        self.execute_shared(Arc::new(op), 0)
+    }
+
+    fn execute_shared(&self, op: Arc<StoreOp>, attempt: u32) -> BoxFuture<'static, PartResult> {
+        let sub = match self.inner.store.submit(&op) {
+            Ok(s) => s,
+            Err(e) => return futures::future::ready(Err(RemoteError::fatal(e.to_string()))).boxed(),
+        };
+        let kind = sub.kind;
+        let keys = sub.keys;
+        // Forward now, synchronously, to keep arrival order.
+        let mut waits = Vec::with_capacity(sub.parts.len());
+        for part in sub.parts {
+            let w: Wait = match part.pending {
+                Pending::Ready(r) => Wait::Ready(r),
+                Pending::Queued(rx) => Wait::Rx(None, rx),
+                Pending::Forward { to, op } => {
+                    let rx = self.conn(to).request(op.into_request());
+                    Wait::Rx(Some(to), rx)
+                }
+            };
+            waits.push((part.positions, w));
+        }
+        let this = self.clone();
+        async move {
+            let mut results = Vec::with_capacity(waits.len());
+            for (positions, w) in waits {
+                let (peer, mut r) = match w {
+                    Wait::Ready(r) => (None, r),
+                    Wait::Rx(peer, rx) => (
+                        peer,
+                        rx.await.unwrap_or_else(|_| {
+                            Err(RemoteError::fatal("the request was dropped without an answer"))
+                        }),
+                    ),
+                };
+                if let Err(e) = &r {
+                    if e.retry && attempt < MAX_RETRIES {
+                        let backoff = Duration::from_micros(200 << attempt.min(12));
+                        tokio::select! {
+                            _ = tokio::time::sleep(backoff) => {}
+                            _ = this.inner.cancel.cancelled() => {
+                                return Err(RemoteError::fatal("the data plane is shutting down"));
+                            }
+                        }
+                        let offs = store::value_offsets(&op.values);
+                        let retry = Arc::new(store::sub_op(&op, &positions, &offs));
+                        r = this.execute_shared(retry, attempt + 1).await;
+                    }
+                }
+                match r {
+                    Ok(resp) => results.push((positions, resp)),
+                    Err(e) => {
+                        return Err(match peer {
+                            Some(p) => RemoteError {
+                                retry: e.retry,
+                                message: format!("evaluator {p}: {}", e.message),
+                            },
+                            None => e,
+                        });
+                    }
+                }
+            }
+            store::assemble(kind, keys, results)
+        }
+        .boxed()
+    }
+
+    /// Sends a non-keyed request (handover, abort) to a peer and waits.
+    async fn request(&self, peer: EvaluatorId, req: PeerRequest) -> Result<PeerResponse, PeerError> {
+        self.conn(peer)
+            .request(req)
+            .await
+            .unwrap_or_else(|_| Err(RemoteError::fatal("the request was dropped without an answer")))
+            .map_err(|error| PeerError::Remote { peer, error })
+    }
+
+    // ------------------------------------------------------------------
+    // Moves, source side
+    // ------------------------------------------------------------------
+
+    /// Moves `blocks` of `table` to `to`, one block at a time over one bulk
+    /// connection. Reports each installed block with [`EvalToAm::BlockMoved`]
+    /// on `report`. On failure the block in flight returns to this evaluator
+    /// and the error is returned; blocks already moved stay moved.
+    pub async fn move_blocks(
+        &self,
+        move_id: u64,
+        table: TableId,
+        blocks: &[BlockId],
+        to: EvaluatorId,
+        report: &mpsc::Sender<EvalToAm>,
+    ) -> Result<u64, PeerError> {
+        let addr = self.addr_of(to).ok_or(PeerError::UnknownPeer(to))?;
+        let mut bulk: Framed<TcpStream, FrameCodec<BulkToDest, BulkToSource>> =
+            self.open(to, addr, Purpose::Bulk).await?;
+        let mut total = 0u64;
+        for &block in blocks {
+            self.request(to, PeerRequest::Handover { table, block, move_id })
+                .await?;
+            let data = match self.inner.store.take_for_move(table, block, to) {
+                Ok(d) => d,
+                Err(e) => {
+                    let _ = self.request(to, PeerRequest::AbortHandover { table, block }).await;
+                    return Err(e.into());
+                }
+            };
+            match self.stream_block(&mut bulk, move_id, table, block, &data, to).await {
+                Ok(bytes) => {
+                    self.inner.store.finish_move(table, block)?;
+                    total += bytes;
+                    let _ = report
+                        .send(EvalToAm::BlockMoved {
+                            move_id,
+                            table,
+                            block,
+                            to,
+                            bytes,
+                        })
+                        .await;
+                }
+                Err(e) => {
+                    // Take the block back first, then let the destination
+                    // release what it queued (nothing of it was applied).
+                    self.inner.store.restore(table, block, data)?;
+                    if let Err(abort) = self.request(to, PeerRequest::AbortHandover { table, block }).await {
+                        tracing::warn!("abort of block {block} of table {table} at evaluator {to}: {abort}");
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        let _ = bulk.close().await;
+        Ok(total)
+    }
+
+    async fn stream_block(
+        &self,
+        bulk: &mut Framed<TcpStream, FrameCodec<BulkToDest, BulkToSource>>,
+        move_id: u64,
+        table: TableId,
+        block: BlockId,
+        data: &BlockData,
+        to: EvaluatorId,
+    ) -> Result<u64, PeerError> {
+        let conn_err = |e: protocol::ProtocolError| PeerError::Connection {
+            peer: to,
+            message: e.to_string(),
+        };
+        let bytes = data.encode();
+        bulk.feed(BulkToDest::Begin {
+            move_id,
+            table,
+            block,
+            bytes: bytes.len() as u64,
+        })
+        .await
+        .map_err(conn_err)?;
+        for chunk in bytes.chunks(self.inner.settings.chunk_bytes.max(1)) {
+            if self.inner.faults.is_broken() {
+                return Err(PeerError::Connection {
+                    peer: to,
+                    message: "connection broken (injected fault)".into(),
+                });
+            }
+            bulk.send(BulkToDest::Chunk(chunk.to_vec()))
+                .await
+                .map_err(conn_err)?;
+        }
+        bulk.send(BulkToDest::End).await.map_err(conn_err)?;
+        let answer = tokio::select! {
+            a = bulk.next() => a,
+            _ = self.inner.cancel.cancelled() => None,
+        };
+        match answer {
+            Some(Ok(BulkToSource::Installed { table: t, block: b })) if t == table && b == block => {
+                Ok(bytes.len() as u64)
+            }
+            Some(Ok(BulkToSource::Failed { reason, .. })) => Err(PeerError::Remote {
+                peer: to,
+                error: RemoteError::fatal(reason),
+            }),
+            Some(Ok(other)) => Err(PeerError::Connection {
+                peer: to,
+                message: format!("unexpected answer {other:?}"),
+            }),
+            Some(Err(e)) => Err(conn_err(e)),
+            None => Err(PeerError::Connection {
+                peer: to,
+                message: "closed before the block was installed".into(),
+            }),
+        }
+    }
+
+    async fn open<Out, In>(
+        &self,
+        peer: EvaluatorId,
+        addr: SocketAddr,
+        purpose: Purpose,
+    ) -> Result<Framed<TcpStream, FrameCodec<Out, In>>, PeerError> {
+        let s = &self.inner.settings;
+        let connect = async {
+            let stream = TcpStream::connect(addr).await?;
+            stream.set_nodelay(true)?;
+            Ok::<_, std::io::Error>(stream)
+        };
+        let stream = tokio::time::timeout(s.connect_timeout, connect)
+            .await
+            .map_err(|_| PeerError::Connect {
+                peer,
+                addr,
+                source: protocol::ProtocolError::Handshake("connect timed out".into()),
+            })?
+            .map_err(|e| PeerError::Connect {
+                peer,
+                addr,
+                source: e.into(),
+            })?;
+        protocol::auth::connect(
+            stream,
+            &s.secret,
+            &s.job_id,
+            &self.inner.me.to_string(),
+            purpose,
+            s.frames,
+            s.connect_timeout,
+        )
+        .await
+        .map_err(|source| PeerError::Connect { peer, addr, source })
+    }
+
+    // ------------------------------------------------------------------
+    // Outbound request connections
+    // ------------------------------------------------------------------
+
+    async fn run_outbound(&self, conn: Arc<OutConn>, mut rx: mpsc::UnboundedReceiver<ToOwner>) {
+        let peer = conn.peer;
+        let framed = match self.addr_of(peer) {
+            None => Err(PeerError::UnknownPeer(peer)),
+            Some(addr) => self.open::<ToOwner, ToClient>(peer, addr, Purpose::Requests).await,
+        };
+        let framed = match framed {
+            Ok(f) => f,
+            Err(e) => {
+                // Nothing was written: everything queued may be sent again.
+                rx.close();
+                while rx.try_recv().is_ok() {}
+                conn.close_and_fail(&self.inner.conns, RemoteError::retry(e.to_string()));
+                return;
+            }
+        };
+        let (mut sink, mut stream) = framed.split();
+        let mut said_goodbye = false;
+        let reason = loop {
+            tokio::select! {
+                biased;
+                _ = self.inner.cancel.cancelled() => break "the data plane is shutting down".to_string(),
+                _ = self.inner.faults.broken() => break "connection broken (injected fault)".to_string(),
+                frame = stream.next() => match frame {
+                    Some(Ok(ToClient::Response { id, result })) => conn.complete(id, result),
+                    Some(Ok(ToClient::GoAway)) => {
+                        // Stop taking requests; flush what is queued, then acknowledge.
+                        conn.closed.store(true, Ordering::SeqCst);
+                        lock(&self.inner.conns).retain(|_, c| !Arc::ptr_eq(c, &conn));
+                        rx.close();
+                        let mut ok = true;
+                        while let Some(m) = rx.recv().await {
+                            if sink.feed(m).await.is_err() {
+                                ok = false;
+                                break;
+                            }
+                        }
+                        if ok && sink.send(ToOwner::GoAwayAck).await.is_ok() {
+                            said_goodbye = true;
+                        }
+                    }
+                    Some(Err(e)) => break format!("connection failed: {e}"),
+                    None => {
+                        if said_goodbye && conn.pending_count() == 0 {
+                            return;
+                        }
+                        break "connection closed by the peer".to_string();
+                    }
+                },
+                m = rx.recv(), if !said_goodbye => match m {
+                    Some(m) => {
+                        let mut r = sink.feed(m).await;
+                        while r.is_ok() {
+                            match rx.try_recv() {
+                                Ok(m) => r = sink.feed(m).await,
+                                Err(_) => break,
+                            }
+                        }
+                        if let Err(e) = r.and(sink.flush().await) {
+                            break format!("write failed: {e}");
+                        }
+                    }
+                    None => {}
+                },
+            }
+        };
+        // Requests still queued were never written: they may be sent again.
+        rx.close();
+        while let Ok(m) = rx.try_recv() {
+            if let ToOwner::Request { id, .. } = m {
+                conn.complete(id, Err(RemoteError::retry(format!("connection to evaluator {peer} lost ({reason})"))));
+            }
+        }
+        conn.close_and_fail(
+            &self.inner.conns,
+            RemoteError::fatal(format!(
+                "connection to evaluator {peer} lost with the request in flight ({reason}); its outcome is unknown"
+            )),
+        );
+    }
+
+    // ------------------------------------------------------------------
+    // Inbound
+    // ------------------------------------------------------------------
+
+    async fn accept_loop(&self, listener: TcpListener) {
+        loop {
+            let accepted = tokio::select! {
+                _ = self.inner.cancel.cancelled() => return,
+                _ = self.inner.leaving.cancelled() => return,
+                a = listener.accept() => a,
+            };
+            let (stream, remote) = match accepted {
+                Ok(x) => x,
+                Err(e) => {
+                    tracing::warn!("data plane accept failed: {e}");
+                    continue;
+                }
+            };
+            let _ = stream.set_nodelay(true);
+            let this = self.clone();
+            self.inner.inbound.spawn(async move { this.serve_connection(stream, remote).await });
+        }
+    }
+
+    async fn serve_connection(&self, stream: TcpStream, remote: SocketAddr) {
+        let s = &self.inner.settings;
+        // Both kinds of connection share a handshake; the hello says which.
+        let (id, framed) = match protocol::auth::accept::<_, ToClient, ToOwner>(
+            stream,
+            &s.secret,
+            &s.job_id,
+            s.frames,
+            s.connect_timeout,
+            |id| match id.purpose {
+                Purpose::Requests | Purpose::Bulk => Ok(()),
+                Purpose::Control => Err("this is a data-plane port, not the AM".into()),
+            },
+        )
+        .await
+        {
+            Ok(x) => x,
+            Err(e) => {
+                tracing::warn!("data plane: refused connection from {remote}: {e}");
+                return;
+            }
+        };
+        let Ok(peer) = id.peer.parse::<EvaluatorId>() else {
+            tracing::warn!("data plane: peer {remote} gave a bad evaluator id {:?}", id.peer);
+            return;
+        };
+        match id.purpose {
+            Purpose::Requests => self.serve_requests(peer, framed).await,
+            Purpose::Bulk => {
+                let framed = framed.map_codec(|c| FrameCodec::<BulkToSource, BulkToDest>::new(c.options()));
+                self.serve_bulk(peer, framed).await
+            }
+            Purpose::Control => {}
+        }
+    }
+
+    async fn serve_requests(&self, peer: EvaluatorId, framed: Framed<TcpStream, FrameCodec<ToClient, ToOwner>>) {
+        let (sink, mut stream) = framed.split();
+        let conn_cancel = self.inner.cancel.child_token();
+        let (tx, writer) = protocol::spawn_writer(
+            sink,
+            1024,
+            self.inner.faults.clone(),
+            conn_cancel.clone(),
+            &self.inner.tasks,
+            format!("data plane to evaluator {peer}"),
+        );
+        let mut in_flight: FuturesUnordered<BoxFuture<'static, (u64, PartResult)>> = FuturesUnordered::new();
+        let mut sent_goaway = false;
+        let mut acked = false;
+        loop {
+            if acked && in_flight.is_empty() {
+                break;
+            }
+            tokio::select! {
+                biased;
+                _ = conn_cancel.cancelled() => return,
+                _ = self.inner.faults.broken() => return,
+                Some((id, result)) = in_flight.next(), if !in_flight.is_empty() => {
+                    if let Ok(PeerResponse::Values(v)) = &result {
+                        self.inner.counters.bytes_out.fetch_add(v.byte_len() as u64, Ordering::Relaxed);
+                    }
+                    if tx.send(ToClient::Response { id, result }).await.is_err() {
+                        return;
+                    }
+                }
+                _ = self.inner.leaving.cancelled(), if !sent_goaway => {
+                    sent_goaway = true;
+                    if tx.send(ToClient::GoAway).await.is_err() {
+                        return;
+                    }
+                }
+                frame = stream.next(), if !acked && in_flight.len() < MAX_IN_FLIGHT => match frame {
+                    Some(Ok(ToOwner::Request { id, req })) => {
+                        let fut = self.handle_request(peer, req);
+                        in_flight.push(async move { (id, fut.await) }.boxed());
+                    }
+                    Some(Ok(ToOwner::GoAwayAck)) => acked = true,
+                    Some(Err(e)) => {
+                        tracing::warn!("data plane: closing connection from evaluator {peer}: {e}");
+                        return;
+                    }
+                    None => {
+                        // The client closed; answer what it asked anyway? It
+                        // cannot read the answers, so stop.
+                        return;
+                    }
+                },
+            }
+        }
+        drop(tx);
+        // Let the writer flush the last answers before the task ends.
+        let _ = writer.await;
+    }
+
+    /// Handles one inbound request. The synchronous part (apply, queue or
+    /// forward) happens before this returns; the future waits for the answer.
+    fn handle_request(&self, peer: EvaluatorId, req: PeerRequest) -> BoxFuture<'static, PartResult> {
+        let c = &self.inner.counters;
+        c.requests.fetch_add(1, Ordering::Relaxed);
+        match req {
+            PeerRequest::Handover { table, block, .. } => {
+                let r = self
+                    .inner
+                    .store
+                    .begin_incoming(table, block, peer)
+                    .map(|()| PeerResponse::Done)
+                    .map_err(|e| RemoteError::fatal(e.to_string()));
+                futures::future::ready(r).boxed()
+            }
+            PeerRequest::AbortHandover { table, block } => {
+                let r = self
+                    .inner
+                    .store
+                    .abort_incoming(table, block)
+                    .map(|()| PeerResponse::Done)
+                    .map_err(|e| RemoteError::fatal(e.to_string()));
+                futures::future::ready(r).boxed()
+            }
+            keyed => {
+                let Some(op) = StoreOp::from_request(keyed) else {
+                    return futures::future::ready(Err(RemoteError::fatal("unsupported request"))).boxed();
+                };
+                c.bytes_in.fetch_add(op.byte_len() as u64, Ordering::Relaxed);
+                let t0 = Instant::now();
+                let fut = self.execute(op);
+                c.busy_ns
+                    .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                fut
+            }
+        }
+    }
+
+    async fn serve_bulk(&self, peer: EvaluatorId, framed: Framed<TcpStream, FrameCodec<BulkToSource, BulkToDest>>) {
+        let (mut sink, mut stream) = framed.split();
+        let mut current: Option<(TableId, BlockId, u64, Vec<u8>)> = None;
+        loop {
+            let frame = tokio::select! {
+                _ = self.inner.cancel.cancelled() => return,
+                _ = self.inner.faults.broken() => return,
+                f = stream.next() => f,
+            };
+            let frame = match frame {
+                Some(Ok(f)) => f,
+                Some(Err(e)) => {
+                    tracing::warn!("bulk transfer from evaluator {peer} failed: {e}");
+                    return;
+                }
+                None => return,
+            };
+            match frame {
+                BulkToDest::Begin { table, block, bytes, .. } => {
+                    let cap = usize::try_from(bytes).unwrap_or(usize::MAX).min(1 << 30);
+                    current = Some((table, block, bytes, Vec::with_capacity(cap)));
+                }
+                BulkToDest::Chunk(c) => match &mut current {
+                    Some((_, _, total, buf)) if (buf.len() + c.len()) as u64 <= *total => {
+                        buf.extend_from_slice(&c)
+                    }
+                    _ => {
+                        tracing::warn!("bulk transfer from evaluator {peer}: chunk outside a block or beyond its size");
+                        return;
+                    }
+                },
+                BulkToDest::End => {
+                    let Some((table, block, _, buf)) = current.take() else {
+                        tracing::warn!("bulk transfer from evaluator {peer}: end without begin");
+                        return;
+                    };
+                    let answer = match BlockData::decode(&buf)
+                        .and_then(|d| self.inner.store.install(table, block, d))
+                    {
+                        Ok(()) => BulkToSource::Installed { table, block },
+                        Err(e) => BulkToSource::Failed {
+                            table,
+                            block,
+                            reason: e.to_string(),
+                        },
+                    };
+                    if sink.send(answer).await.is_err() {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Leaves gracefully: says goodbye to every client, serves until each has
+    /// acknowledged and every request read is answered (at most the drain
+    /// timeout), then stops every task and waits for them.
+    pub async fn shutdown(&self) {
+        self.inner.leaving.cancel();
+        self.inner.inbound.close();
+        if tokio::time::timeout(self.inner.settings.drain_timeout, self.inner.inbound.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!("data plane: clients did not acknowledge the goodbye in time");
+        }
+        self.stop().await;
+    }
+
+    /// Stops every task at once (no goodbye) and waits for them.
+    pub async fn stop(&self) {
+        self.inner.cancel.cancel();
+        self.inner.inbound.close();
+        self.inner.tasks.close();
+        self.inner.inbound.wait().await;
+        self.inner.tasks.wait().await;
+        for (_, c) in lock(&self.inner.conns).drain() {
+            c.fail_all(RemoteError::fatal("the data plane stopped"));
+        }
+    }
+}
+
+enum Wait {
+    Ready(PartResult),
+    Rx(Option<EvaluatorId>, oneshot::Receiver<PartResult>),
+}
+
+/// One outbound request connection.
+struct OutConn {
+    peer: EvaluatorId,
+    tx: mpsc::UnboundedSender<ToOwner>,
+    pending: Mutex<HashMap<u64, oneshot::Sender<PartResult>>>,
+    next_id: AtomicU64,
+    closed: AtomicBool,
+}
+
+impl OutConn {
+    /// Queues a request; synchronous, so requests go out in call order.
+    fn request(&self, req: PeerRequest) -> oneshot::Receiver<PartResult> {
+        let (tx, rx) = oneshot::channel();
+        if self.closed.load(Ordering::SeqCst) {
+            let _ = tx.send(Err(RemoteError::retry(format!(
+                "connection to evaluator {} is closing",
+                self.peer
+            ))));
+            return rx;
+        }
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        lock(&self.pending).insert(id, tx);
+        if self.tx.send(ToOwner::Request { id, req }).is_err() {
+            if let Some(tx) = lock(&self.pending).remove(&id) {
+                let _ = tx.send(Err(RemoteError::retry(format!(
+                    "connection to evaluator {} is closed",
+                    self.peer
+                ))));
+            }
+        }
+        rx
+    }
+
+    fn complete(&self, id: u64, result: PartResult) {
+        if let Some(tx) = lock(&self.pending).remove(&id) {
+            let _ = tx.send(result);
+        }
+    }
+
+    fn pending_count(&self) -> usize {
+        lock(&self.pending).len()
+    }
+
+    fn fail_all(&self, err: RemoteError) {
+        for (_, tx) in lock(&self.pending).drain() {
+            let _ = tx.send(Err(err.clone()));
+        }
+    }
+
+    fn close_and_fail(self: &Arc<Self>, conns: &Mutex<HashMap<EvaluatorId, Arc<OutConn>>>, err: RemoteError) {
+        self.closed.store(true, Ordering::SeqCst);
+        lock(conns).retain(|_, c| !Arc::ptr_eq(c, self));
+        self.fail_all(err);
+    }
+}
