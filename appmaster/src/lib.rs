@@ -1,1 +1,18 @@
-//! The application master (work in progress).
+//! The cruise-rs application master and the `cruise` command line.
+//!
+//! - [`am`]: the AM: job setup ([`am::run_job`]) and the job's event loop,
+//!   the control-channel acceptor, and the types it reports (summary,
+//!   progress, status).
+//! - [`status`]: the JSON status endpoint.
+//! - [`datagen`]: input preparation (generated data cached in the work dir).
+//! - [`cli`]: argument definitions and commands of `cruise`.
+//! - [`progress`]: drawing progress on stderr.
+//! - [`harness`]: an in-process cluster (AM and evaluators in one process)
+//!   with fault verbs, for tests.
+
+pub mod am;
+pub mod cli;
+pub mod datagen;
+pub mod harness;
+pub mod progress;
+pub mod status;

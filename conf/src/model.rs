@@ -152,6 +152,8 @@ pub struct RuntimeConfig {
     /// Command that starts an evaluator. Empty: this `cruise` executable with
     /// the `evaluator` subcommand.
     pub evaluator_command: Vec<String>,
+    /// Address the AM's control port binds to; evaluators connect to it.
+    pub am_bind: String,
 }
 
 impl Default for RuntimeConfig {
@@ -164,6 +166,7 @@ impl Default for RuntimeConfig {
             release_grace_ms: 5_000,
             allocation_timeout_ms: 60_000,
             evaluator_command: Vec::new(),
+            am_bind: "127.0.0.1:0".to_string(),
         }
     }
 }
@@ -298,7 +301,7 @@ impl Default for MlrConfig {
         MlrConfig {
             classes: 10,
             features: 1_000,
-            step_size: 0.5,
+            step_size: 10.0,
             decay: 0.1,
             l2: 1e-5,
             features_per_key: 0,
@@ -414,6 +417,20 @@ impl CruiseConfig {
             return bad(
                 "runtime.evaluator_command",
                 "has an empty program name".to_string(),
+            );
+        }
+        if self
+            .runtime
+            .am_bind
+            .parse::<std::net::SocketAddr>()
+            .is_err()
+        {
+            return bad(
+                "runtime.am_bind",
+                format!(
+                    "{:?} is not an address like 127.0.0.1:0",
+                    self.runtime.am_bind
+                ),
             );
         }
         if !self.status.bind.is_empty() && self.status.bind.parse::<std::net::SocketAddr>().is_err()

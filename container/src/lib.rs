@@ -13,7 +13,10 @@
 //! - [`apps`]: the ML applications and their data generators.
 //! - [`evaluator`]: the evaluator's event loop and process entry point.
 
-pub mod protocol;
 pub mod apps;
+pub mod evaluator;
+pub mod os;
 pub mod peer;
+pub mod protocol;
+pub mod ps;
 pub mod store;

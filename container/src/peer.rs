@@ -43,7 +43,7 @@ use crate::protocol::{
     FrameOptions, PeerRequest, PeerResponse, Purpose, RemoteError, Secret, TableId, ToClient,
     ToOwner,
 };
-use crate::store::{self, BlockData, OpKind, PartResult, Pending, Store, StoreOp};
+use crate::store::{self, BlockData, PartResult, Pending, Store, StoreOp};
 
 /// Most times a retryable part is sent again before the error is returned.
 const MAX_RETRIES: u32 = 30;
@@ -194,7 +194,9 @@ impl DataPlane {
             }),
         };
         let this = dp.clone();
-        dp.inner.tasks.spawn(async move { this.accept_loop(listener).await });
+        dp.inner
+            .tasks
+            .spawn(async move { this.accept_loop(listener).await });
         Ok(dp)
     }
 
@@ -277,7 +279,9 @@ impl DataPlane {
     fn execute_shared(&self, op: Arc<StoreOp>, attempt: u32) -> BoxFuture<'static, PartResult> {
         let sub = match self.inner.store.submit(&op) {
             Ok(s) => s,
-            Err(e) => return futures::future::ready(Err(RemoteError::fatal(e.to_string()))).boxed(),
+            Err(e) => {
+                return futures::future::ready(Err(RemoteError::fatal(e.to_string()))).boxed();
+            }
         };
         let kind = sub.kind;
         let keys = sub.keys;
@@ -303,7 +307,9 @@ impl DataPlane {
                     Wait::Rx(peer, rx) => (
                         peer,
                         rx.await.unwrap_or_else(|_| {
-                            Err(RemoteError::fatal("the request was dropped without an answer"))
+                            Err(RemoteError::fatal(
+                                "the request was dropped without an answer",
+                            ))
                         }),
                     ),
                 };
@@ -340,11 +346,19 @@ impl DataPlane {
     }
 
     /// Sends a non-keyed request (handover, abort) to a peer and waits.
-    async fn request(&self, peer: EvaluatorId, req: PeerRequest) -> Result<PeerResponse, PeerError> {
+    async fn request(
+        &self,
+        peer: EvaluatorId,
+        req: PeerRequest,
+    ) -> Result<PeerResponse, PeerError> {
         self.conn(peer)
             .request(req)
             .await
-            .unwrap_or_else(|_| Err(RemoteError::fatal("the request was dropped without an answer")))
+            .unwrap_or_else(|_| {
+                Err(RemoteError::fatal(
+                    "the request was dropped without an answer",
+                ))
+            })
             .map_err(|error| PeerError::Remote { peer, error })
     }
 
@@ -369,16 +383,28 @@ impl DataPlane {
             self.open(to, addr, Purpose::Bulk).await?;
         let mut total = 0u64;
         for &block in blocks {
-            self.request(to, PeerRequest::Handover { table, block, move_id })
-                .await?;
+            self.request(
+                to,
+                PeerRequest::Handover {
+                    table,
+                    block,
+                    move_id,
+                },
+            )
+            .await?;
             let data = match self.inner.store.take_for_move(table, block, to) {
                 Ok(d) => d,
                 Err(e) => {
-                    let _ = self.request(to, PeerRequest::AbortHandover { table, block }).await;
+                    let _ = self
+                        .request(to, PeerRequest::AbortHandover { table, block })
+                        .await;
                     return Err(e.into());
                 }
             };
-            match self.stream_block(&mut bulk, move_id, table, block, &data, to).await {
+            match self
+                .stream_block(&mut bulk, move_id, table, block, &data, to)
+                .await
+            {
                 Ok(bytes) => {
                     self.inner.store.finish_move(table, block)?;
                     total += bytes;
@@ -396,8 +422,13 @@ impl DataPlane {
                     // Take the block back first, then let the destination
                     // release what it queued (nothing of it was applied).
                     self.inner.store.restore(table, block, data)?;
-                    if let Err(abort) = self.request(to, PeerRequest::AbortHandover { table, block }).await {
-                        tracing::warn!("abort of block {block} of table {table} at evaluator {to}: {abort}");
+                    if let Err(abort) = self
+                        .request(to, PeerRequest::AbortHandover { table, block })
+                        .await
+                    {
+                        tracing::warn!(
+                            "abort of block {block} of table {table} at evaluator {to}: {abort}"
+                        );
                     }
                     return Err(e);
                 }
@@ -446,7 +477,9 @@ impl DataPlane {
             _ = self.inner.cancel.cancelled() => None,
         };
         match answer {
-            Some(Ok(BulkToSource::Installed { table: t, block: b })) if t == table && b == block => {
+            Some(Ok(BulkToSource::Installed { table: t, block: b }))
+                if t == table && b == block =>
+            {
                 Ok(bytes.len() as u64)
             }
             Some(Ok(BulkToSource::Failed { reason, .. })) => Err(PeerError::Remote {
@@ -510,7 +543,10 @@ impl DataPlane {
         let peer = conn.peer;
         let framed = match self.addr_of(peer) {
             None => Err(PeerError::UnknownPeer(peer)),
-            Some(addr) => self.open::<ToOwner, ToClient>(peer, addr, Purpose::Requests).await,
+            Some(addr) => {
+                self.open::<ToOwner, ToClient>(peer, addr, Purpose::Requests)
+                    .await
+            }
         };
         let framed = match framed {
             Ok(f) => f,
@@ -576,7 +612,12 @@ impl DataPlane {
         rx.close();
         while let Ok(m) = rx.try_recv() {
             if let ToOwner::Request { id, .. } = m {
-                conn.complete(id, Err(RemoteError::retry(format!("connection to evaluator {peer} lost ({reason})"))));
+                conn.complete(
+                    id,
+                    Err(RemoteError::retry(format!(
+                        "connection to evaluator {peer} lost ({reason})"
+                    ))),
+                );
             }
         }
         conn.close_and_fail(
@@ -607,7 +648,9 @@ impl DataPlane {
             };
             let _ = stream.set_nodelay(true);
             let this = self.clone();
-            self.inner.inbound.spawn(async move { this.serve_connection(stream, remote).await });
+            self.inner
+                .inbound
+                .spawn(async move { this.serve_connection(stream, remote).await });
         }
     }
 
@@ -634,20 +677,28 @@ impl DataPlane {
             }
         };
         let Ok(peer) = id.peer.parse::<EvaluatorId>() else {
-            tracing::warn!("data plane: peer {remote} gave a bad evaluator id {:?}", id.peer);
+            tracing::warn!(
+                "data plane: peer {remote} gave a bad evaluator id {:?}",
+                id.peer
+            );
             return;
         };
         match id.purpose {
             Purpose::Requests => self.serve_requests(peer, framed).await,
             Purpose::Bulk => {
-                let framed = framed.map_codec(|c| FrameCodec::<BulkToSource, BulkToDest>::new(c.options()));
+                let framed =
+                    framed.map_codec(|c| FrameCodec::<BulkToSource, BulkToDest>::new(c.options()));
                 self.serve_bulk(peer, framed).await
             }
             Purpose::Control => {}
         }
     }
 
-    async fn serve_requests(&self, peer: EvaluatorId, framed: Framed<TcpStream, FrameCodec<ToClient, ToOwner>>) {
+    async fn serve_requests(
+        &self,
+        peer: EvaluatorId,
+        framed: Framed<TcpStream, FrameCodec<ToClient, ToOwner>>,
+    ) {
         let (sink, mut stream) = framed.split();
         let conn_cancel = self.inner.cancel.child_token();
         let (tx, writer) = protocol::spawn_writer(
@@ -658,7 +709,8 @@ impl DataPlane {
             &self.inner.tasks,
             format!("data plane to evaluator {peer}"),
         );
-        let mut in_flight: FuturesUnordered<BoxFuture<'static, (u64, PartResult)>> = FuturesUnordered::new();
+        let mut in_flight: FuturesUnordered<BoxFuture<'static, (u64, PartResult)>> =
+            FuturesUnordered::new();
         let mut sent_goaway = false;
         let mut acked = false;
         loop {
@@ -708,7 +760,11 @@ impl DataPlane {
 
     /// Handles one inbound request. The synchronous part (apply, queue or
     /// forward) happens before this returns; the future waits for the answer.
-    fn handle_request(&self, peer: EvaluatorId, req: PeerRequest) -> BoxFuture<'static, PartResult> {
+    fn handle_request(
+        &self,
+        peer: EvaluatorId,
+        req: PeerRequest,
+    ) -> BoxFuture<'static, PartResult> {
         let c = &self.inner.counters;
         c.requests.fetch_add(1, Ordering::Relaxed);
         match req {
@@ -732,9 +788,11 @@ impl DataPlane {
             }
             keyed => {
                 let Some(op) = StoreOp::from_request(keyed) else {
-                    return futures::future::ready(Err(RemoteError::fatal("unsupported request"))).boxed();
+                    return futures::future::ready(Err(RemoteError::fatal("unsupported request")))
+                        .boxed();
                 };
-                c.bytes_in.fetch_add(op.byte_len() as u64, Ordering::Relaxed);
+                c.bytes_in
+                    .fetch_add(op.byte_len() as u64, Ordering::Relaxed);
                 let t0 = Instant::now();
                 let fut = self.execute(op);
                 c.busy_ns
@@ -744,7 +802,11 @@ impl DataPlane {
         }
     }
 
-    async fn serve_bulk(&self, peer: EvaluatorId, framed: Framed<TcpStream, FrameCodec<BulkToSource, BulkToDest>>) {
+    async fn serve_bulk(
+        &self,
+        peer: EvaluatorId,
+        framed: Framed<TcpStream, FrameCodec<BulkToSource, BulkToDest>>,
+    ) {
         let (mut sink, mut stream) = framed.split();
         let mut current: Option<(TableId, BlockId, u64, Vec<u8>)> = None;
         loop {
@@ -762,7 +824,12 @@ impl DataPlane {
                 None => return,
             };
             match frame {
-                BulkToDest::Begin { table, block, bytes, .. } => {
+                BulkToDest::Begin {
+                    table,
+                    block,
+                    bytes,
+                    ..
+                } => {
                     let cap = usize::try_from(bytes).unwrap_or(usize::MAX).min(1 << 30);
                     current = Some((table, block, bytes, Vec::with_capacity(cap)));
                 }
@@ -771,7 +838,9 @@ impl DataPlane {
                         buf.extend_from_slice(&c)
                     }
                     _ => {
-                        tracing::warn!("bulk transfer from evaluator {peer}: chunk outside a block or beyond its size");
+                        tracing::warn!(
+                            "bulk transfer from evaluator {peer}: chunk outside a block or beyond its size"
+                        );
                         return;
                     }
                 },
@@ -880,7 +949,11 @@ impl OutConn {
         }
     }
 
-    fn close_and_fail(self: &Arc<Self>, conns: &Mutex<HashMap<EvaluatorId, Arc<OutConn>>>, err: RemoteError) {
+    fn close_and_fail(
+        self: &Arc<Self>,
+        conns: &Mutex<HashMap<EvaluatorId, Arc<OutConn>>>,
+        err: RemoteError,
+    ) {
         self.closed.store(true, Ordering::SeqCst);
         lock(conns).retain(|_, c| !Arc::ptr_eq(c, self));
         self.fail_all(err);

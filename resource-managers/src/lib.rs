@@ -1,1 +1,181 @@
-//! Resource managers (work in progress).
+//! Resource managers: where containers come from.
+//!
+//! One async trait, [`ResourceManager`]: request containers (count, memory,
+//! cores, optional hosts), release a given container, ask for capacity, shut
+//! down. What happens to containers arrives as [`RmEvent`]s on the channel the
+//! implementation was built with, so the AM's event loop sees them in order
+//! with everything else. Each container runs the evaluator command given in a
+//! [`LaunchSpec`]; the resource manager adds the container's id to its
+//! environment.
+//!
+//! Implementations:
+//! - [`local`]: evaluator processes on this machine (the embedded default).
+
+pub mod local;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+/// A container's id, as the resource manager names it.
+pub type ContainerId = String;
+
+/// How to start an evaluator in a container.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LaunchSpec {
+    /// The program.
+    pub program: String,
+    /// Its arguments.
+    pub args: Vec<String>,
+    /// Environment variables (AM address, job id, job secret, logging).
+    pub env: BTreeMap<String, String>,
+    /// Where containers keep their logs and scratch files.
+    pub work_dir: PathBuf,
+}
+
+/// A request for containers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ContainerRequest {
+    /// How many.
+    pub count: u32,
+    /// Memory per container, MiB.
+    pub memory_mb: u32,
+    /// Cores per container.
+    pub cores: u32,
+    /// Preferred hosts (empty: anywhere).
+    pub hosts: Vec<String>,
+}
+
+/// How a container's process ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExitStatus {
+    /// Exited with this code.
+    Code(i32),
+    /// Killed by this signal.
+    Signal(i32),
+    /// Not known (the resource manager did not say).
+    Unknown,
+}
+
+impl ExitStatus {
+    /// Whether the process exited with status 0.
+    pub fn success(&self) -> bool {
+        matches!(self, ExitStatus::Code(0))
+    }
+}
+
+impl std::fmt::Display for ExitStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ExitStatus::Code(c) => write!(f, "exit code {c}"),
+            ExitStatus::Signal(s) => write!(f, "killed by signal {s} ({})", signal_name(*s)),
+            ExitStatus::Unknown => f.write_str("unknown exit status"),
+        }
+    }
+}
+
+fn signal_name(s: i32) -> &'static str {
+    match s {
+        1 => "SIGHUP",
+        2 => "SIGINT",
+        6 => "SIGABRT",
+        9 => "SIGKILL",
+        11 => "SIGSEGV",
+        13 => "SIGPIPE",
+        15 => "SIGTERM",
+        _ => "signal",
+    }
+}
+
+/// Something that happened to containers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RmEvent {
+    /// A container was allocated and its evaluator is being started.
+    Allocated {
+        /// The container.
+        container: ContainerId,
+        /// Where.
+        host: String,
+    },
+    /// The evaluator process is running.
+    Running {
+        /// The container.
+        container: ContainerId,
+        /// Its process id, if the resource manager knows it.
+        pid: Option<u32>,
+    },
+    /// The container ended.
+    Completed {
+        /// The container.
+        container: ContainerId,
+        /// How its process ended.
+        exit: ExitStatus,
+        /// What the resource manager knows: the tail of stderr, a reason.
+        diagnostics: String,
+        /// Whether it ended because it was released.
+        released: bool,
+    },
+    /// A request could not be satisfied.
+    AllocationFailed {
+        /// Why.
+        reason: String,
+    },
+    /// The number of containers this job may hold changed.
+    CapacityChanged {
+        /// The new maximum.
+        max_containers: u32,
+    },
+}
+
+/// What the resource manager can give this job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Capacity {
+    /// Most containers the job may hold.
+    pub max_containers: u32,
+    /// Containers held now.
+    pub running: u32,
+}
+
+/// Errors of resource managers.
+#[derive(Debug, thiserror::Error)]
+pub enum RmError {
+    /// The resource manager is not running any more.
+    #[error("the {0} resource manager has shut down")]
+    Stopped(&'static str),
+    /// No such container.
+    #[error("unknown container {0}")]
+    UnknownContainer(ContainerId),
+    /// A request is malformed.
+    #[error("bad request: {0}")]
+    BadRequest(String),
+    /// Starting a process failed.
+    #[error("cannot launch {program:?}: {source}")]
+    Launch {
+        /// The program.
+        program: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Anything else, with context.
+    #[error("{0}")]
+    Other(String),
+}
+
+/// A cluster resource manager, as the AM sees it.
+#[async_trait::async_trait]
+pub trait ResourceManager: Send + Sync {
+    /// Short name for messages ("local", "yarn", "mesos").
+    fn name(&self) -> &'static str;
+
+    /// Asks for containers. Answers arrive as events.
+    async fn request(&self, req: ContainerRequest) -> Result<(), RmError>;
+
+    /// Releases a container: its evaluator is asked to stop, then killed.
+    async fn release(&self, container: &ContainerId) -> Result<(), RmError>;
+
+    /// What this job may hold now.
+    async fn capacity(&self) -> Result<Capacity, RmError>;
+
+    /// Releases every container, waits for them to end, and stops.
+    async fn shutdown(&self) -> Result<(), RmError>;
+}

@@ -113,7 +113,14 @@ impl Mlr {
     }
 
     /// Scores of one record into `scores`; returns the predicted class.
-    fn scores(&self, keys: &[Key], w: &[f32], idx: &[u32], val: &[f32], scores: &mut [f32]) -> usize {
+    fn scores(
+        &self,
+        keys: &[Key],
+        w: &[f32],
+        idx: &[u32],
+        val: &[f32],
+        scores: &mut [f32],
+    ) -> usize {
         let k = self.classes;
         match self.slot(keys, self.bias_row()) {
             Some(b) => scores.copy_from_slice(&w[b..b + k]),
@@ -236,8 +243,15 @@ impl App for Mlr {
 
     fn keys(&self, input: &InputBlock, rows: Range<usize>, out: &mut Vec<Key>) {
         out.clear();
-        let (a, b) = (input.offsets[rows.start] as usize, input.offsets[rows.end] as usize);
-        out.extend(input.indices[a..b].iter().map(|&i| self.key_of(u64::from(i))));
+        let (a, b) = (
+            input.offsets[rows.start] as usize,
+            input.offsets[rows.end] as usize,
+        );
+        out.extend(
+            input.indices[a..b]
+                .iter()
+                .map(|&i| self.key_of(u64::from(i))),
+        );
         out.push(self.key_of(self.bias_row()));
         out.sort_unstable();
         out.dedup();
@@ -453,7 +467,11 @@ mod tests {
         let a = app(3, 10);
         let e = a.parse(b"0 1:1\n3 1:1\n").unwrap_err();
         assert_eq!(e.offset, 6);
-        assert!(e.message.contains("label 3 is out of range"), "{}", e.message);
+        assert!(
+            e.message.contains("label 3 is out of range"),
+            "{}",
+            e.message
+        );
         let e = a.parse(b"1 11:1\n").unwrap_err();
         assert!(e.message.contains("feature index 11"), "{}", e.message);
         let e = a.parse(b"1 x:1\n").unwrap_err();
@@ -495,10 +513,19 @@ mod tests {
         let mut rng = ChaCha8Rng::seed_from_u64(3);
         let mut values = ValueBatch::default();
         for _ in &keys {
-            let v: Vec<f32> = (0..a.value_len).map(|_| rng.random_range(-0.5..0.5)).collect();
+            let v: Vec<f32> = (0..a.value_len)
+                .map(|_| rng.random_range(-0.5..0.5))
+                .collect();
             values.push(&v);
         }
-        let (deltas, _) = a.compute(&input, rows.clone(), &keys, &values, None, Step { clock: 0 });
+        let (deltas, _) = a.compute(
+            &input,
+            rows.clone(),
+            &keys,
+            &values,
+            None,
+            Step { clock: 0 },
+        );
         let loss = |v: &ValueBatch| a.evaluate(&input, rows.clone(), &keys, v, None).loss_sum / 3.0;
         let h = 1e-3f32;
         for j in 0..values.data.len() {

@@ -59,6 +59,12 @@ pub trait App: Send + Sync + 'static {
     /// Parses the text of one input split.
     fn parse(&self, text: &[u8]) -> Result<InputBlock, ParseError>;
 
+    /// Whether the app keeps worker-local state (then [`App::init_state`]
+    /// returns `Some` and [`App::compute`] gets the block's state).
+    fn has_state(&self) -> bool {
+        false
+    }
+
     /// Worker-local state for a freshly loaded input block, if the app keeps any.
     fn init_state(&self, _block: BlockId, _input: &InputBlock) -> Option<StateBlock> {
         None

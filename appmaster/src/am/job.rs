@@ -1,0 +1,919 @@
+//! The job's event loop: the one owner of job state.
+//!
+//! Phases: `allocating` (wait for the initial containers to register) →
+//! `loading` (assign roles and blocks; servers create model blocks, workers
+//! load input splits) → `training` (workers run; the AM counts records into
+//! epochs and, under SSP, releases clocks) → `stopping` (workers finish their
+//! mini-batch) → `evaluating` (the objective with the final model) →
+//! `finishing` (evaluators shut down, containers end). Any lost evaluator,
+//! fatal report or missed heartbeat fails the job with a message that names
+//! the evaluator, its container, its process and — when the resource manager
+//! reports it — its exit status and the tail of its stderr.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use cruise_conf::{CruiseConfig, SyncMode};
+use cruise_container::apps;
+use cruise_container::os;
+use cruise_container::protocol::{
+    AmToEval, AppParams, BlockId, EvalToAm, EvaluatorId, Faults, INPUT_TABLE, JobSetup,
+    MODEL_TABLE, OwnershipUpdate, STATE_TABLE, Stats, TableId, TaskKind, WorkerTask,
+};
+use cruise_hdfs::Split;
+use cruise_rm::{ContainerId, ContainerRequest, ExitStatus, ResourceManager, RmEvent};
+
+use super::{
+    AmError, EpochSummary, EvaluatorStatus, EvaluatorSummary, Event, JobSummary, Progress, Role,
+    Status, control,
+};
+
+/// How long to wait for the resource manager to report the exit status of a
+/// lost evaluator before failing the job without it.
+const EXIT_STATUS_WAIT: Duration = Duration::from_secs(3);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Allocating,
+    Loading,
+    Training,
+    Stopping,
+    Evaluating,
+    Finishing,
+}
+
+impl Phase {
+    fn name(self) -> &'static str {
+        match self {
+            Phase::Allocating => "allocating",
+            Phase::Loading => "loading",
+            Phase::Training => "training",
+            Phase::Stopping => "stopping",
+            Phase::Evaluating => "evaluating",
+            Phase::Finishing => "finishing",
+        }
+    }
+}
+
+struct Evaluator {
+    id: EvaluatorId,
+    container: ContainerId,
+    tx: mpsc::Sender<AmToEval>,
+    conn_cancel: CancellationToken,
+    data_addr: Option<SocketAddr>,
+    pid: u32,
+    role: Role,
+    last_heard: Instant,
+    rss: u64,
+    peak_rss: u64,
+    store_bytes: u64,
+    max_store_bytes: u64,
+    clock: u32,
+    /// Waiting for: blocks created / input loaded / worker stopped / evaluation.
+    awaiting: bool,
+    connected: bool,
+}
+
+#[derive(Default)]
+struct Container {
+    exit: Option<(ExitStatus, String, bool)>,
+    evaluator: Option<EvaluatorId>,
+}
+
+/// The owner of the job's state.
+pub(super) struct Driver {
+    config: CruiseConfig,
+    job_id: String,
+    params: AppParams,
+    loss_name: &'static str,
+    has_accuracy: bool,
+    splits: Vec<Split>,
+    rm: Arc<dyn ResourceManager>,
+    progress: mpsc::UnboundedSender<Progress>,
+    status: watch::Sender<Status>,
+    tracker: TaskTracker,
+    events: mpsc::Sender<Event>,
+    cancel: CancellationToken,
+
+    phase: Phase,
+    started: Instant,
+    evaluators: BTreeMap<EvaluatorId, Evaluator>,
+    containers: HashMap<ContainerId, Container>,
+    next_eval: EvaluatorId,
+    owners: BTreeMap<TableId, Vec<EvaluatorId>>,
+    version: u64,
+
+    records_per_epoch: u64,
+    records_done: u64,
+    epochs: Vec<EpochSummary>,
+    window: Stats,
+    epoch_started: Instant,
+    train_started: Option<Instant>,
+    train_secs: f64,
+    last_batch_progress: Instant,
+    min_clock_sent: u32,
+    final_stats: Stats,
+    initial_split: (u32, u32),
+    /// A lost evaluator whose exit status we are waiting for.
+    pending_loss: Option<(EvaluatorId, String, Instant)>,
+}
+
+impl Driver {
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn new(
+        config: CruiseConfig,
+        job_id: String,
+        splits: Vec<Split>,
+        rm: Arc<dyn ResourceManager>,
+        progress: mpsc::UnboundedSender<Progress>,
+        status: watch::Sender<Status>,
+        tracker: TaskTracker,
+        events: mpsc::Sender<Event>,
+        cancel: CancellationToken,
+    ) -> Self {
+        let now = Instant::now();
+        let initial_split = config.job.initial_split();
+        Driver {
+            params: AppParams {
+                value_len: 0,
+                model_keys: 0,
+                extra: Vec::new(),
+            },
+            loss_name: "loss",
+            has_accuracy: false,
+            config,
+            job_id,
+            splits,
+            rm,
+            progress,
+            status,
+            tracker,
+            events,
+            cancel,
+            phase: Phase::Allocating,
+            started: now,
+            evaluators: BTreeMap::new(),
+            containers: HashMap::new(),
+            next_eval: 1,
+            owners: BTreeMap::new(),
+            version: 0,
+            records_per_epoch: 0,
+            records_done: 0,
+            epochs: Vec::new(),
+            window: Stats::default(),
+            epoch_started: now,
+            train_started: None,
+            train_secs: 0.0,
+            last_batch_progress: now,
+            min_clock_sent: 0,
+            final_stats: Stats::default(),
+            initial_split,
+            pending_loss: None,
+        }
+    }
+
+    pub(super) async fn run(
+        mut self,
+        mut events: mpsc::Receiver<Event>,
+        mut rm_events: mpsc::UnboundedReceiver<RmEvent>,
+    ) -> Result<JobSummary, AmError> {
+        let r = self.run_inner(&mut events, &mut rm_events).await;
+        let r = match r {
+            Ok(()) => Ok(self.summary()),
+            Err(e) => {
+                let reason = e.to_string();
+                self.publish_status(Some(reason.clone()));
+                self.shutdown_all(&reason).await;
+                Err(e)
+            }
+        };
+        for e in self.evaluators.values() {
+            e.conn_cancel.cancel();
+        }
+        r
+    }
+
+    async fn run_inner(
+        &mut self,
+        events: &mut mpsc::Receiver<Event>,
+        rm_events: &mut mpsc::UnboundedReceiver<RmEvent>,
+    ) -> Result<(), AmError> {
+        self.params = apps::params(&self.config).map_err(|e| AmError::Config(e.to_string()))?;
+        let app =
+            apps::build(&self.config, &self.params).map_err(|e| AmError::Config(e.to_string()))?;
+        self.loss_name = app.loss_name();
+        self.has_accuracy = app.has_accuracy();
+        let n = self.config.job.containers;
+        self.phase(Phase::Allocating, format!("allocating {n} containers"));
+        self.rm
+            .request(ContainerRequest {
+                count: n,
+                memory_mb: self.config.runtime.container_memory_mb,
+                cores: self.config.runtime.container_cores,
+                hosts: Vec::new(),
+            })
+            .await?;
+        let hb = Duration::from_millis(self.config.channel.heartbeat_interval_ms);
+        let mut tick = tokio::time::interval(hb.min(Duration::from_millis(250)));
+        let mut last_hb_sent = Instant::now();
+        loop {
+            tokio::select! {
+                _ = self.cancel.cancelled() => return Err(AmError::Cancelled),
+                Some(ev) = rm_events.recv() => self.on_rm(ev)?,
+                Some(ev) = events.recv() => self.on_event(ev).await?,
+                _ = tick.tick() => {
+                    if last_hb_sent.elapsed() >= hb {
+                        last_hb_sent = Instant::now();
+                        for e in self.evaluators.values().filter(|e| e.connected) {
+                            let _ = e.tx.try_send(AmToEval::Heartbeat);
+                        }
+                    }
+                    self.check_time()?;
+                    self.publish_status(None);
+                }
+            }
+            if self.phase == Phase::Finishing && self.all_containers_done() {
+                return Ok(());
+            }
+        }
+    }
+
+    fn phase(&mut self, p: Phase, text: String) {
+        self.phase = p;
+        tracing::info!(phase = p.name(), "{text}");
+        let _ = self.progress.send(Progress::Phase(text));
+        self.publish_status(None);
+    }
+
+    fn role_counts(&self) -> (u32, u32) {
+        let w = self
+            .evaluators
+            .values()
+            .filter(|e| e.role == Role::Worker)
+            .count() as u32;
+        let s = self
+            .evaluators
+            .values()
+            .filter(|e| e.role == Role::Server)
+            .count() as u32;
+        (w, s)
+    }
+
+    fn describe(&self, id: EvaluatorId) -> String {
+        match self.evaluators.get(&id) {
+            Some(e) => format!(
+                "evaluator {id} ({}, container {}, pid {})",
+                role_name(e.role),
+                e.container,
+                e.pid
+            ),
+            None => format!("evaluator {id}"),
+        }
+    }
+
+    fn check_time(&mut self) -> Result<(), AmError> {
+        if let Some((id, reason, since)) = &self.pending_loss {
+            if since.elapsed() >= EXIT_STATUS_WAIT {
+                return Err(AmError::JobFailed(format!(
+                    "{} lost: {reason}; the resource manager has not reported its exit status",
+                    self.describe(*id)
+                )));
+            }
+        }
+        let timeout = Duration::from_millis(self.config.channel.heartbeat_timeout_ms);
+        if self.phase != Phase::Finishing {
+            for e in self.evaluators.values().filter(|e| e.connected) {
+                if e.last_heard.elapsed() > timeout {
+                    return Err(AmError::JobFailed(format!(
+                        "{} sent nothing for {:.1} s (channel.heartbeat_timeout_ms = {})",
+                        self.describe(e.id),
+                        e.last_heard.elapsed().as_secs_f64(),
+                        timeout.as_millis()
+                    )));
+                }
+            }
+        }
+        if self.phase == Phase::Allocating {
+            let limit = Duration::from_millis(self.config.runtime.allocation_timeout_ms);
+            if self.started.elapsed() > limit {
+                return Err(AmError::JobFailed(format!(
+                    "only {} of {} containers registered within {:.0} s (runtime.allocation_timeout_ms)",
+                    self.evaluators.len(),
+                    self.config.job.containers,
+                    limit.as_secs_f64()
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    fn on_rm(&mut self, ev: RmEvent) -> Result<(), AmError> {
+        match ev {
+            RmEvent::Allocated { container, host } => {
+                tracing::debug!(%container, %host, "container allocated");
+                self.containers.entry(container).or_default();
+            }
+            RmEvent::Running { container, pid } => {
+                tracing::debug!(%container, ?pid, "container running");
+            }
+            RmEvent::Completed {
+                container,
+                exit,
+                diagnostics,
+                released,
+            } => {
+                let c = self.containers.entry(container.clone()).or_default();
+                c.exit = Some((exit, diagnostics.clone(), released));
+                if self.phase == Phase::Finishing || released {
+                    return Ok(());
+                }
+                let what = match c.evaluator {
+                    Some(id) => self.describe(id),
+                    None => format!("container {container} (before its evaluator registered)"),
+                };
+                let reason = match self.pending_loss.take() {
+                    Some((_, r, _)) => format!("{r}; "),
+                    None => String::new(),
+                };
+                return Err(AmError::JobFailed(format!(
+                    "{what} lost: {reason}process ended with {exit}{}",
+                    stderr_note(&diagnostics)
+                )));
+            }
+            RmEvent::AllocationFailed { reason } => {
+                return Err(AmError::JobFailed(format!(
+                    "container allocation failed: {reason}"
+                )));
+            }
+            RmEvent::CapacityChanged { max_containers } => {
+                tracing::info!(max_containers, "resource manager capacity changed");
+            }
+        }
+        Ok(())
+    }
+
+    async fn on_event(&mut self, ev: Event) -> Result<(), AmError> {
+        match ev {
+            Event::Refused { remote, reason } => {
+                tracing::warn!("refused a control connection from {remote}: {reason}");
+            }
+            Event::Accepted {
+                container,
+                framed,
+                remote,
+            } => self.accept(container, *framed, remote).await?,
+            Event::Disconnected { eval, reason } => {
+                let Some(e) = self.evaluators.get_mut(&eval) else {
+                    return Ok(());
+                };
+                e.connected = false;
+                if self.phase == Phase::Finishing {
+                    return Ok(());
+                }
+                let container = e.container.clone();
+                if let Some((exit, diag, _)) =
+                    self.containers.get(&container).and_then(|c| c.exit.clone())
+                {
+                    return Err(AmError::JobFailed(format!(
+                        "{} lost: {reason}; process ended with {exit}{}",
+                        self.describe(eval),
+                        stderr_note(&diag)
+                    )));
+                }
+                tracing::warn!("{} disconnected: {reason}", self.describe(eval));
+                self.pending_loss = Some((eval, reason, Instant::now()));
+            }
+            Event::Message { eval, msg } => self.on_message(eval, msg).await?,
+        }
+        Ok(())
+    }
+
+    async fn accept(
+        &mut self,
+        container: ContainerId,
+        framed: control::ControlFramed,
+        remote: SocketAddr,
+    ) -> Result<(), AmError> {
+        if self.phase == Phase::Finishing {
+            return Ok(());
+        }
+        if self
+            .containers
+            .get(&container)
+            .is_some_and(|c| c.evaluator.is_some())
+        {
+            tracing::warn!(
+                "container {container} connected twice (from {remote}); ignoring the second"
+            );
+            return Ok(());
+        }
+        let id = self.next_eval;
+        self.next_eval += 1;
+        let (sink, stream) = framed.split();
+        let conn_cancel = self.cancel.child_token();
+        let faults = Faults::default();
+        let (tx, _writer) = cruise_container::protocol::spawn_writer(
+            sink,
+            4096,
+            faults.clone(),
+            conn_cancel.clone(),
+            &self.tracker,
+            format!("control channel to evaluator {id}"),
+        );
+        self.tracker.spawn(control::read_loop(
+            id,
+            stream,
+            self.events.clone(),
+            faults,
+            conn_cancel.clone(),
+        ));
+        self.containers
+            .entry(container.clone())
+            .or_default()
+            .evaluator = Some(id);
+        self.evaluators.insert(
+            id,
+            Evaluator {
+                id,
+                container,
+                tx,
+                conn_cancel,
+                data_addr: None,
+                pid: 0,
+                role: Role::Idle,
+                last_heard: Instant::now(),
+                rss: 0,
+                peak_rss: 0,
+                store_bytes: 0,
+                max_store_bytes: 0,
+                clock: 0,
+                awaiting: false,
+                connected: true,
+            },
+        );
+        Ok(())
+    }
+
+    async fn send(&self, id: EvaluatorId, msg: AmToEval) {
+        if let Some(e) = self.evaluators.get(&id) {
+            if e.tx.send(msg).await.is_err() {
+                tracing::debug!("evaluator {id}: control channel closed");
+            }
+        }
+    }
+
+    async fn on_message(&mut self, id: EvaluatorId, msg: EvalToAm) -> Result<(), AmError> {
+        let Some(e) = self.evaluators.get_mut(&id) else {
+            return Ok(());
+        };
+        e.last_heard = Instant::now();
+        match msg {
+            EvalToAm::Register {
+                data_addr,
+                pid,
+                host,
+            } => {
+                e.data_addr = Some(data_addr);
+                e.pid = pid;
+                tracing::info!(evaluator = id, container = %e.container, pid, %host, %data_addr, "evaluator registered");
+                let setup = JobSetup {
+                    evaluator: id,
+                    config: self.config.clone(),
+                    app: self.params.clone(),
+                    tables: vec![
+                        (MODEL_TABLE, self.config.store.model_blocks),
+                        (INPUT_TABLE, self.splits.len() as u32),
+                        (STATE_TABLE, self.splits.len() as u32),
+                    ],
+                };
+                self.send(id, AmToEval::Setup(Box::new(setup))).await;
+                let registered = self
+                    .evaluators
+                    .values()
+                    .filter(|e| e.data_addr.is_some())
+                    .count() as u32;
+                if self.phase == Phase::Allocating && registered >= self.config.job.containers {
+                    self.start_loading().await;
+                }
+            }
+            EvalToAm::Heartbeat {
+                rss_bytes,
+                peak_rss_bytes,
+                store_bytes,
+            } => {
+                e.rss = rss_bytes;
+                e.peak_rss = e.peak_rss.max(peak_rss_bytes);
+                e.store_bytes = store_bytes;
+                e.max_store_bytes = e.max_store_bytes.max(store_bytes);
+            }
+            EvalToAm::OwnershipApplied { .. } => {}
+            EvalToAm::BlocksCreated { .. } => {
+                e.awaiting = false;
+                self.maybe_start_training().await?;
+            }
+            EvalToAm::InputLoaded { blocks } => {
+                e.awaiting = false;
+                self.records_per_epoch += blocks.iter().map(|b| b.1).sum::<u64>();
+                self.maybe_start_training().await?;
+            }
+            EvalToAm::TaskStarted { task } => {
+                tracing::debug!(evaluator = id, ?task, "task started");
+            }
+            EvalToAm::TaskStopped { task } => {
+                if task == TaskKind::Worker && self.phase == Phase::Stopping {
+                    e.awaiting = false;
+                    if self.evaluators.values().all(|e| !e.awaiting) {
+                        self.start_evaluating().await;
+                    }
+                }
+            }
+            EvalToAm::MiniBatch(r) => {
+                if self.phase == Phase::Training {
+                    self.on_minibatch(r.stats).await;
+                }
+            }
+            EvalToAm::ServerReport(_) => {}
+            EvalToAm::ClockTick { clock } => {
+                e.clock = clock;
+                self.release_clocks().await;
+            }
+            EvalToAm::Evaluation(stats) => {
+                if self.phase == Phase::Evaluating && e.awaiting {
+                    e.awaiting = false;
+                    self.final_stats.add(&stats);
+                    if self.evaluators.values().all(|e| !e.awaiting) {
+                        self.finish().await;
+                    }
+                }
+            }
+            EvalToAm::BlockMoved { .. } | EvalToAm::MoveFinished { .. } => {}
+            EvalToAm::Fatal { error } => {
+                return Err(AmError::JobFailed(format!(
+                    "{} failed: {error}",
+                    self.describe(id)
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    async fn start_loading(&mut self) {
+        let (w, s) = self.initial_split;
+        let ids: Vec<EvaluatorId> = self.evaluators.keys().copied().collect();
+        let (workers, servers) = ids.split_at((w as usize).min(ids.len()));
+        let (workers, servers) = (
+            workers.to_vec(),
+            servers[..(s as usize).min(servers.len())].to_vec(),
+        );
+        for &id in &workers {
+            if let Some(e) = self.evaluators.get_mut(&id) {
+                e.role = Role::Worker;
+            }
+        }
+        for &id in &servers {
+            if let Some(e) = self.evaluators.get_mut(&id) {
+                e.role = Role::Server;
+            }
+        }
+        let nm = self.config.store.model_blocks as usize;
+        let ni = self.splits.len();
+        let model: Vec<EvaluatorId> = (0..nm).map(|b| servers[b % servers.len()]).collect();
+        let input: Vec<EvaluatorId> = (0..ni).map(|b| workers[b * workers.len() / ni]).collect();
+        self.owners.insert(MODEL_TABLE, model.clone());
+        self.owners.insert(INPUT_TABLE, input.clone());
+        self.owners.insert(STATE_TABLE, input.clone());
+        self.version += 1;
+        let update = OwnershipUpdate {
+            version: self.version,
+            owners: self
+                .owners
+                .iter()
+                .flat_map(|(&t, v)| {
+                    v.iter()
+                        .enumerate()
+                        .map(move |(b, &o)| (t, b as BlockId, o))
+                })
+                .collect(),
+        };
+        let peers: Vec<(EvaluatorId, SocketAddr)> = self
+            .evaluators
+            .values()
+            .filter_map(|e| e.data_addr.map(|a| (e.id, a)))
+            .collect();
+        self.phase(
+            Phase::Loading,
+            format!(
+                "loading: {} input blocks on {} workers, {} model blocks on {} servers",
+                ni,
+                workers.len(),
+                nm,
+                servers.len()
+            ),
+        );
+        for &id in &ids {
+            self.send(id, AmToEval::Peers(peers.clone())).await;
+            self.send(id, AmToEval::Ownership(update.clone())).await;
+        }
+        for &id in &servers {
+            let blocks: Vec<BlockId> = (0..nm)
+                .filter(|&b| model[b] == id)
+                .map(|b| b as BlockId)
+                .collect();
+            self.send(
+                id,
+                AmToEval::CreateBlocks {
+                    table: MODEL_TABLE,
+                    blocks,
+                },
+            )
+            .await;
+        }
+        for &id in &workers {
+            let blocks: Vec<(BlockId, Split)> = (0..ni)
+                .filter(|&b| input[b] == id)
+                .map(|b| (b as BlockId, self.splits[b].clone()))
+                .collect();
+            self.send(id, AmToEval::LoadInput { blocks }).await;
+        }
+        for id in workers.iter().chain(&servers) {
+            if let Some(e) = self.evaluators.get_mut(id) {
+                e.awaiting = true;
+            }
+        }
+    }
+
+    async fn maybe_start_training(&mut self) -> Result<(), AmError> {
+        if self.phase != Phase::Loading || self.evaluators.values().any(|e| e.awaiting) {
+            return Ok(());
+        }
+        if self.records_per_epoch == 0 {
+            return Err(AmError::Input {
+                uri: self.config.job.input.clone(),
+                message: "the input has no records".into(),
+            });
+        }
+        let (w, s) = self.role_counts();
+        self.phase(
+            Phase::Training,
+            format!(
+                "training: {} records per epoch, {w} workers, {s} servers, {}",
+                self.records_per_epoch,
+                match self.config.job.sync {
+                    SyncMode::Async => "async".to_string(),
+                    SyncMode::Ssp => format!("ssp (staleness {})", self.config.job.staleness),
+                }
+            ),
+        );
+        let staleness =
+            (self.config.job.sync == SyncMode::Ssp).then_some(self.config.job.staleness);
+        let ids: Vec<(EvaluatorId, Role)> =
+            self.evaluators.values().map(|e| (e.id, e.role)).collect();
+        for (id, role) in ids {
+            match role {
+                Role::Server => self.send(id, AmToEval::StartServer).await,
+                Role::Worker => {
+                    self.send(
+                        id,
+                        AmToEval::StartWorker(WorkerTask {
+                            start_clock: 0,
+                            staleness,
+                        }),
+                    )
+                    .await
+                }
+                Role::Idle => {}
+            }
+        }
+        let now = Instant::now();
+        self.train_started = Some(now);
+        self.epoch_started = now;
+        Ok(())
+    }
+
+    async fn on_minibatch(&mut self, stats: Stats) {
+        self.records_done += stats.records;
+        self.window.add(&stats);
+        let (w, s) = self.role_counts();
+        let epoch_no = self.epochs.len() as u32 + 1;
+        if self.last_batch_progress.elapsed() >= Duration::from_millis(100) {
+            self.last_batch_progress = Instant::now();
+            let done = self.records_done - (epoch_no as u64 - 1) * self.records_per_epoch;
+            let _ = self.progress.send(Progress::Batch {
+                epoch: epoch_no,
+                done: done.min(self.records_per_epoch),
+                total: self.records_per_epoch,
+                stats: self.window,
+                workers: w,
+                servers: s,
+            });
+        }
+        while self.records_done >= (self.epochs.len() as u64 + 1) * self.records_per_epoch
+            && (self.epochs.len() as u32) < self.config.job.epochs
+        {
+            let summary = EpochSummary {
+                epoch: self.epochs.len() as u32 + 1,
+                stats: std::mem::take(&mut self.window),
+                secs: self.epoch_started.elapsed().as_secs_f64(),
+                workers: w,
+                servers: s,
+            };
+            self.epoch_started = Instant::now();
+            self.epochs.push(summary);
+            tracing::info!(
+                epoch = summary.epoch,
+                loss = summary.stats.mean_loss(),
+                secs = summary.secs,
+                "epoch done"
+            );
+            let _ = self.progress.send(Progress::Epoch(summary));
+        }
+        if self.epochs.len() as u32 >= self.config.job.epochs {
+            self.start_stopping().await;
+        }
+    }
+
+    async fn release_clocks(&mut self) {
+        let min = self
+            .evaluators
+            .values()
+            .filter(|e| e.role == Role::Worker && e.connected)
+            .map(|e| e.clock)
+            .min()
+            .unwrap_or(0);
+        if min > self.min_clock_sent {
+            self.min_clock_sent = min;
+            let workers: Vec<EvaluatorId> = self
+                .evaluators
+                .values()
+                .filter(|e| e.role == Role::Worker)
+                .map(|e| e.id)
+                .collect();
+            for id in workers {
+                self.send(id, AmToEval::Clock { min_clock: min }).await;
+            }
+        }
+    }
+
+    async fn start_stopping(&mut self) {
+        if self.phase != Phase::Training {
+            return;
+        }
+        if let Some(t) = self.train_started {
+            self.train_secs = t.elapsed().as_secs_f64();
+        }
+        self.phase(Phase::Stopping, "stopping workers".into());
+        let workers: Vec<EvaluatorId> = self
+            .evaluators
+            .values()
+            .filter(|e| e.role == Role::Worker)
+            .map(|e| e.id)
+            .collect();
+        for &id in &workers {
+            if let Some(e) = self.evaluators.get_mut(&id) {
+                e.awaiting = true;
+            }
+            self.send(id, AmToEval::StopWorker).await;
+        }
+    }
+
+    async fn start_evaluating(&mut self) {
+        self.phase(Phase::Evaluating, "evaluating the final model".into());
+        let workers: Vec<EvaluatorId> = self
+            .evaluators
+            .values()
+            .filter(|e| e.role == Role::Worker)
+            .map(|e| e.id)
+            .collect();
+        for &id in &workers {
+            if let Some(e) = self.evaluators.get_mut(&id) {
+                e.awaiting = true;
+            }
+            self.send(id, AmToEval::Evaluate).await;
+        }
+    }
+
+    async fn finish(&mut self) {
+        self.phase(Phase::Finishing, "shutting down evaluators".into());
+        let ids: Vec<EvaluatorId> = self.evaluators.keys().copied().collect();
+        for id in ids {
+            self.send(
+                id,
+                AmToEval::Shutdown {
+                    reason: "job finished".into(),
+                },
+            )
+            .await;
+        }
+    }
+
+    fn all_containers_done(&self) -> bool {
+        self.evaluators.values().all(|e| {
+            self.containers
+                .get(&e.container)
+                .is_some_and(|c| c.exit.is_some())
+        })
+    }
+
+    async fn shutdown_all(&mut self, reason: &str) {
+        let ids: Vec<EvaluatorId> = self.evaluators.keys().copied().collect();
+        for id in ids {
+            if let Some(e) = self.evaluators.get(&id) {
+                let _ = e.tx.try_send(AmToEval::Shutdown {
+                    reason: reason.to_string(),
+                });
+            }
+        }
+    }
+
+    fn publish_status(&self, failure: Option<String>) {
+        let mut counts: HashMap<(TableId, EvaluatorId), u32> = HashMap::new();
+        for (&t, owners) in &self.owners {
+            for &o in owners {
+                *counts.entry((t, o)).or_default() += 1;
+            }
+        }
+        let status = Status {
+            job_id: self.job_id.clone(),
+            phase: self.phase.name().to_string(),
+            epochs_done: self.epochs.len() as u32,
+            epochs: self.config.job.epochs,
+            records_per_epoch: self.records_per_epoch,
+            records_processed: self.records_done,
+            evaluators: self
+                .evaluators
+                .values()
+                .map(|e| EvaluatorStatus {
+                    id: e.id,
+                    container: e.container.clone(),
+                    role: e.role,
+                    pid: e.pid,
+                    data_addr: e.data_addr,
+                    rss_bytes: e.rss,
+                    store_bytes: e.store_bytes,
+                    input_blocks: counts.get(&(INPUT_TABLE, e.id)).copied().unwrap_or(0),
+                    model_blocks: counts.get(&(MODEL_TABLE, e.id)).copied().unwrap_or(0),
+                })
+                .collect(),
+            last_epoch: self.epochs.last().copied(),
+            failure,
+        };
+        self.status.send_replace(status);
+    }
+
+    fn summary(&self) -> JobSummary {
+        let (w, s) = self.initial_split;
+        JobSummary {
+            job_id: self.job_id.clone(),
+            app: self.config.job.app,
+            loss_name: self.loss_name.to_string(),
+            has_accuracy: self.has_accuracy,
+            records: self.records_per_epoch,
+            epochs: self.epochs.clone(),
+            final_stats: self.final_stats,
+            wall_secs: self.started.elapsed().as_secs_f64(),
+            train_secs: self.train_secs,
+            containers: self.config.job.containers,
+            workers: w,
+            servers: s,
+            am_peak_rss_bytes: os::memory().1,
+            evaluators: self
+                .evaluators
+                .values()
+                .map(|e| EvaluatorSummary {
+                    id: e.id,
+                    container: e.container.clone(),
+                    pid: e.pid,
+                    role: e.role,
+                    peak_rss_bytes: e.peak_rss,
+                    max_store_bytes: e.max_store_bytes,
+                })
+                .collect(),
+        }
+    }
+}
+
+fn role_name(r: Role) -> &'static str {
+    match r {
+        Role::Idle => "idle",
+        Role::Worker => "worker",
+        Role::Server => "server",
+    }
+}
+
+fn stderr_note(diag: &str) -> String {
+    let diag = diag.trim();
+    if diag.is_empty() {
+        String::new()
+    } else {
+        let lines: Vec<&str> = diag.lines().collect();
+        let tail = &lines[lines.len().saturating_sub(5)..];
+        format!("; stderr ends with:\n  {}", tail.join("\n  "))
+    }
+}

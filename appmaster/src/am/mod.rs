@@ -1,0 +1,422 @@
+//! The application master.
+//!
+//! [`run_job`] sets a job up (job id and secret, input splits, control
+//! listener, status endpoint, resource manager) and then runs the job's event
+//! loop ([`job::Driver`]), which owns all job state: containers, evaluators,
+//! block ownership, metrics, the phase of the job. Everything else — the
+//! acceptor, one reader per evaluator, the resource manager — sends it typed
+//! [`Event`]s. Progress is reported on a channel for the command line to draw,
+//! and a status snapshot is published for the status endpoint and tests.
+
+pub mod control;
+mod job;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Serialize;
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use cruise_conf::{AppKind, CruiseConfig};
+use cruise_container::evaluator::{ENV_AM_ADDR, ENV_JOB_ID, ENV_JOB_SECRET};
+use cruise_container::protocol::{EvalToAm, EvaluatorId, FrameOptions, Secret, Stats};
+use cruise_hdfs::{FileSystem, Split, plan_splits};
+use cruise_rm::{LaunchSpec, ResourceManager, RmEvent};
+
+use control::ControlFramed;
+
+/// Errors of the AM.
+#[derive(Debug, thiserror::Error)]
+pub enum AmError {
+    /// The configuration cannot be run.
+    #[error("{0}")]
+    Config(String),
+    /// The input cannot be used.
+    #[error("input {uri}: {message}")]
+    Input {
+        /// The input.
+        uri: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// Local I/O failed.
+    #[error("{context}: {source}")]
+    Io {
+        /// What was being done.
+        context: String,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The resource manager failed.
+    #[error("resource manager: {0}")]
+    Rm(#[from] cruise_rm::RmError),
+    /// The job failed; the message says which evaluator and why.
+    #[error("job failed: {0}")]
+    JobFailed(String),
+    /// The job was cancelled (Ctrl-C).
+    #[error("job cancelled")]
+    Cancelled,
+}
+
+/// The role of an evaluator.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// Not assigned yet.
+    Idle,
+    /// Trains on input blocks.
+    Worker,
+    /// Serves model blocks.
+    Server,
+}
+
+/// One epoch of training, as the AM saw it.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct EpochSummary {
+    /// 1-based epoch number.
+    pub epoch: u32,
+    /// Training objective over the epoch's mini-batches (before their updates).
+    pub stats: Stats,
+    /// Wall time of the epoch, seconds.
+    pub secs: f64,
+    /// Workers during the epoch (at its end).
+    pub workers: u32,
+    /// Servers during the epoch (at its end).
+    pub servers: u32,
+}
+
+/// One evaluator at the end of a job.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct EvaluatorSummary {
+    /// Its id.
+    pub id: EvaluatorId,
+    /// Its container.
+    pub container: String,
+    /// Its process id.
+    pub pid: u32,
+    /// Its last role.
+    pub role: Role,
+    /// Peak resident set size it reported, bytes.
+    pub peak_rss_bytes: u64,
+    /// Most bytes of blocks it held, bytes.
+    pub max_store_bytes: u64,
+}
+
+/// What a finished job reports.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct JobSummary {
+    /// The job id.
+    pub job_id: String,
+    /// The app.
+    pub app: AppKind,
+    /// Name of the app's loss.
+    pub loss_name: String,
+    /// Whether accuracy is meaningful.
+    pub has_accuracy: bool,
+    /// Records in the input.
+    pub records: u64,
+    /// Each epoch.
+    pub epochs: Vec<EpochSummary>,
+    /// The objective over all input with the final model.
+    pub final_stats: Stats,
+    /// Wall time from start to finish, seconds.
+    pub wall_secs: f64,
+    /// Time spent training, seconds.
+    pub train_secs: f64,
+    /// Containers at the start.
+    pub containers: u32,
+    /// Workers at the start.
+    pub workers: u32,
+    /// Servers at the start.
+    pub servers: u32,
+    /// Peak resident set size of the AM, bytes.
+    pub am_peak_rss_bytes: u64,
+    /// The evaluators.
+    pub evaluators: Vec<EvaluatorSummary>,
+}
+
+/// Progress of a job, for the command line.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Progress {
+    /// The job started; where its status endpoint is.
+    Started {
+        /// Job id.
+        job_id: String,
+        /// Status endpoint, if any.
+        status: Option<SocketAddr>,
+        /// Records per epoch are not known yet.
+        containers: u32,
+    },
+    /// A phase began (e.g. "loading input").
+    Phase(String),
+    /// Training progress within the current epoch.
+    Batch {
+        /// Current epoch (1-based).
+        epoch: u32,
+        /// Records processed in it so far.
+        done: u64,
+        /// Records per epoch.
+        total: u64,
+        /// Objective so far in this epoch.
+        stats: Stats,
+        /// Workers now.
+        workers: u32,
+        /// Servers now.
+        servers: u32,
+    },
+    /// An epoch ended.
+    Epoch(EpochSummary),
+}
+
+/// The status snapshot published by the AM (served as JSON).
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Status {
+    /// Job id.
+    pub job_id: String,
+    /// Phase.
+    pub phase: String,
+    /// Epochs done.
+    pub epochs_done: u32,
+    /// Epochs to do.
+    pub epochs: u32,
+    /// Records per epoch (0 until loaded).
+    pub records_per_epoch: u64,
+    /// Records processed in total.
+    pub records_processed: u64,
+    /// Evaluators.
+    pub evaluators: Vec<EvaluatorStatus>,
+    /// Last epoch.
+    pub last_epoch: Option<EpochSummary>,
+    /// Why the job failed, if it did.
+    pub failure: Option<String>,
+}
+
+/// One evaluator in the status.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct EvaluatorStatus {
+    /// Id.
+    pub id: EvaluatorId,
+    /// Container.
+    pub container: String,
+    /// Role.
+    pub role: Role,
+    /// Process id.
+    pub pid: u32,
+    /// Data-plane address.
+    pub data_addr: Option<SocketAddr>,
+    /// Resident set size, bytes.
+    pub rss_bytes: u64,
+    /// Bytes of blocks held.
+    pub store_bytes: u64,
+    /// Input blocks owned.
+    pub input_blocks: u32,
+    /// Model blocks owned.
+    pub model_blocks: u32,
+}
+
+/// Events of the job's loop.
+pub enum Event {
+    /// An evaluator connected and proved the secret.
+    Accepted {
+        /// The container it says it runs in.
+        container: String,
+        /// The connection.
+        framed: Box<ControlFramed>,
+        /// Its address.
+        remote: SocketAddr,
+    },
+    /// A connection was refused.
+    Refused {
+        /// Its address.
+        remote: SocketAddr,
+        /// Why.
+        reason: String,
+    },
+    /// A message from an evaluator.
+    Message {
+        /// From.
+        eval: EvaluatorId,
+        /// The message.
+        msg: EvalToAm,
+    },
+    /// An evaluator's connection ended.
+    Disconnected {
+        /// Which.
+        eval: EvaluatorId,
+        /// Why.
+        reason: String,
+    },
+}
+
+/// Builds the resource manager once the AM knows how evaluators are launched.
+pub type RmFactory = Box<
+    dyn FnOnce(
+            LaunchSpec,
+            mpsc::UnboundedSender<RmEvent>,
+        ) -> Result<Arc<dyn ResourceManager>, AmError>
+        + Send,
+>;
+
+/// How to run a job.
+pub struct JobOptions {
+    /// The configuration.
+    pub config: CruiseConfig,
+    /// The input (after generation, if any).
+    pub input: String,
+    /// Builds the resource manager.
+    pub rm: RmFactory,
+    /// Progress events go here.
+    pub progress: mpsc::UnboundedSender<Progress>,
+    /// Status snapshots are published here (the status endpoint reads it).
+    pub status: watch::Sender<Status>,
+    /// Cancels the job.
+    pub cancel: CancellationToken,
+    /// Work directory of this job (logs, scratch).
+    pub work_dir: PathBuf,
+    /// The evaluator command; empty: this executable with `evaluator`.
+    pub evaluator_command: Vec<String>,
+}
+
+/// A fresh job id.
+pub fn new_job_id() -> String {
+    use rand::Rng;
+    let ts = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    format!("job_{ts}_{:04x}", rand::rng().random::<u16>())
+}
+
+/// Plans input splits (one input block each) over the input's files.
+pub async fn plan_input(fs: &FileSystem, uri: &str, blocks: u32) -> Result<Vec<Split>, AmError> {
+    let files = fs.list(uri).await.map_err(|e| AmError::Input {
+        uri: uri.to_string(),
+        message: e.to_string(),
+    })?;
+    let splits = plan_splits(&files, blocks as usize);
+    if splits.is_empty() {
+        return Err(AmError::Input {
+            uri: uri.to_string(),
+            message: "no data: the input is empty".into(),
+        });
+    }
+    Ok(splits)
+}
+
+/// Runs a job to its end.
+pub async fn run_job(opts: JobOptions) -> Result<JobSummary, AmError> {
+    let config = opts.config;
+    let job_id = new_job_id();
+    let secret = Secret::generate();
+    let fs = FileSystem::from_env().unwrap_or_default();
+    let splits = plan_input(
+        &fs,
+        &opts.input,
+        config.store.input_blocks_for(config.runtime.max_containers),
+    )
+    .await?;
+
+    let io = |context: &str| {
+        let context = context.to_string();
+        move |source| AmError::Io { context, source }
+    };
+    let listener = TcpListener::bind(&config.runtime.am_bind)
+        .await
+        .map_err(io(&format!(
+            "binding the AM's control port (runtime.am_bind = {})",
+            config.runtime.am_bind
+        )))?;
+    let am_addr = control::advertised(listener.local_addr().map_err(io("control address"))?);
+
+    let tracker = TaskTracker::new();
+    let cancel = opts.cancel.child_token();
+    let (ev_tx, ev_rx) = mpsc::channel::<Event>(4096);
+    let settings = control::AcceptSettings {
+        job_id: job_id.clone(),
+        secret: secret.clone(),
+        frames: FrameOptions::control(&config.channel),
+        timeout: Duration::from_millis(config.channel.connect_timeout_ms),
+    };
+    tracker.spawn(control::accept_loop(
+        listener,
+        settings,
+        ev_tx.clone(),
+        tracker.clone(),
+        cancel.clone(),
+    ));
+
+    let status_addr = if config.status.bind.is_empty() {
+        None
+    } else {
+        Some(
+            crate::status::serve(
+                &config.status.bind,
+                opts.status.subscribe(),
+                &tracker,
+                cancel.clone(),
+            )
+            .await?,
+        )
+    };
+
+    let (program, args) = match opts.evaluator_command.split_first() {
+        Some((p, a)) => (p.clone(), a.to_vec()),
+        None => (
+            std::env::current_exe()
+                .map_err(io("locating the cruise executable"))?
+                .display()
+                .to_string(),
+            vec!["evaluator".to_string()],
+        ),
+    };
+    let mut env = std::collections::BTreeMap::new();
+    env.insert(ENV_AM_ADDR.to_string(), am_addr.to_string());
+    env.insert(ENV_JOB_ID.to_string(), job_id.clone());
+    env.insert(ENV_JOB_SECRET.to_string(), secret.to_hex());
+    env.insert(
+        "RUST_LOG".to_string(),
+        std::env::var("CRUISE_EVALUATOR_LOG").unwrap_or_else(|_| "info".to_string()),
+    );
+    let launch = LaunchSpec {
+        program,
+        args,
+        env,
+        work_dir: opts.work_dir.clone(),
+    };
+    let (rm_tx, rm_rx) = mpsc::unbounded_channel();
+    let rm = (opts.rm)(launch, rm_tx)?;
+
+    let _ = opts.progress.send(Progress::Started {
+        job_id: job_id.clone(),
+        status: status_addr,
+        containers: config.job.containers,
+    });
+    tracing::info!(%job_id, %am_addr, ?status_addr, "AM started");
+
+    let driver = job::Driver::new(
+        config,
+        job_id,
+        splits,
+        Arc::clone(&rm),
+        opts.progress,
+        opts.status,
+        tracker.clone(),
+        ev_tx,
+        cancel.clone(),
+    );
+    let result = driver.run(ev_rx, rm_rx).await;
+
+    if let Err(e) = rm.shutdown().await {
+        tracing::warn!("resource manager shutdown: {e}");
+    }
+    cancel.cancel();
+    tracker.close();
+    tracker.wait().await;
+    result
+}

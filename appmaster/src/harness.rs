@@ -1,0 +1,390 @@
+//! An in-process cluster: the AM and its evaluators in one process, with
+//! fault verbs, for tests.
+//!
+//! [`InProcessRm`] is a resource manager whose containers are evaluator tasks
+//! in this process, each with its own sockets (the control channel and the
+//! data plane are real TCP on loopback). [`Cluster`] runs a job on it and
+//! offers the verbs tests use to disturb it: [`Cluster::kill_evaluator`],
+//! [`Cluster::drop_connection`], [`Cluster::delay_messages`],
+//! [`Cluster::fail_allocations`], and [`Cluster::await_status`] to wait for a
+//! condition instead of sleeping.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use cruise_conf::CruiseConfig;
+use cruise_container::evaluator::{self, EvaluatorEnv, EvaluatorOptions};
+use cruise_container::protocol::Faults;
+use cruise_rm::{
+    Capacity, ContainerId, ContainerRequest, ExitStatus, LaunchSpec, ResourceManager, RmError,
+    RmEvent,
+};
+
+use crate::am::{self, AmError, JobOptions, JobSummary, Progress, Status};
+
+struct Handle {
+    cancel: CancellationToken,
+    killed: Arc<std::sync::atomic::AtomicBool>,
+    opts: EvaluatorOptions,
+    task: Option<JoinHandle<()>>,
+}
+
+#[derive(Default)]
+struct State {
+    seq: u64,
+    fail_allocations: u32,
+    containers: BTreeMap<ContainerId, Handle>,
+    stopped: bool,
+}
+
+/// A resource manager whose containers are evaluator tasks in this process.
+pub struct InProcessRm {
+    launch: LaunchSpec,
+    events: mpsc::UnboundedSender<RmEvent>,
+    max: u32,
+    state: Mutex<State>,
+}
+
+impl InProcessRm {
+    /// A resource manager with room for `max` containers.
+    pub fn new(launch: LaunchSpec, events: mpsc::UnboundedSender<RmEvent>, max: u32) -> Self {
+        InProcessRm {
+            launch,
+            events,
+            max,
+            state: Mutex::new(State::default()),
+        }
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn spawn(&self, id: ContainerId) -> Result<Handle, RmError> {
+        let mut env: BTreeMap<String, String> = self.launch.env.clone();
+        env.insert(evaluator::ENV_CONTAINER_ID.to_string(), id.clone());
+        let eenv = EvaluatorEnv::from_map(&env).map_err(|e| RmError::Other(e.to_string()))?;
+        let opts = EvaluatorOptions::default();
+        let cancel = CancellationToken::new();
+        let killed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (o, c, k, events) = (
+            opts.clone(),
+            cancel.clone(),
+            Arc::clone(&killed),
+            self.events.clone(),
+        );
+        let task = tokio::spawn(async move {
+            let r = evaluator::run(eenv, o, c).await;
+            let (exit, diagnostics) = if k.load(std::sync::atomic::Ordering::SeqCst) {
+                (
+                    ExitStatus::Signal(9),
+                    "killed by the test harness".to_string(),
+                )
+            } else {
+                match r {
+                    Ok(()) => (ExitStatus::Code(0), String::new()),
+                    Err(e) => (ExitStatus::Code(1), format!("error: {e}")),
+                }
+            };
+            let _ = events.send(RmEvent::Completed {
+                container: id,
+                exit,
+                diagnostics,
+                released: false,
+            });
+        });
+        Ok(Handle {
+            cancel,
+            killed,
+            opts,
+            task: Some(task),
+        })
+    }
+
+    /// Kills an evaluator abruptly: its connections break and it stops at once.
+    pub fn kill(&self, container: &str) -> bool {
+        let st = self.state();
+        let Some(h) = st.containers.get(container) else {
+            return false;
+        };
+        h.killed.store(true, std::sync::atomic::Ordering::SeqCst);
+        h.opts.control_faults.break_now();
+        h.opts.data_faults.break_now();
+        h.cancel.cancel();
+        true
+    }
+
+    /// Breaks an evaluator's control connection (the evaluator then exits).
+    pub fn drop_connection(&self, container: &str) -> bool {
+        let st = self.state();
+        st.containers
+            .get(container)
+            .map(|h| h.opts.control_faults.break_now())
+            .is_some()
+    }
+
+    /// Delays every control message an evaluator sends by `d`.
+    pub fn delay_messages(&self, container: &str, d: Duration) -> bool {
+        let st = self.state();
+        st.containers
+            .get(container)
+            .map(|h| h.opts.control_faults.set_delay(d))
+            .is_some()
+    }
+
+    /// The next `n` containers requested fail to allocate.
+    pub fn fail_allocations(&self, n: u32) {
+        self.state().fail_allocations += n;
+    }
+
+    /// Fault hooks of a container's data plane.
+    pub fn data_faults(&self, container: &str) -> Option<Faults> {
+        self.state()
+            .containers
+            .get(container)
+            .map(|h| h.opts.data_faults.clone())
+    }
+}
+
+#[async_trait]
+impl ResourceManager for InProcessRm {
+    fn name(&self) -> &'static str {
+        "in-process"
+    }
+
+    async fn request(&self, req: ContainerRequest) -> Result<(), RmError> {
+        for _ in 0..req.count {
+            let id = {
+                let mut st = self.state();
+                if st.stopped {
+                    return Err(RmError::Stopped("in-process"));
+                }
+                if st.fail_allocations > 0 {
+                    st.fail_allocations -= 1;
+                    let _ = self.events.send(RmEvent::AllocationFailed {
+                        reason: "allocation failed (injected by the test harness)".into(),
+                    });
+                    continue;
+                }
+                if st.containers.len() as u32 >= self.max {
+                    return Err(RmError::BadRequest(format!(
+                        "capacity {} reached",
+                        self.max
+                    )));
+                }
+                st.seq += 1;
+                format!("inproc_{:04}", st.seq)
+            };
+            let _ = self.events.send(RmEvent::Allocated {
+                container: id.clone(),
+                host: "localhost".into(),
+            });
+            let h = self.spawn(id.clone())?;
+            self.state().containers.insert(id.clone(), h);
+            let _ = self.events.send(RmEvent::Running {
+                container: id,
+                pid: None,
+            });
+        }
+        Ok(())
+    }
+
+    async fn release(&self, container: &ContainerId) -> Result<(), RmError> {
+        let st = self.state();
+        let h = st
+            .containers
+            .get(container)
+            .ok_or_else(|| RmError::UnknownContainer(container.clone()))?;
+        h.cancel.cancel();
+        Ok(())
+    }
+
+    async fn capacity(&self) -> Result<Capacity, RmError> {
+        let st = self.state();
+        Ok(Capacity {
+            max_containers: self.max,
+            running: st
+                .containers
+                .values()
+                .filter(|h| h.task.as_ref().is_some_and(|t| !t.is_finished()))
+                .count() as u32,
+        })
+    }
+
+    async fn shutdown(&self) -> Result<(), RmError> {
+        let tasks: Vec<(CancellationToken, JoinHandle<()>)> = {
+            let mut st = self.state();
+            st.stopped = true;
+            st.containers
+                .values_mut()
+                .filter_map(|h| h.task.take().map(|t| (h.cancel.clone(), t)))
+                .collect()
+        };
+        for (c, t) in tasks {
+            c.cancel();
+            let abort = t.abort_handle();
+            if tokio::time::timeout(Duration::from_secs(30), t)
+                .await
+                .is_err()
+            {
+                abort.abort();
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A job running on an in-process cluster.
+pub struct Cluster {
+    rm: Arc<Mutex<Option<Arc<InProcessRm>>>>,
+    status: watch::Receiver<Status>,
+    /// Progress events of the job.
+    pub progress: mpsc::UnboundedReceiver<Progress>,
+    job: JoinHandle<Result<JobSummary, AmError>>,
+    cancel: CancellationToken,
+}
+
+/// Faults a cluster starts with.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ClusterOptions {
+    /// The first `n` containers requested fail to allocate.
+    pub fail_allocations: u32,
+}
+
+impl Cluster {
+    /// Starts a job. `input` is a file or directory; `work_dir` holds logs.
+    pub fn start(config: CruiseConfig, input: String, work_dir: PathBuf) -> Cluster {
+        Self::start_with(config, input, work_dir, ClusterOptions::default())
+    }
+
+    /// Starts a job with faults from the beginning.
+    pub fn start_with(
+        config: CruiseConfig,
+        input: String,
+        work_dir: PathBuf,
+        faults: ClusterOptions,
+    ) -> Cluster {
+        let (ptx, prx) = mpsc::unbounded_channel();
+        let (status_tx, status_rx) = watch::channel(Status::default());
+        let cancel = CancellationToken::new();
+        let slot: Arc<Mutex<Option<Arc<InProcessRm>>>> = Arc::new(Mutex::new(None));
+        let s = Arc::clone(&slot);
+        let max = config.runtime.max_containers;
+        let opts = JobOptions {
+            rm: Box::new(move |launch, events| {
+                let rm = Arc::new(InProcessRm::new(launch, events, max));
+                rm.fail_allocations(faults.fail_allocations);
+                *s.lock().unwrap_or_else(|p| p.into_inner()) = Some(Arc::clone(&rm));
+                Ok(rm as Arc<dyn ResourceManager>)
+            }),
+            config,
+            input,
+            progress: ptx,
+            status: status_tx,
+            cancel: cancel.clone(),
+            work_dir,
+            evaluator_command: vec!["(in-process)".into()],
+        };
+        let job = tokio::spawn(am::run_job(opts));
+        Cluster {
+            rm: slot,
+            status: status_rx,
+            progress: prx,
+            job,
+            cancel,
+        }
+    }
+
+    /// The resource manager (once the AM has built it).
+    pub fn rm(&self) -> Option<Arc<InProcessRm>> {
+        self.rm.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// The current status.
+    pub fn status(&self) -> Status {
+        self.status.borrow().clone()
+    }
+
+    /// Waits until the status satisfies `pred` (or the timeout passes, or the
+    /// job ends). Returns the status that satisfied it.
+    pub async fn await_status(
+        &mut self,
+        timeout: Duration,
+        pred: impl Fn(&Status) -> bool,
+    ) -> Result<Status, String> {
+        let wait = async {
+            loop {
+                {
+                    let s = self.status.borrow_and_update();
+                    if pred(&s) {
+                        return Ok(s.clone());
+                    }
+                }
+                if self.status.changed().await.is_err() {
+                    return Err(format!(
+                        "the job ended first; last status: {:?}",
+                        *self.status.borrow()
+                    ));
+                }
+            }
+        };
+        tokio::time::timeout(timeout, wait)
+            .await
+            .unwrap_or_else(|_| {
+                Err(format!(
+                    "timed out; last status: {:?}",
+                    *self.status.borrow()
+                ))
+            })
+    }
+
+    /// The container of evaluator `id`, from the status.
+    pub fn container_of(&self, id: u32) -> Option<String> {
+        self.status
+            .borrow()
+            .evaluators
+            .iter()
+            .find(|e| e.id == id)
+            .map(|e| e.container.clone())
+    }
+
+    /// Kills an evaluator abruptly.
+    pub fn kill_evaluator(&self, container: &str) -> bool {
+        self.rm().is_some_and(|rm| rm.kill(container))
+    }
+
+    /// Breaks an evaluator's control connection.
+    pub fn drop_connection(&self, container: &str) -> bool {
+        self.rm().is_some_and(|rm| rm.drop_connection(container))
+    }
+
+    /// Delays an evaluator's control messages.
+    pub fn delay_messages(&self, container: &str, d: Duration) -> bool {
+        self.rm().is_some_and(|rm| rm.delay_messages(container, d))
+    }
+
+    /// Makes the next `n` allocations fail.
+    pub fn fail_allocations(&self, n: u32) -> bool {
+        self.rm().map(|rm| rm.fail_allocations(n)).is_some()
+    }
+
+    /// Cancels the job.
+    pub fn cancel(&self) {
+        self.cancel.cancel();
+    }
+
+    /// Waits for the job to end.
+    pub async fn join(self) -> Result<JobSummary, AmError> {
+        match self.job.await {
+            Ok(r) => r,
+            Err(e) => Err(AmError::JobFailed(format!("the AM task panicked: {e}"))),
+        }
+    }
+}

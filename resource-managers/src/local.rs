@@ -1,0 +1,607 @@
+//! The local resource manager: every container is an evaluator process on
+//! this machine.
+//!
+//! One actor task owns the processes. Requests beyond the capacity wait until
+//! containers end. Releasing a container sends SIGTERM, then SIGKILL after
+//! the grace period. Each container's stdout and stderr go to files in
+//! `<work dir>/containers/<id>/`; when a container ends, its exit status and
+//! the tail of its stderr are reported in [`RmEvent::Completed`].
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
+use tokio_util::task::TaskTracker;
+
+use crate::{
+    Capacity, ContainerId, ContainerRequest, ExitStatus, LaunchSpec, ResourceManager, RmError,
+    RmEvent,
+};
+
+/// Environment variable carrying the container id to the evaluator.
+pub const CONTAINER_ID_ENV: &str = "CRUISE_CONTAINER_ID";
+/// Bytes of stderr reported when a container ends.
+const STDERR_TAIL: u64 = 4096;
+
+/// Settings of the local resource manager.
+#[derive(Debug, Clone)]
+pub struct LocalConfig {
+    /// Most containers at once.
+    pub max_containers: u32,
+    /// Time between SIGTERM and SIGKILL on release.
+    pub release_grace: Duration,
+    /// Prefix of container ids (e.g. derived from the job id).
+    pub id_prefix: String,
+}
+
+enum Cmd {
+    Request(ContainerRequest, oneshot::Sender<Result<(), RmError>>),
+    Release(ContainerId, oneshot::Sender<Result<(), RmError>>),
+    Capacity(oneshot::Sender<Capacity>),
+    Shutdown(oneshot::Sender<()>),
+}
+
+enum Internal {
+    Exited {
+        id: ContainerId,
+        status: std::io::Result<std::process::ExitStatus>,
+    },
+    KillDeadline {
+        id: ContainerId,
+    },
+}
+
+/// The local resource manager (a handle to its actor).
+pub struct LocalRm {
+    cmd: mpsc::Sender<Cmd>,
+    actor: std::sync::Mutex<Option<JoinHandle<()>>>,
+}
+
+impl LocalRm {
+    /// Starts the actor. Events go to `events`.
+    pub fn start(
+        config: LocalConfig,
+        launch: LaunchSpec,
+        events: mpsc::UnboundedSender<RmEvent>,
+    ) -> LocalRm {
+        let (cmd_tx, cmd_rx) = mpsc::channel(64);
+        let actor = Actor {
+            config,
+            launch,
+            events,
+            running: BTreeMap::new(),
+            pending: 0,
+            seq: 0,
+            tracker: TaskTracker::new(),
+        };
+        let handle = tokio::spawn(actor.run(cmd_rx));
+        LocalRm {
+            cmd: cmd_tx,
+            actor: std::sync::Mutex::new(Some(handle)),
+        }
+    }
+
+    async fn call<T>(&self, make: impl FnOnce(oneshot::Sender<T>) -> Cmd) -> Result<T, RmError> {
+        let (tx, rx) = oneshot::channel();
+        self.cmd
+            .send(make(tx))
+            .await
+            .map_err(|_| RmError::Stopped("local"))?;
+        rx.await.map_err(|_| RmError::Stopped("local"))
+    }
+}
+
+#[async_trait]
+impl ResourceManager for LocalRm {
+    fn name(&self) -> &'static str {
+        "local"
+    }
+
+    async fn request(&self, req: ContainerRequest) -> Result<(), RmError> {
+        self.call(|tx| Cmd::Request(req, tx)).await?
+    }
+
+    async fn release(&self, container: &ContainerId) -> Result<(), RmError> {
+        let id = container.clone();
+        self.call(|tx| Cmd::Release(id, tx)).await?
+    }
+
+    async fn capacity(&self) -> Result<Capacity, RmError> {
+        self.call(Cmd::Capacity).await
+    }
+
+    async fn shutdown(&self) -> Result<(), RmError> {
+        let r = self.call(Cmd::Shutdown).await;
+        let handle = self.actor.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(h) = handle {
+            let _ = h.await;
+        }
+        match r {
+            Ok(()) | Err(RmError::Stopped(_)) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+struct Proc {
+    pid: Option<u32>,
+    dir: PathBuf,
+    released: bool,
+}
+
+struct Actor {
+    config: LocalConfig,
+    launch: LaunchSpec,
+    events: mpsc::UnboundedSender<RmEvent>,
+    running: BTreeMap<ContainerId, Proc>,
+    pending: u32,
+    seq: u64,
+    tracker: TaskTracker,
+}
+
+impl Actor {
+    async fn run(mut self, mut cmds: mpsc::Receiver<Cmd>) {
+        let (int_tx, mut int_rx) = mpsc::unbounded_channel::<Internal>();
+        let mut shutting_down: Option<oneshot::Sender<()>> = None;
+        loop {
+            if shutting_down.is_some() && self.running.is_empty() {
+                break;
+            }
+            tokio::select! {
+                cmd = cmds.recv(), if shutting_down.is_none() => match cmd {
+                    Some(Cmd::Request(req, reply)) => {
+                        let r = self.request(req, &int_tx);
+                        let _ = reply.send(r);
+                    }
+                    Some(Cmd::Release(id, reply)) => {
+                        let _ = reply.send(self.release(&id, &int_tx));
+                    }
+                    Some(Cmd::Capacity(reply)) => {
+                        let _ = reply.send(Capacity {
+                            max_containers: self.config.max_containers,
+                            running: self.running.len() as u32,
+                        });
+                    }
+                    Some(Cmd::Shutdown(reply)) => {
+                        self.pending = 0;
+                        let ids: Vec<ContainerId> = self.running.keys().cloned().collect();
+                        for id in ids {
+                            let _ = self.release(&id, &int_tx);
+                        }
+                        shutting_down = Some(reply);
+                    }
+                    None => {
+                        // Every handle is gone: stop everything.
+                        self.pending = 0;
+                        let ids: Vec<ContainerId> = self.running.keys().cloned().collect();
+                        for id in ids {
+                            let _ = self.release(&id, &int_tx);
+                        }
+                        if self.running.is_empty() {
+                            break;
+                        }
+                        let (tx, _rx) = oneshot::channel();
+                        shutting_down = Some(tx);
+                    }
+                },
+                Some(ev) = int_rx.recv() => match ev {
+                    Internal::Exited { id, status } => self.exited(id, status, &int_tx),
+                    Internal::KillDeadline { id } => {
+                        if let Some(p) = self.running.get(&id) {
+                            if let Some(pid) = p.pid {
+                                tracing::warn!(container = %id, "did not stop within {:?}; killing it", self.config.release_grace);
+                                let _ = kill(Pid::from_raw(pid as i32), Signal::SIGKILL);
+                            }
+                        }
+                    }
+                },
+            }
+        }
+        self.tracker.close();
+        self.tracker.wait().await;
+        if let Some(reply) = shutting_down {
+            let _ = reply.send(());
+        }
+    }
+
+    fn request(
+        &mut self,
+        req: ContainerRequest,
+        int_tx: &mpsc::UnboundedSender<Internal>,
+    ) -> Result<(), RmError> {
+        if req.count == 0 {
+            return Ok(());
+        }
+        self.pending += req.count;
+        self.launch_pending(int_tx);
+        Ok(())
+    }
+
+    fn launch_pending(&mut self, int_tx: &mpsc::UnboundedSender<Internal>) {
+        while self.pending > 0 && (self.running.len() as u32) < self.config.max_containers {
+            self.pending -= 1;
+            self.seq += 1;
+            let id = format!("{}_{:06}", self.config.id_prefix, self.seq);
+            self.launch_one(id, int_tx);
+        }
+    }
+
+    fn launch_one(&mut self, id: ContainerId, int_tx: &mpsc::UnboundedSender<Internal>) {
+        let _ = self.events.send(RmEvent::Allocated {
+            container: id.clone(),
+            host: "localhost".into(),
+        });
+        let dir = self.launch.work_dir.join("containers").join(&id);
+        match spawn(&self.launch, &id, &dir) {
+            Ok(mut child) => {
+                let pid = child.id();
+                self.running.insert(
+                    id.clone(),
+                    Proc {
+                        pid,
+                        dir,
+                        released: false,
+                    },
+                );
+                let _ = self.events.send(RmEvent::Running {
+                    container: id.clone(),
+                    pid,
+                });
+                let tx = int_tx.clone();
+                self.tracker.spawn(async move {
+                    let status = child.wait().await;
+                    let _ = tx.send(Internal::Exited { id, status });
+                });
+            }
+            Err(e) => {
+                let _ = self.events.send(RmEvent::Completed {
+                    container: id,
+                    exit: ExitStatus::Unknown,
+                    diagnostics: e.to_string(),
+                    released: false,
+                });
+            }
+        }
+    }
+
+    fn release(
+        &mut self,
+        id: &ContainerId,
+        int_tx: &mpsc::UnboundedSender<Internal>,
+    ) -> Result<(), RmError> {
+        let p = self
+            .running
+            .get_mut(id)
+            .ok_or_else(|| RmError::UnknownContainer(id.clone()))?;
+        if p.released {
+            return Ok(());
+        }
+        p.released = true;
+        if let Some(pid) = p.pid {
+            let _ = kill(Pid::from_raw(pid as i32), Signal::SIGTERM);
+        }
+        let tx = int_tx.clone();
+        let grace = self.config.release_grace;
+        let id = id.clone();
+        self.tracker.spawn(async move {
+            tokio::time::sleep(grace).await;
+            let _ = tx.send(Internal::KillDeadline { id });
+        });
+        Ok(())
+    }
+
+    fn exited(
+        &mut self,
+        id: ContainerId,
+        status: std::io::Result<std::process::ExitStatus>,
+        int_tx: &mpsc::UnboundedSender<Internal>,
+    ) {
+        let Some(p) = self.running.remove(&id) else {
+            return;
+        };
+        let exit = match status {
+            Ok(s) => {
+                use std::os::unix::process::ExitStatusExt;
+                match (s.code(), s.signal()) {
+                    (Some(c), _) => ExitStatus::Code(c),
+                    (None, Some(sig)) => ExitStatus::Signal(sig),
+                    _ => ExitStatus::Unknown,
+                }
+            }
+            Err(_) => ExitStatus::Unknown,
+        };
+        let diagnostics = stderr_tail(&p.dir.join("stderr"));
+        let _ = self.events.send(RmEvent::Completed {
+            container: id,
+            exit,
+            diagnostics,
+            released: p.released,
+        });
+        self.launch_pending(int_tx);
+    }
+}
+
+fn spawn(launch: &LaunchSpec, id: &str, dir: &Path) -> Result<tokio::process::Child, RmError> {
+    let fail = |source: std::io::Error| RmError::Launch {
+        program: launch.program.clone(),
+        source,
+    };
+    std::fs::create_dir_all(dir).map_err(fail)?;
+    let stdout = std::fs::File::create(dir.join("stdout")).map_err(fail)?;
+    let stderr = std::fs::File::create(dir.join("stderr")).map_err(fail)?;
+    tokio::process::Command::new(&launch.program)
+        .args(&launch.args)
+        .envs(&launch.env)
+        .env(CONTAINER_ID_ENV, id)
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::from(stdout))
+        .stderr(Stdio::from(stderr))
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(fail)
+}
+
+/// The last lines of a file (at most a few KiB), for diagnostics.
+pub fn stderr_tail(path: &Path) -> String {
+    use std::io::{Read, Seek, SeekFrom};
+    let Ok(mut f) = std::fs::File::open(path) else {
+        return String::new();
+    };
+    let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+    let start = len.saturating_sub(STDERR_TAIL);
+    if f.seek(SeekFrom::Start(start)).is_err() {
+        return String::new();
+    }
+    let mut buf = Vec::new();
+    let _ = f.read_to_end(&mut buf);
+    let text = String::from_utf8_lossy(&buf);
+    let text = if start > 0 {
+        // Drop the partial first line.
+        text.split_once('\n')
+            .map_or(&*text, |(_, rest)| rest)
+            .to_string()
+    } else {
+        text.into_owned()
+    };
+    text.trim_end().to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(dir: &Path, program: &str, args: &[&str]) -> LaunchSpec {
+        LaunchSpec {
+            program: program.into(),
+            args: args.iter().map(|s| s.to_string()).collect(),
+            env: BTreeMap::from([("GREETING".to_string(), "hello".to_string())]),
+            work_dir: dir.to_path_buf(),
+        }
+    }
+
+    fn rm(
+        dir: &Path,
+        max: u32,
+        program: &str,
+        args: &[&str],
+    ) -> (LocalRm, mpsc::UnboundedReceiver<RmEvent>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let cfg = LocalConfig {
+            max_containers: max,
+            release_grace: Duration::from_millis(300),
+            id_prefix: "container_test".into(),
+        };
+        (LocalRm::start(cfg, spec(dir, program, args), tx), rx)
+    }
+
+    async fn next_completed(
+        rx: &mut mpsc::UnboundedReceiver<RmEvent>,
+    ) -> (ContainerId, ExitStatus, String, bool) {
+        loop {
+            match tokio::time::timeout(Duration::from_secs(20), rx.recv()).await {
+                Ok(Some(RmEvent::Completed {
+                    container,
+                    exit,
+                    diagnostics,
+                    released,
+                })) => return (container, exit, diagnostics, released),
+                Ok(Some(_)) => continue,
+                other => panic!("no completion: {other:?}"),
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn exit_status_and_stderr_tail_reported() {
+        let dir = tempfile::tempdir().unwrap();
+        let (rm, mut rx) = rm(
+            dir.path(),
+            2,
+            "/bin/sh",
+            &[
+                "-c",
+                "echo \"$GREETING from $CRUISE_CONTAINER_ID\" >&2; exit 3",
+            ],
+        );
+        rm.request(ContainerRequest {
+            count: 1,
+            memory_mb: 64,
+            cores: 1,
+            hosts: vec![],
+        })
+        .await
+        .unwrap();
+        let (id, exit, diag, released) = next_completed(&mut rx).await;
+        assert_eq!(exit, ExitStatus::Code(3));
+        assert_eq!(diag, format!("hello from {id}"));
+        assert!(!released);
+        rm.shutdown().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn release_terms_then_kills() {
+        let dir = tempfile::tempdir().unwrap();
+        // Ignores SIGTERM, so the release must end in SIGKILL.
+        let (rm, mut rx) = rm(
+            dir.path(),
+            1,
+            "/bin/sh",
+            &[
+                "-c",
+                "trap '' TERM; echo ready; while true; do sleep 0.05; done",
+            ],
+        );
+        rm.request(ContainerRequest {
+            count: 1,
+            memory_mb: 64,
+            cores: 1,
+            hosts: vec![],
+        })
+        .await
+        .unwrap();
+        let id = loop {
+            if let Some(RmEvent::Running { container, .. }) = rx.recv().await {
+                break container;
+            }
+        };
+        // Wait until the shell has installed its trap (it prints "ready").
+        let out = dir.path().join("containers").join(&id).join("stdout");
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while std::fs::read_to_string(&out).unwrap_or_default().trim() != "ready" {
+            assert!(std::time::Instant::now() < deadline, "never ready");
+            tokio::task::yield_now().await;
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        rm.release(&id).await.unwrap();
+        let (cid, exit, _, released) = next_completed(&mut rx).await;
+        assert_eq!(cid, id);
+        assert_eq!(exit, ExitStatus::Signal(9));
+        assert!(released);
+        rm.shutdown().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn capacity_queues_requests() {
+        let dir = tempfile::tempdir().unwrap();
+        let (rm, mut rx) = rm(dir.path(), 2, "/bin/sh", &["-c", "exit 0"]);
+        rm.request(ContainerRequest {
+            count: 5,
+            memory_mb: 64,
+            cores: 1,
+            hosts: vec![],
+        })
+        .await
+        .unwrap();
+        let mut done = 0;
+        let mut max_running = 0i32;
+        let mut running = 0i32;
+        while done < 5 {
+            match tokio::time::timeout(Duration::from_secs(20), rx.recv())
+                .await
+                .unwrap()
+                .unwrap()
+            {
+                RmEvent::Running { .. } => {
+                    running += 1;
+                    max_running = max_running.max(running);
+                }
+                RmEvent::Completed { exit, .. } => {
+                    assert_eq!(exit, ExitStatus::Code(0));
+                    running -= 1;
+                    done += 1;
+                }
+                _ => {}
+            }
+        }
+        assert!(
+            max_running <= 2,
+            "at most the capacity runs at once: {max_running}"
+        );
+        assert_eq!(
+            rm.capacity().await.unwrap(),
+            Capacity {
+                max_containers: 2,
+                running: 0
+            }
+        );
+        rm.shutdown().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn bad_program_reported() {
+        let dir = tempfile::tempdir().unwrap();
+        let (rm, mut rx) = rm(dir.path(), 1, "/nonexistent/evaluator", &[]);
+        rm.request(ContainerRequest {
+            count: 1,
+            memory_mb: 64,
+            cores: 1,
+            hosts: vec![],
+        })
+        .await
+        .unwrap();
+        let (_, exit, diag, _) = next_completed(&mut rx).await;
+        assert_eq!(exit, ExitStatus::Unknown);
+        assert!(diag.contains("/nonexistent/evaluator"), "{diag}");
+        rm.shutdown().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn shutdown_stops_everything() {
+        let dir = tempfile::tempdir().unwrap();
+        let (rm, mut rx) = rm(
+            dir.path(),
+            3,
+            "/bin/sh",
+            &["-c", "while true; do sleep 0.05; done"],
+        );
+        rm.request(ContainerRequest {
+            count: 3,
+            memory_mb: 64,
+            cores: 1,
+            hosts: vec![],
+        })
+        .await
+        .unwrap();
+        rm.shutdown().await.unwrap();
+        let mut completed = 0;
+        while let Ok(ev) = rx.try_recv() {
+            if let RmEvent::Completed { released, .. } = ev {
+                assert!(released);
+                completed += 1;
+            }
+        }
+        assert_eq!(completed, 3);
+        assert!(
+            rm.request(ContainerRequest {
+                count: 1,
+                memory_mb: 1,
+                cores: 1,
+                hosts: vec![]
+            })
+            .await
+            .is_err()
+        );
+    }
+
+    #[test]
+    fn tail_drops_partial_first_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("e");
+        let mut s = String::new();
+        for i in 0..2000 {
+            s.push_str(&format!("line {i}\n"));
+        }
+        std::fs::write(&p, s).unwrap();
+        let t = stderr_tail(&p);
+        assert!(t.ends_with("line 1999"));
+        assert!(t.lines().next().unwrap().starts_with("line "));
+        assert!(t.len() <= STDERR_TAIL as usize);
+    }
+}
