@@ -81,8 +81,12 @@ pub struct FileSystem {
 }
 
 impl Default for FileSystem {
+    /// No Hadoop configuration (so `hdfs://host:port` resolves to
+    /// `http://host:9870` and nameservices are unknown); the user from
+    /// `$HADOOP_USER_NAME` or the OS user. Use [`FileSystem::from_env`] to
+    /// read `$HADOOP_CONF_DIR`.
     fn default() -> Self {
-        FileSystem::new(HadoopConf::default(), WebHdfsOptions::default())
+        FileSystem::new(HadoopConf::default(), WebHdfsOptions::from_env())
     }
 }
 
