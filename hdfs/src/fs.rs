@@ -81,8 +81,12 @@ pub struct FileSystem {
 }
 
 impl Default for FileSystem {
+    /// No Hadoop configuration (so `hdfs://host:port` resolves to
+    /// `http://host:9870` and nameservices are unknown); the user from
+    /// `$HADOOP_USER_NAME` or the OS user. Use [`FileSystem::from_env`] to
+    /// read `$HADOOP_CONF_DIR`.
     fn default() -> Self {
-        FileSystem::new(HadoopConf::default(), WebHdfsOptions::default())
+        FileSystem::new(HadoopConf::default(), WebHdfsOptions::from_env())
     }
 }
 
@@ -186,14 +190,19 @@ impl FileSystem {
     }
 
     /// Up to `len` bytes starting at `offset`; fewer at the end of the file,
-    /// none at or past it.
+    /// none at or past it (a datanode's `EOFException` is mapped to empty).
     pub async fn read_range(&self, uri: &str, offset: u64, len: u64) -> Result<Bytes> {
         if len == 0 {
             return Ok(Bytes::new());
         }
         match self.backend(uri)? {
             Backend::Local(fs, path) => fs.read_range(&path, offset, len).await,
-            Backend::WebHdfs(c, path) => c.open(&path, offset, Some(len)).await,
+            Backend::WebHdfs(c, path) => match c.open(&path, offset, Some(len)).await {
+                // Datanodes refuse to seek past the end; the local backend
+                // returns nothing there, and so does this.
+                Err(e) if e.remote_exception() == Some("EOFException") => Ok(Bytes::new()),
+                other => other,
+            },
         }
     }
 
