@@ -1,0 +1,447 @@
+//! The cost model: Cruise Eq. (1)–(4) with push traffic and server processing time.
+//!
+//! For a worker `i` holding `d_i` records, with `w` active workers and servers `j`
+//! holding model share `m_j` (fraction of the model blocks), per mini-batch:
+//!
+//! ```text
+//! server_bound_ij = w · m_j · M · (1/b_ij + p_j)      (server j's link and CPU, shared by all workers)
+//! worker_bound_i  = Σ_j m_j · M / b_ij               (worker i's own link)
+//! comm_i          = max( max_j server_bound_ij, worker_bound_i )
+//! C_i             = c_i · d_i + ⌈d_i / B⌉ · comm_i
+//! C               = max_i C_i
+//! ```
+//!
+//! `M` is the bytes a worker exchanges per mini-batch (pull + push), `c_i` the compute
+//! seconds per record, `p_j` the server's processing seconds per byte and `b_ij` the
+//! measured link bandwidth (or `min(b_i, b_j)`). Records come in whole input blocks of
+//! `D / K` records, model shares in whole blocks of `1 / L`. A worker with no block is
+//! inactive (it neither computes nor talks), a server with no block is not asked.
+//! The [`CostModel`] owns the resolved per-container numbers after the fallbacks for
+//! unmeasured containers have been applied.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::OptimizerError;
+use crate::snapshot::{Job, Role, Snapshot};
+
+/// The role and block counts of one container in a configuration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Placement {
+    /// Role.
+    pub role: Role,
+    /// Input blocks held (workers only).
+    pub input_blocks: u32,
+    /// Model blocks held (servers only).
+    pub model_blocks: u32,
+}
+
+impl Placement {
+    /// An idle container holding nothing.
+    pub const IDLE: Placement = Placement {
+        role: Role::Idle,
+        input_blocks: 0,
+        model_blocks: 0,
+    };
+}
+
+/// A configuration by counts: container id → placement. Missing containers are idle.
+pub type Target = BTreeMap<String, Placement>;
+
+/// What bounds a worker's communication time per mini-batch.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CommBound {
+    /// The named server (its link or its CPU, shared by all workers) is the bottleneck.
+    Server {
+        /// Server container id.
+        container: String,
+    },
+    /// The worker's own link is the bottleneck.
+    Worker,
+}
+
+/// Cost of one active worker for one epoch.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WorkerCost {
+    /// Worker container id.
+    pub container: String,
+    /// Records it processes per epoch.
+    pub records: f64,
+    /// Mini-batches per epoch, `⌈records / B⌉`.
+    pub mini_batches: u64,
+    /// Computation seconds per epoch.
+    pub comp_secs: f64,
+    /// Communication seconds per epoch.
+    pub comm_secs: f64,
+    /// `comp_secs + comm_secs`.
+    pub total_secs: f64,
+    /// What bounds its communication.
+    pub comm_bound: CommBound,
+}
+
+/// Whether the slowest worker is bound by compute or by communication.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Bottleneck {
+    /// The slowest worker spends more time computing than communicating.
+    Compute {
+        /// The slowest worker.
+        worker: String,
+    },
+    /// The slowest worker spends more time communicating.
+    Communication {
+        /// The slowest worker.
+        worker: String,
+        /// What bounds its communication.
+        bound: CommBound,
+    },
+}
+
+/// Predicted epoch time of a configuration, with its parts.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Breakdown {
+    /// Epoch time `C = max_i C_i` in seconds.
+    pub epoch_secs: f64,
+    /// Active workers (holding at least one input block), in container order.
+    pub workers: Vec<WorkerCost>,
+    /// Number of servers holding at least one model block.
+    pub active_servers: usize,
+    /// What limits the epoch time.
+    pub bottleneck: Bottleneck,
+}
+
+/// Resolved per-container costs for the usable containers of a snapshot.
+#[derive(Debug, Clone)]
+pub struct CostModel {
+    job: Job,
+    ids: Vec<String>,
+    current: Vec<Placement>,
+    compute: Vec<f64>,
+    bandwidth: Vec<f64>,
+    server_proc: Vec<f64>,
+    /// Row-major `n × n` seconds per byte `1 / b_ij`, only when links were measured.
+    inv_links: Option<Vec<f64>>,
+}
+
+impl CostModel {
+    /// Builds the model over the snapshot's containers that are not reclaimed (the ones a
+    /// future configuration may use). Fallbacks for unmeasured containers: see
+    /// [`crate::snapshot::ContainerMetrics`].
+    pub fn new(snapshot: &Snapshot) -> Result<CostModel, OptimizerError> {
+        Self::build(snapshot, false)
+    }
+
+    /// Builds the model over all containers, reclaimed ones included (to price the
+    /// configuration that runs now).
+    pub fn including_reclaimed(snapshot: &Snapshot) -> Result<CostModel, OptimizerError> {
+        Self::build(snapshot, true)
+    }
+
+    fn build(snapshot: &Snapshot, with_reclaimed: bool) -> Result<CostModel, OptimizerError> {
+        snapshot.validate()?;
+        let speed = |c: &crate::snapshot::ContainerMetrics| c.cpu_speed.unwrap_or(1.0);
+        let reference = |f: &dyn Fn(&crate::snapshot::ContainerMetrics) -> Option<f64>| {
+            let measured: Vec<f64> = snapshot
+                .containers
+                .iter()
+                .filter_map(|c| f(c).map(|v| v * speed(c)))
+                .collect();
+            if measured.is_empty() {
+                None
+            } else {
+                Some(measured.iter().sum::<f64>() / measured.len() as f64)
+            }
+        };
+        let compute_ref = reference(&|c| c.compute_secs_per_record);
+        let proc_ref = reference(&|c| c.server_secs_per_byte).unwrap_or(0.0);
+        let kept: Vec<&crate::snapshot::ContainerMetrics> = snapshot
+            .containers
+            .iter()
+            .filter(|c| with_reclaimed || !c.reclaimed)
+            .collect();
+        let mut compute = Vec::with_capacity(kept.len());
+        for c in &kept {
+            compute.push(match (c.compute_secs_per_record, compute_ref) {
+                (Some(v), _) => v,
+                (None, Some(r)) => r / speed(c),
+                (None, None) => return Err(OptimizerError::NoComputeMeasurement),
+            });
+        }
+        let server_proc = kept
+            .iter()
+            .map(|c| c.server_secs_per_byte.unwrap_or(proc_ref / speed(c)))
+            .collect();
+        let bandwidth: Vec<f64> = kept.iter().map(|c| c.bandwidth_bytes_per_sec).collect();
+        let ids: Vec<String> = kept.iter().map(|c| c.id.clone()).collect();
+        let inv_links = if snapshot.links.is_empty() {
+            None
+        } else {
+            let n = ids.len();
+            let index: BTreeMap<&str, usize> = ids
+                .iter()
+                .enumerate()
+                .map(|(i, s)| (s.as_str(), i))
+                .collect();
+            let mut m = vec![0.0; n * n];
+            for i in 0..n {
+                for j in 0..n {
+                    m[i * n + j] = 1.0 / bandwidth[i].min(bandwidth[j]);
+                }
+            }
+            for l in &snapshot.links {
+                if let (Some(&i), Some(&j)) = (index.get(l.from.as_str()), index.get(l.to.as_str()))
+                {
+                    m[i * n + j] = 1.0 / l.bytes_per_sec;
+                    m[j * n + i] = 1.0 / l.bytes_per_sec;
+                }
+            }
+            Some(m)
+        };
+        let current = kept
+            .iter()
+            .map(|c| Placement {
+                role: c.role,
+                input_blocks: c.input_blocks,
+                model_blocks: c.model_blocks,
+            })
+            .collect();
+        Ok(CostModel {
+            job: snapshot.job.clone(),
+            ids,
+            current,
+            compute,
+            bandwidth,
+            server_proc,
+            inv_links,
+        })
+    }
+
+    /// The job parameters.
+    pub fn job(&self) -> &Job {
+        &self.job
+    }
+
+    /// Container ids, in model order.
+    pub fn ids(&self) -> &[String] {
+        &self.ids
+    }
+
+    /// The configuration the snapshot reports as running now (by counts).
+    pub fn current(&self) -> Target {
+        self.ids
+            .iter()
+            .cloned()
+            .zip(self.current.iter().copied())
+            .collect()
+    }
+
+    pub(crate) fn current_placements(&self) -> &[Placement] {
+        &self.current
+    }
+
+    /// Resolved compute seconds per record of container `i` (model order).
+    pub fn compute_secs_per_record(&self, i: usize) -> f64 {
+        self.compute[i]
+    }
+
+    /// Bandwidth of container `i` in bytes/s.
+    pub fn bandwidth(&self, i: usize) -> f64 {
+        self.bandwidth[i]
+    }
+
+    /// Resolved server processing seconds per byte of container `i`.
+    pub fn server_secs_per_byte(&self, i: usize) -> f64 {
+        self.server_proc[i]
+    }
+
+    /// Whether pairwise link measurements are used.
+    pub fn has_links(&self) -> bool {
+        self.inv_links.is_some()
+    }
+
+    /// Number of containers.
+    pub fn len(&self) -> usize {
+        self.ids.len()
+    }
+
+    /// Whether there are no containers.
+    pub fn is_empty(&self) -> bool {
+        self.ids.is_empty()
+    }
+
+    /// Seconds per byte between containers `i` and `j`.
+    #[inline]
+    pub(crate) fn inv_bw(&self, i: usize, j: usize) -> f64 {
+        match &self.inv_links {
+            Some(m) => m[i * self.ids.len() + j],
+            None => 1.0 / self.bandwidth[i].min(self.bandwidth[j]),
+        }
+    }
+
+    /// Records in `k` input blocks.
+    #[inline]
+    pub(crate) fn records(&self, k: u32) -> f64 {
+        self.job.total_records as f64 * f64::from(k) / f64::from(self.job.input_blocks)
+    }
+
+    /// Mini-batches for `k` input blocks: `⌈D·k / (K·B)⌉`, computed exactly.
+    #[inline]
+    pub(crate) fn batches(&self, k: u32) -> u64 {
+        batches(&self.job, k)
+    }
+
+    /// Epoch time of worker `i` with `k` blocks and per-mini-batch communication `g`.
+    #[inline]
+    pub(crate) fn worker_time(&self, i: usize, k: u32, g: f64) -> f64 {
+        if k == 0 {
+            return 0.0;
+        }
+        self.compute[i] * self.records(k) + self.batches(k) as f64 * g
+    }
+
+    /// Per-mini-batch communication seconds of worker `i`, with `w` active workers and
+    /// the given servers `(index, model blocks)`; returns the bounding server index
+    /// (`None` when the worker's own link bounds it).
+    pub(crate) fn comm_per_batch(
+        &self,
+        i: usize,
+        w: usize,
+        servers: &[(usize, u32)],
+    ) -> (f64, Option<usize>) {
+        let m_bytes = self.job.bytes_per_mini_batch;
+        let l_total = f64::from(self.job.model_blocks);
+        let mut worst = 0.0f64;
+        let mut worst_j = None;
+        let mut own = 0.0f64;
+        for &(j, l) in servers {
+            if l == 0 {
+                continue;
+            }
+            let share = f64::from(l) / l_total;
+            let inv = self.inv_bw(i, j);
+            let sb = w as f64 * share * m_bytes * (inv + self.server_proc[j]);
+            if sb > worst || worst_j.is_none() {
+                worst = sb;
+                worst_j = Some(j);
+            }
+            own += share * m_bytes * inv;
+        }
+        if own > worst {
+            (own, None)
+        } else {
+            (worst, worst_j)
+        }
+    }
+
+    /// Predicted epoch time of `target` (containers of this model that are missing from
+    /// it are idle), with a per-worker breakdown.
+    pub fn evaluate(&self, target: &Target) -> Result<Breakdown, OptimizerError> {
+        for id in target.keys() {
+            if !self.ids.contains(id) {
+                return Err(OptimizerError::UnknownContainer {
+                    container: id.clone(),
+                    context: "target".into(),
+                });
+            }
+        }
+        let placements: Vec<Placement> = self
+            .ids
+            .iter()
+            .map(|id| target.get(id).copied().unwrap_or(Placement::IDLE))
+            .collect();
+        self.evaluate_placements(&placements)
+    }
+
+    pub(crate) fn evaluate_placements(
+        &self,
+        placements: &[Placement],
+    ) -> Result<Breakdown, OptimizerError> {
+        let (mut input, mut model) = (0u64, 0u64);
+        for (id, p) in self.ids.iter().zip(placements) {
+            if p.input_blocks > 0 && p.role != Role::Worker {
+                return Err(OptimizerError::InconsistentBlocks(format!(
+                    "`{id}` holds input blocks but is not a worker"
+                )));
+            }
+            if p.model_blocks > 0 && p.role != Role::Server {
+                return Err(OptimizerError::InconsistentBlocks(format!(
+                    "`{id}` holds model blocks but is not a server"
+                )));
+            }
+            input += u64::from(p.input_blocks);
+            model += u64::from(p.model_blocks);
+        }
+        if input != u64::from(self.job.input_blocks) || model != u64::from(self.job.model_blocks) {
+            return Err(OptimizerError::InconsistentBlocks(format!(
+                "configuration holds {input}/{} input and {model}/{} model blocks",
+                self.job.input_blocks, self.job.model_blocks
+            )));
+        }
+        let servers: Vec<(usize, u32)> = placements
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| p.model_blocks > 0)
+            .map(|(j, p)| (j, p.model_blocks))
+            .collect();
+        let workers: Vec<(usize, u32)> = placements
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| p.input_blocks > 0)
+            .map(|(i, p)| (i, p.input_blocks))
+            .collect();
+        let w = workers.len();
+        let mut out = Vec::with_capacity(w);
+        for &(i, k) in &workers {
+            let (g, bound) = self.comm_per_batch(i, w, &servers);
+            let nb = self.batches(k);
+            let comp = self.compute[i] * self.records(k);
+            let comm = nb as f64 * g;
+            out.push(WorkerCost {
+                container: self.ids[i].clone(),
+                records: self.records(k),
+                mini_batches: nb,
+                comp_secs: comp,
+                comm_secs: comm,
+                total_secs: comp + comm,
+                comm_bound: match bound {
+                    Some(j) => CommBound::Server {
+                        container: self.ids[j].clone(),
+                    },
+                    None => CommBound::Worker,
+                },
+            });
+        }
+        let slowest = out
+            .iter()
+            .max_by(|a, b| a.total_secs.total_cmp(&b.total_secs))
+            .ok_or_else(|| OptimizerError::Infeasible("no active worker".into()))?;
+        let bottleneck = if slowest.comp_secs >= slowest.comm_secs {
+            Bottleneck::Compute {
+                worker: slowest.container.clone(),
+            }
+        } else {
+            Bottleneck::Communication {
+                worker: slowest.container.clone(),
+                bound: slowest.comm_bound.clone(),
+            }
+        };
+        Ok(Breakdown {
+            epoch_secs: slowest.total_secs,
+            workers: out,
+            active_servers: servers.len(),
+            bottleneck,
+        })
+    }
+}
+
+/// `⌈D·k / (K·B)⌉` in exact integer arithmetic.
+pub(crate) fn batches(job: &Job, k: u32) -> u64 {
+    let num = u128::from(job.total_records) * u128::from(k);
+    let den = u128::from(job.input_blocks) * u128::from(job.mini_batch_size);
+    if den == 0 {
+        return 0;
+    }
+    num.div_ceil(den) as u64
+}
