@@ -445,3 +445,223 @@ pub(crate) fn batches(job: &Job, k: u32) -> u64 {
     }
     num.div_ceil(den) as u64
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::snapshot::{ContainerMetrics, Link};
+
+    fn container(id: &str, role: Role, c: Option<f64>, b: f64, p: Option<f64>) -> ContainerMetrics {
+        ContainerMetrics {
+            id: id.into(),
+            role,
+            compute_secs_per_record: c,
+            cpu_speed: None,
+            bandwidth_bytes_per_sec: b,
+            server_secs_per_byte: p,
+            input_blocks: 0,
+            model_blocks: 0,
+            mini_batches: 0,
+            reclaimed: false,
+        }
+    }
+
+    fn job(d: u64, b: u64, m: f64, k: u32, l: u32) -> Job {
+        Job {
+            total_records: d,
+            mini_batch_size: b,
+            bytes_per_mini_batch: m,
+            input_blocks: k,
+            model_blocks: l,
+            remaining_epochs: 10.0,
+            input_bytes: 0,
+            model_bytes: 0,
+        }
+    }
+
+    fn two_by_two(links: Vec<Link>) -> (CostModel, Target) {
+        let snap = Snapshot {
+            job: job(1000, 100, 1000.0, 10, 4),
+            containers: vec![
+                container("w1", Role::Worker, Some(0.01), 1000.0, None),
+                container("w2", Role::Worker, Some(0.02), 500.0, None),
+                container("s1", Role::Server, None, 1000.0, Some(0.001)),
+                container("s2", Role::Server, None, 2000.0, Some(0.0)),
+            ],
+            links,
+        };
+        let model = CostModel::new(&snap).unwrap();
+        let target: Target = [
+            ("w1", Role::Worker, 6, 0),
+            ("w2", Role::Worker, 4, 0),
+            ("s1", Role::Server, 0, 1),
+            ("s2", Role::Server, 0, 3),
+        ]
+        .into_iter()
+        .map(|(id, role, k, l)| {
+            (
+                id.to_string(),
+                Placement {
+                    role,
+                    input_blocks: k,
+                    model_blocks: l,
+                },
+            )
+        })
+        .collect();
+        (model, target)
+    }
+
+    fn close(a: f64, b: f64) {
+        assert!((a - b).abs() <= 1e-9 * b.abs().max(1.0), "{a} != {b}");
+    }
+
+    // Hand computation (w = 2 workers, M = 1000 B):
+    // w1: b=1000 to both servers. server-bound s1 = 2·0.25·1000·(1/1000+0.001) = 1.0,
+    //     s2 = 2·0.75·1000·(1/1000) = 1.5, worker-bound = 1000/1000 = 1.0 → g = 1.5 (s2).
+    //     600 records: comp 6, 6 batches → comm 9, total 15.
+    // w2: b=500 to both. s1 = 500·(0.002+0.001) = 1.5, s2 = 1500·0.002 = 3.0,
+    //     worker-bound = 0.25·2 + 0.75·2 = 2.0 → g = 3.0 (s2).
+    //     400 records: comp 8, 4 batches → comm 12, total 20 → epoch 20.
+    #[test]
+    fn hand_computed_heterogeneous_case() {
+        let (model, target) = two_by_two(vec![]);
+        let b = model.evaluate(&target).unwrap();
+        close(b.epoch_secs, 20.0);
+        assert_eq!(b.workers.len(), 2);
+        close(b.workers[0].comp_secs, 6.0);
+        close(b.workers[0].comm_secs, 9.0);
+        assert_eq!(b.workers[0].mini_batches, 6);
+        close(b.workers[1].comp_secs, 8.0);
+        close(b.workers[1].comm_secs, 12.0);
+        assert_eq!(
+            b.bottleneck,
+            Bottleneck::Communication {
+                worker: "w2".into(),
+                bound: CommBound::Server {
+                    container: "s2".into()
+                }
+            }
+        );
+        assert_eq!(b.active_servers, 2);
+    }
+
+    // With a measured 2000 B/s link w2–s2: s2-bound = 1500/2000 = 0.75, s1-bound 1.5,
+    // worker-bound = 0.25·1000/500 + 0.75·1000/2000 = 0.875 → g = 1.5 (s1), comm 6,
+    // total 14; w1 still 15 → epoch 15, bound by w1's communication via s2.
+    #[test]
+    fn pairwise_link_overrides_min_bandwidth() {
+        let link = Link {
+            from: "s2".into(),
+            to: "w2".into(),
+            bytes_per_sec: 2000.0,
+        };
+        let (model, target) = two_by_two(vec![link]);
+        let b = model.evaluate(&target).unwrap();
+        close(b.workers[1].comm_secs, 6.0);
+        close(b.workers[1].total_secs, 14.0);
+        assert_eq!(
+            b.workers[1].comm_bound,
+            CommBound::Server {
+                container: "s1".into()
+            }
+        );
+        close(b.epoch_secs, 15.0);
+    }
+
+    // One worker, two equal servers: server-bound 1·0.5·300/100 = 1.5 < worker-bound
+    // 300/100 = 3. 100 records in batches of 30 → ⌈100/30⌉ = 4 batches:
+    // comp 0.1 + comm 12 = 12.1, bound by the worker's own link.
+    #[test]
+    fn worker_bound_and_partial_last_batch() {
+        let snap = Snapshot {
+            job: job(100, 30, 300.0, 2, 2),
+            containers: vec![
+                container("w", Role::Worker, Some(0.001), 100.0, None),
+                container("a", Role::Server, None, 100.0, None),
+                container("b", Role::Server, None, 100.0, None),
+            ],
+            links: vec![],
+        };
+        let model = CostModel::new(&snap).unwrap();
+        let mut t = Target::new();
+        t.insert(
+            "w".into(),
+            Placement {
+                role: Role::Worker,
+                input_blocks: 2,
+                model_blocks: 0,
+            },
+        );
+        for s in ["a", "b"] {
+            t.insert(
+                s.into(),
+                Placement {
+                    role: Role::Server,
+                    input_blocks: 0,
+                    model_blocks: 1,
+                },
+            );
+        }
+        let b = model.evaluate(&t).unwrap();
+        assert_eq!(b.workers[0].mini_batches, 4);
+        close(b.epoch_secs, 12.1);
+        assert_eq!(b.workers[0].comm_bound, CommBound::Worker);
+        // No server timing measured anywhere: processing time is taken as 0.
+        assert_eq!(model.server_secs_per_byte(1), 0.0);
+    }
+
+    #[test]
+    fn compute_fallback_uses_speed_factor() {
+        let mut a = container("a", Role::Worker, Some(0.01), 1.0, None);
+        a.cpu_speed = Some(1.0);
+        let mut b = container("b", Role::Worker, Some(0.03), 1.0, None);
+        b.cpu_speed = Some(0.5);
+        let mut n = container("n", Role::Idle, None, 1.0, None);
+        n.cpu_speed = Some(2.0);
+        let plain = container("p", Role::Idle, None, 1.0, None);
+        let mut s = container("s", Role::Server, None, 1.0, Some(4e-9));
+        s.cpu_speed = Some(2.0);
+        let snap = Snapshot {
+            job: job(10, 1, 1.0, 1, 1),
+            containers: vec![a, b, n, plain, s],
+            links: vec![],
+        };
+        let m = CostModel::new(&snap).unwrap();
+        // Reference at speed 1: mean(0.01·1, 0.03·0.5) = 0.0125.
+        close(m.compute_secs_per_record(2), 0.0125 / 2.0);
+        close(m.compute_secs_per_record(3), 0.0125);
+        // Server reference at speed 1: 4e-9·2 = 8e-9; a speed-1 container gets 8e-9.
+        close(m.server_secs_per_byte(0), 8e-9);
+        close(m.server_secs_per_byte(4), 4e-9);
+    }
+
+    #[test]
+    fn no_measurement_at_all_is_an_error() {
+        let snap = Snapshot {
+            job: job(10, 1, 1.0, 1, 1),
+            containers: vec![container("a", Role::Idle, None, 1.0, None)],
+            links: vec![],
+        };
+        assert_eq!(
+            CostModel::new(&snap).unwrap_err(),
+            OptimizerError::NoComputeMeasurement
+        );
+    }
+
+    #[test]
+    fn inconsistent_targets_are_rejected() {
+        let (model, mut target) = two_by_two(vec![]);
+        target.get_mut("w1").unwrap().input_blocks = 5;
+        assert!(matches!(
+            model.evaluate(&target),
+            Err(OptimizerError::InconsistentBlocks(_))
+        ));
+        let (model, mut target) = two_by_two(vec![]);
+        target.insert("zz".into(), Placement::IDLE);
+        assert!(matches!(
+            model.evaluate(&target),
+            Err(OptimizerError::UnknownContainer { .. })
+        ));
+    }
+}

@@ -616,3 +616,155 @@ fn align_counts(want: &[u32], lo: &[u32], hi: &[u32], total: u32) -> Option<Vec<
     }
     Some(c)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::snapshot::{ContainerMetrics, Snapshot};
+
+    fn job(d: u64, b: u64, m: f64, k: u32, l: u32) -> Job {
+        Job {
+            total_records: d,
+            mini_batch_size: b,
+            bytes_per_mini_batch: m,
+            input_blocks: k,
+            model_blocks: l,
+            remaining_epochs: 10.0,
+            input_bytes: 0,
+            model_bytes: 0,
+        }
+    }
+
+    fn uniform_snapshot(n: usize, job: Job, u: &Uniform) -> Snapshot {
+        let containers = (0..n)
+            .map(|i| ContainerMetrics {
+                id: format!("c{i:02}"),
+                role: Role::Idle,
+                compute_secs_per_record: Some(u.compute_secs_per_record),
+                cpu_speed: None,
+                bandwidth_bytes_per_sec: u.bandwidth_bytes_per_sec,
+                server_secs_per_byte: Some(u.server_secs_per_byte),
+                input_blocks: 0,
+                model_blocks: 0,
+                mini_batches: 0,
+                reclaimed: false,
+            })
+            .collect();
+        Snapshot {
+            job,
+            containers,
+            links: vec![],
+        }
+    }
+
+    // N = 4, D = 1200, B = 100, K = 12, L = 6, M = 1000 B, b = 1000 B/s, c = 1 ms, p = 0:
+    // W=1: 1200 rec, 12 batches, server-bound 1·(2/6)·1 = 0.33 < worker-bound 1 → 1.2 + 12 = 13.2
+    // W=2: 600 rec, 6 batches, server-bound 2·(3/6)·1 = 1 → 0.6 + 6 = 6.6
+    // W=3: 400 rec, 4 batches, server-bound 3·1·1 = 3 → 0.4 + 12 = 12.4
+    #[test]
+    fn homogeneous_hand_computed() {
+        let u = Uniform {
+            compute_secs_per_record: 0.001,
+            bandwidth_bytes_per_sec: 1000.0,
+            server_secs_per_byte: 0.0,
+        };
+        let h = solve_homogeneous(&job(1200, 100, 1000.0, 12, 6), 4, &u).unwrap();
+        let t: Vec<f64> = h.splits.iter().map(|s| s.epoch_secs).collect();
+        for (a, b) in t.iter().zip([13.2, 6.6, 12.4]) {
+            assert!((a - b).abs() < 1e-9, "{t:?}");
+        }
+        assert_eq!((h.best.workers, h.best.servers), (2, 2));
+    }
+
+    #[test]
+    fn homogeneous_matches_cost_model_for_every_split() {
+        let u = Uniform {
+            compute_secs_per_record: 2e-4,
+            bandwidth_bytes_per_sec: 1.0e6,
+            server_secs_per_byte: 3e-8,
+        };
+        let j = job(10_007, 64, 2.0e5, 37, 11);
+        let n = 9;
+        let h = solve_homogeneous(&j, n, &u).unwrap();
+        let model = CostModel::new(&uniform_snapshot(n, j.clone(), &u)).unwrap();
+        for s in &h.splits {
+            let mut roles = vec![Role::Server; n];
+            for r in roles.iter_mut().take(s.workers) {
+                *r = Role::Worker;
+            }
+            let sol = solve_for_roles(&model, &roles).unwrap();
+            assert!(
+                (sol.epoch_secs - s.epoch_secs).abs() <= 1e-9 * s.epoch_secs,
+                "W={} closed form {} vs partition {}",
+                s.workers,
+                s.epoch_secs,
+                sol.epoch_secs
+            );
+        }
+        // And the heterogeneous search agrees with the closed form on uniform input.
+        let het = solve_heterogeneous(&model).unwrap();
+        assert!((het.epoch_secs - h.best.epoch_secs).abs() <= 1e-9 * h.best.epoch_secs);
+        let sol = solve(&model).unwrap();
+        assert!((sol.epoch_secs - h.best.epoch_secs).abs() <= 1e-9 * h.best.epoch_secs);
+    }
+
+    #[test]
+    fn too_few_containers_is_infeasible() {
+        let u = Uniform {
+            compute_secs_per_record: 1.0,
+            bandwidth_bytes_per_sec: 1.0,
+            server_secs_per_byte: 0.0,
+        };
+        assert!(matches!(
+            solve_homogeneous(&job(10, 1, 1.0, 1, 1), 1, &u),
+            Err(OptimizerError::Infeasible(_))
+        ));
+    }
+
+    // A fast-compute/slow-network container should work, a slow-compute/fast-network
+    // one should serve.
+    #[test]
+    fn heterogeneous_assigns_roles_by_suitability() {
+        let mk = |id: &str, c: f64, b: f64| ContainerMetrics {
+            id: id.into(),
+            role: Role::Idle,
+            compute_secs_per_record: Some(c),
+            cpu_speed: None,
+            bandwidth_bytes_per_sec: b,
+            server_secs_per_byte: Some(0.0),
+            input_blocks: 0,
+            model_blocks: 0,
+            mini_batches: 0,
+            reclaimed: false,
+        };
+        let snap = Snapshot {
+            job: job(10_000, 100, 1.0e6, 40, 8),
+            containers: vec![
+                mk("cpu1", 1e-4, 1e7),
+                mk("cpu2", 1e-4, 1e7),
+                mk("net", 1e-2, 1e9),
+            ],
+            links: vec![],
+        };
+        let model = CostModel::new(&snap).unwrap();
+        let sol = solve(&model).unwrap();
+        assert_eq!(sol.target["net"].role, Role::Server);
+        assert_eq!(sol.target["cpu1"].role, Role::Worker);
+        assert_eq!(sol.target["cpu2"].role, Role::Worker);
+        assert_eq!(sol.target["net"].model_blocks, 8);
+        assert_eq!(sol.target["cpu1"].input_blocks, 20);
+    }
+
+    #[test]
+    fn align_counts_stays_close() {
+        assert_eq!(
+            align_counts(&[3, 3, 2], &[1, 1, 1], &[3, 3, 3], 8),
+            Some(vec![3, 3, 2])
+        );
+        assert_eq!(
+            align_counts(&[5, 0, 0], &[1, 1, 1], &[3, 3, 3], 8),
+            Some(vec![3, 3, 2])
+        );
+        assert_eq!(align_counts(&[1, 1], &[1, 1], &[2, 2], 5), None);
+    }
+}
