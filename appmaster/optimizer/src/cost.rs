@@ -185,6 +185,7 @@ impl CostModel {
                 .map(|(i, s)| (s.as_str(), i))
                 .collect();
             let mut m = vec![0.0; n * n];
+            let mut measured = vec![false; n * n];
             for i in 0..n {
                 for j in 0..n {
                     m[i * n + j] = 1.0 / bandwidth[i].min(bandwidth[j]);
@@ -193,8 +194,12 @@ impl CostModel {
             for l in &snapshot.links {
                 if let (Some(&i), Some(&j)) = (index.get(l.from.as_str()), index.get(l.to.as_str()))
                 {
-                    m[i * n + j] = 1.0 / l.bytes_per_sec;
-                    m[j * n + i] = 1.0 / l.bytes_per_sec;
+                    if !measured[i * n + j] || 1.0 / l.bytes_per_sec > m[i * n + j] {
+                        m[i * n + j] = 1.0 / l.bytes_per_sec;
+                        m[j * n + i] = 1.0 / l.bytes_per_sec;
+                    }
+                    measured[i * n + j] = true;
+                    measured[j * n + i] = true;
                 }
             }
             Some(m)

@@ -76,7 +76,7 @@ pub use executor::{
 pub use plan::{Configuration, Holding, OpKind, Operation, Plan, PlannedOp, Table};
 pub use snapshot::{ContainerMetrics, Job, Link, Role, Snapshot};
 pub use solver::{
-    HomogeneousSolution, Solution, Split, Uniform, solve, solve_for_roles, solve_heterogeneous,
-    solve_homogeneous,
+    HomogeneousSolution, SearchOptions, Solution, Split, Uniform, solve, solve_for_roles,
+    solve_heterogeneous, solve_heterogeneous_with, solve_homogeneous,
 };
 pub use trigger::{Decision, OpCost, Proposal, ReconfigCostModel, TriggerConfig, TriggerPolicy};

@@ -104,7 +104,8 @@ pub struct ContainerMetrics {
 }
 
 /// A measured bandwidth between two containers (from real transfers), bytes/s.
-/// Looked up in either direction; pairs without an entry use `min(b_i, b_j)`.
+/// Looked up in either direction (pulls and pushes use both); when a pair has several
+/// entries the slowest is used; pairs without an entry use `min(b_i, b_j)`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Link {

@@ -218,8 +218,35 @@ fn solve_roles_internal(model: &CostModel, roles: &[Role]) -> Result<Solution, O
     finish(model, &search, roles, part, 1)
 }
 
-/// The heterogeneous search over roles (see the module docs). Deterministic.
+/// Settings of the heterogeneous search.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SearchOptions {
+    /// Enumerate all `3^N` role assignments when `N` is at most this; search above it.
+    pub exhaustive_up_to: usize,
+    /// How many of the best enumerated assignments get their model split polished.
+    pub polish_candidates: usize,
+}
+
+impl Default for SearchOptions {
+    fn default() -> Self {
+        SearchOptions {
+            exhaustive_up_to: 9,
+            polish_candidates: 64,
+        }
+    }
+}
+
+/// The heterogeneous solver with default [`SearchOptions`] (see the module docs).
+/// Deterministic.
 pub fn solve_heterogeneous(model: &CostModel) -> Result<Solution, OptimizerError> {
+    solve_heterogeneous_with(model, SearchOptions::default())
+}
+
+/// The heterogeneous solver with explicit options.
+pub fn solve_heterogeneous_with(
+    model: &CostModel,
+    options: SearchOptions,
+) -> Result<Solution, OptimizerError> {
     let n = model.len();
     if n < 2 {
         return Err(OptimizerError::Infeasible(format!(
@@ -227,35 +254,63 @@ pub fn solve_heterogeneous(model: &CostModel) -> Result<Solution, OptimizerError
         )));
     }
     let mut search = Search::new(model);
+    let current: Vec<Role> = model.current_placements().iter().map(|p| p.role).collect();
+    if n <= options.exhaustive_up_to {
+        return exhaustive(
+            model,
+            &mut search,
+            &current,
+            options.polish_candidates.max(1),
+        );
+    }
     let serve_cost: Vec<f64> = (0..n)
         .map(|i| 1.0 / model.bandwidth(i) + model.server_secs_per_byte(i))
         .collect();
-    let keys: [Box<dyn Fn(usize) -> f64>; 3] = [
+    // Seconds per record a container would need as a worker talking to an equal peer.
+    let job = model.job();
+    let per_record_comm = job.bytes_per_mini_batch / job.mini_batch_size as f64;
+    let work_cost: Vec<f64> = (0..n)
+        .map(|i| model.compute_secs_per_record(i) + per_record_comm / model.bandwidth(i))
+        .collect();
+    let keys: [Box<dyn Fn(usize) -> f64>; 4] = [
+        Box::new(|i| work_cost[i]),
         Box::new(|i| model.compute_secs_per_record(i)),
         Box::new(|i| -serve_cost[i]),
         Box::new(|i| model.compute_secs_per_record(i) / serve_cost[i]),
     ];
+    let mut by_serving: Vec<usize> = (0..n).collect();
+    by_serving.sort_by(|&a, &b| serve_cost[a].total_cmp(&serve_cost[b]).then(a.cmp(&b)));
     let mut starts: Vec<Vec<Role>> = Vec::new();
     for key in &keys {
         let mut order: Vec<usize> = (0..n).collect();
         order.sort_by(|&a, &b| key(a).total_cmp(&key(b)).then(a.cmp(&b)));
         let mut best: Option<(f64, Vec<Role>)> = None;
-        for w in 1..n {
-            let mut roles = vec![Role::Server; n];
+        // The first w of the ordering work; the best s of the rest (by serving cost)
+        // serve; the others idle.
+        for w in 1..n.min(job.input_blocks as usize + 1) {
+            let mut base = vec![Role::Idle; n];
             for &i in &order[..w] {
-                roles[i] = Role::Worker;
+                base[i] = Role::Worker;
             }
-            if let Some(t) = search.value(&roles)
-                && best.as_ref().is_none_or(|(bt, _)| better(t, *bt))
-            {
-                best = Some((t, roles));
+            let rest: Vec<usize> = by_serving
+                .iter()
+                .copied()
+                .filter(|&i| base[i] != Role::Worker)
+                .collect();
+            let mut roles = base;
+            for &j in rest.iter().take(job.model_blocks as usize) {
+                roles[j] = Role::Server;
+                if let Some(t) = search.value(&roles)
+                    && best.as_ref().is_none_or(|(bt, _)| better(t, *bt))
+                {
+                    best = Some((t, roles.clone()));
+                }
             }
         }
         if let Some((_, r)) = best {
             starts.push(r);
         }
     }
-    let current: Vec<Role> = model.current_placements().iter().map(|p| p.role).collect();
     if search.value(&current).is_some() {
         starts.insert(0, current.clone());
     }
@@ -287,6 +342,58 @@ pub fn solve_heterogeneous(model: &CostModel) -> Result<Solution, OptimizerError
     let part = search.polish(&roles, part);
     let evaluations = search.cache.len();
     finish(model, &search, &roles, part, evaluations)
+}
+
+/// Every role assignment; the best few get their model split polished.
+fn exhaustive(
+    model: &CostModel,
+    search: &mut Search<'_>,
+    current: &[Role],
+    polish: usize,
+) -> Result<Solution, OptimizerError> {
+    const ROLES: [Role; 3] = [Role::Worker, Role::Server, Role::Idle];
+    let n = model.len();
+    let mut digits = vec![0usize; n];
+    let mut scored: Vec<(f64, usize, Vec<Role>)> = Vec::new();
+    let mut evaluations = 0;
+    loop {
+        let roles: Vec<Role> = digits.iter().map(|&d| ROLES[d]).collect();
+        evaluations += 1;
+        if let Some(p) = search.partition(&roles) {
+            scored.push((p.t, distance(&roles, current), roles));
+        }
+        let mut x = 0;
+        while x < n {
+            digits[x] += 1;
+            if digits[x] < 3 {
+                break;
+            }
+            digits[x] = 0;
+            x += 1;
+        }
+        if x == n {
+            break;
+        }
+    }
+    scored.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+    let mut best: Option<(f64, usize, Vec<Role>, Part)> = None;
+    for (_, dist, roles) in scored.into_iter().take(polish) {
+        let Some(part) = search.partition(&roles) else {
+            continue;
+        };
+        let part = search.polish(&roles, part);
+        let replace = match &best {
+            None => true,
+            Some((bt, bd, _, _)) => better(part.t, *bt) || (!better(*bt, part.t) && dist < *bd),
+        };
+        if replace {
+            best = Some((part.t, dist, roles, part));
+        }
+    }
+    let (_, _, roles, part) = best.ok_or_else(|| {
+        OptimizerError::Infeasible("no role assignment has a worker and a server".into())
+    })?;
+    finish(model, search, &roles, part, evaluations)
 }
 
 fn distance(a: &[Role], b: &[Role]) -> usize {
@@ -451,6 +558,18 @@ impl<'a> Search<'a> {
     fn polish(&self, roles: &[Role], mut part: Part) -> Part {
         let workers = Self::members(roles, Role::Worker);
         let servers = Self::members(roles, Role::Server);
+        let l_total = self.m.job().model_blocks;
+        if splits_at_most(l_total, servers.len(), EXACT_MODEL_SPLITS) {
+            // Few enough model splits to try them all: the partition is then exact.
+            let mut l = vec![0u32; self.m.len()];
+            self.each_split(&servers, 0, l_total, &mut l, &mut |l| {
+                let cand = self.data(&workers, &servers, l.to_vec());
+                if better(cand.t, part.t) {
+                    part = cand;
+                }
+            });
+            return part;
+        }
         let limit = 4 * self.m.job().model_blocks as usize + 16;
         for _ in 0..limit {
             let mut best: Option<Part> = None;
@@ -480,28 +599,54 @@ impl<'a> Search<'a> {
         part
     }
 
-    /// Best-improvement local search over role changes and worker↔server swaps.
+    /// Calls `f` with every split of `left` model blocks over `servers[x..]`.
+    fn each_split(
+        &self,
+        servers: &[usize],
+        x: usize,
+        left: u32,
+        l: &mut Vec<u32>,
+        f: &mut dyn FnMut(&[u32]),
+    ) {
+        if x + 1 == servers.len() {
+            l[servers[x]] = left;
+            f(l);
+            l[servers[x]] = 0;
+            return;
+        }
+        for v in 0..=left {
+            l[servers[x]] = v;
+            self.each_split(servers, x + 1, left - v, l, f);
+        }
+        l[servers[x]] = 0;
+    }
+
+    /// Records `cand` in `best` if it beats both `best` and `t`.
+    fn consider(&mut self, cand: Vec<Role>, t: f64, best: &mut Option<(f64, Vec<Role>)>) {
+        if let Some(v) = self.value(&cand) {
+            let bar = best.as_ref().map_or(t, |b| b.0);
+            if better(v, bar) {
+                *best = Some((v, cand));
+            }
+        }
+    }
+
+    /// Best-improvement local search: single role changes and worker↔server swaps;
+    /// when those are exhausted, changes of two containers at once.
     fn local_search(&mut self, mut roles: Vec<Role>) -> (f64, Vec<Role>) {
+        const ROLES: [Role; 3] = [Role::Worker, Role::Server, Role::Idle];
         let n = roles.len();
         let Some(mut t) = self.value(&roles) else {
             return (f64::INFINITY, roles);
         };
         loop {
             let mut best: Option<(f64, Vec<Role>)> = None;
-            let mut consider = |this: &mut Self, cand: Vec<Role>| {
-                if let Some(v) = this.value(&cand) {
-                    let bar = best.as_ref().map_or(t, |b| b.0);
-                    if better(v, bar) {
-                        best = Some((v, cand));
-                    }
-                }
-            };
             for i in 0..n {
-                for r in [Role::Worker, Role::Server, Role::Idle] {
+                for r in ROLES {
                     if roles[i] != r {
                         let mut c = roles.clone();
                         c[i] = r;
-                        consider(self, c);
+                        self.consider(c, t, &mut best);
                     }
                 }
             }
@@ -513,7 +658,21 @@ impl<'a> Search<'a> {
                     if roles[j] == Role::Server {
                         let mut c = roles.clone();
                         c.swap(i, j);
-                        consider(self, c);
+                        self.consider(c, t, &mut best);
+                    }
+                }
+            }
+            if best.is_none() {
+                for i in 0..n {
+                    for j in (i + 1)..n {
+                        for ri in ROLES.into_iter().filter(|&r| r != roles[i]) {
+                            for rj in ROLES.into_iter().filter(|&r| r != roles[j]) {
+                                let mut c = roles.clone();
+                                c[i] = ri;
+                                c[j] = rj;
+                                self.consider(c, t, &mut best);
+                            }
+                        }
                     }
                 }
             }
@@ -586,6 +745,28 @@ impl<'a> Search<'a> {
             None => self.data(&workers, &servers, l),
         }
     }
+}
+
+/// Largest number of model splits [`Search::polish`] enumerates exhaustively.
+const EXACT_MODEL_SPLITS: u64 = 4096;
+
+/// Whether `total` blocks can be split over `parts` servers in at most `limit` ways,
+/// i.e. `C(total + parts − 1, parts − 1) ≤ limit`.
+fn splits_at_most(total: u32, parts: usize, limit: u64) -> bool {
+    if parts == 0 {
+        return false;
+    }
+    let (n, k) = (u64::from(total) + parts as u64 - 1, parts as u64 - 1);
+    let k = k.min(n - k);
+    let mut c: u64 = 1;
+    for i in 0..k {
+        // c = C(n, i + 1), exact at every step.
+        c = c * (n - i) / (i + 1);
+        if c > limit {
+            return false;
+        }
+    }
+    c <= limit
 }
 
 /// Counts within `[lo, hi]` summing to `total`, as close to `want` as possible
