@@ -1,6 +1,6 @@
 //! Shared helpers for the integration tests: random heterogeneous instances and an
 //! independent implementation of the cost model used as an oracle.
-#![allow(dead_code)]
+#![allow(dead_code, clippy::needless_range_loop)]
 
 use cruise_optimizer::{ContainerMetrics, Job, Link, Role, Snapshot};
 use proptest::prelude::*;
