@@ -17,7 +17,7 @@
 //!
 //! [`ReconfigCostModel`] predicts a plan's duration: per operation kind,
 //! `secs = a + b · bytes` (bytes only for moves), learned from the durations of past
-//! plans by ridge regression towards a conservative prior, then combined along the
+//! plans by a least-squares fit shrunk towards a conservative prior, then combined along the
 //! plan's DAG as `max(critical path, total work / parallelism)`.
 
 use std::collections::BTreeMap;
@@ -83,7 +83,8 @@ pub struct ReconfigCostModel {
 
 impl Default for ReconfigCostModel {
     /// A conservative prior: add 10 s, delete 5 s, switch 2 s, a move 1 s plus
-    /// 10 MB/s, weighted as 2 observations at 64 MiB per move.
+    /// 10 MB/s, weighted as 2 observations (of 1 MiB for the per-byte part), so a few
+    /// real plans outweigh it.
     fn default() -> Self {
         let mv = OpCost {
             per_op: 1.0,
@@ -116,7 +117,7 @@ impl Default for ReconfigCostModel {
         ]
         .into_iter()
         .collect();
-        ReconfigCostModel::with_prior(prior, 2.0, 64.0 * 1024.0 * 1024.0)
+        ReconfigCostModel::with_prior(prior, 2.0, 1024.0 * 1024.0)
     }
 }
 
@@ -139,20 +140,22 @@ impl ReconfigCostModel {
             per_byte: 0.0,
         });
         let s = self.sums.get(&kind).copied().unwrap_or_default();
-        let la = self.prior_weight;
-        let lb = self.prior_weight * self.prior_bytes * self.prior_bytes;
-        // Ridge normal equations for (a, b) pulled towards the prior.
-        let (a11, a12, a22) = (s.n + la, s.x, s.xx + lb);
-        let (r1, r2) = (s.y + la * p.per_op, s.xy + lb * p.per_byte);
-        let det = a11 * a22 - a12 * a12;
-        if det.abs() < f64::MIN_POSITIVE || !det.is_finite() {
+        if s.n == 0.0 {
             return p;
         }
-        let a = (r1 * a22 - a12 * r2) / det;
-        let b = (a11 * r2 - a12 * r1) / det;
+        // Slope from the centred data, shrunk towards the prior slope; then the
+        // intercept from the means, shrunk towards the prior intercept. Centring keeps
+        // the intercept's prior from tilting the slope.
+        let la = self.prior_weight;
+        let lb = self.prior_weight * self.prior_bytes * self.prior_bytes;
+        let (mx, my) = (s.x / s.n, s.y / s.n);
+        let sxx = (s.xx - s.n * mx * mx).max(0.0);
+        let sxy = s.xy - s.n * mx * my;
+        let b = ((sxy + lb * p.per_byte) / (sxx + lb)).max(0.0);
+        let a = ((s.n * (my - b * mx) + la * p.per_op) / (s.n + la)).max(0.0);
         OpCost {
-            per_op: a.max(0.0),
-            per_byte: b.max(0.0),
+            per_op: a,
+            per_byte: b,
         }
     }
 
