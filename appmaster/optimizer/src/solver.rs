@@ -13,7 +13,10 @@
 //!   prefix splits of three orderings (by compute cost, by serving cost, by their
 //!   ratio) and the current roles are the starting points, then best-improvement local
 //!   search over single role changes (worker/server/idle) and worker↔server swaps,
-//!   memoised. Ties prefer the configuration closest to the current one, and block
+//!   then, from the best, also over changes of two containers at once; memoised.
+//!   Up to [`SearchOptions::exhaustive_up_to`] containers (10) all `3^N` role
+//!   assignments are enumerated instead, and model splits are enumerated exactly when
+//!   there are at most 4096 of them. Ties prefer the configuration closest to the current one, and block
 //!   counts are aligned with the current ones where that costs nothing, so a job at
 //!   its optimum gets back its own configuration.
 
@@ -230,7 +233,7 @@ pub struct SearchOptions {
 impl Default for SearchOptions {
     fn default() -> Self {
         SearchOptions {
-            exhaustive_up_to: 9,
+            exhaustive_up_to: 10,
             polish_candidates: 64,
         }
     }
@@ -285,19 +288,33 @@ pub fn solve_heterogeneous_with(
         let mut order: Vec<usize> = (0..n).collect();
         order.sort_by(|&a, &b| key(a).total_cmp(&key(b)).then(a.cmp(&b)));
         let mut best: Option<(f64, Vec<Role>)> = None;
-        // The first w of the ordering work; the best s of the rest (by serving cost)
-        // serve; the others idle.
-        for w in 1..n.min(job.input_blocks as usize + 1) {
-            let mut base = vec![Role::Idle; n];
+        // The first w of the ordering work, the rest serve; then, for the three best w,
+        // only the best s of the rest (by serving cost) serve and the others idle.
+        let w_max = n.min(job.input_blocks as usize + 1);
+        let mut by_w: Vec<(f64, usize)> = Vec::new();
+        for w in 1..w_max {
+            let mut roles = vec![Role::Server; n];
             for &i in &order[..w] {
-                base[i] = Role::Worker;
+                roles[i] = Role::Worker;
+            }
+            if let Some(t) = search.value(&roles) {
+                by_w.push((t, w));
+                if best.as_ref().is_none_or(|(bt, _)| better(t, *bt)) {
+                    best = Some((t, roles));
+                }
+            }
+        }
+        by_w.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+        for &(_, w) in by_w.iter().take(3) {
+            let mut roles = vec![Role::Idle; n];
+            for &i in &order[..w] {
+                roles[i] = Role::Worker;
             }
             let rest: Vec<usize> = by_serving
                 .iter()
                 .copied()
-                .filter(|&i| base[i] != Role::Worker)
+                .filter(|&i| roles[i] != Role::Worker)
                 .collect();
-            let mut roles = base;
             for &j in rest.iter().take(job.model_blocks as usize) {
                 roles[j] = Role::Server;
                 if let Some(t) = search.value(&roles)
@@ -311,6 +328,17 @@ pub fn solve_heterogeneous_with(
             starts.push(r);
         }
     }
+    // Local search from the current roles and the distinct starting points (the two
+    // best of them above 24 containers).
+    starts.sort_by(|a, b| {
+        let (va, vb) = (search.value(a), search.value(b));
+        va.unwrap_or(f64::INFINITY)
+            .total_cmp(&vb.unwrap_or(f64::INFINITY))
+    });
+    starts.dedup();
+    if n > 24 {
+        starts.truncate(2);
+    }
     if search.value(&current).is_some() {
         starts.insert(0, current.clone());
     }
@@ -321,7 +349,7 @@ pub fn solve_heterogeneous_with(
             continue;
         }
         seen_starts.push(start.clone());
-        let (t, roles) = search.local_search(start);
+        let (t, roles) = search.local_search(start, false);
         let replace = match &best {
             None => true,
             Some((bt, br)) => {
@@ -336,6 +364,9 @@ pub fn solve_heterogeneous_with(
     let (_, roles) = best.ok_or_else(|| {
         OptimizerError::Infeasible("no role assignment has a worker and a server".into())
     })?;
+    // Two-container moves only from the best single-move optimum: they are the
+    // expensive part (O(N²) neighbours).
+    let (_, roles) = search.local_search(roles, true);
     let part = search
         .partition(&roles)
         .ok_or_else(|| OptimizerError::Infeasible("best roles lost feasibility".into()))?;
@@ -631,9 +662,10 @@ impl<'a> Search<'a> {
         }
     }
 
-    /// Best-improvement local search: single role changes and worker↔server swaps;
-    /// when those are exhausted, changes of two containers at once.
-    fn local_search(&mut self, mut roles: Vec<Role>) -> (f64, Vec<Role>) {
+    /// Best-improvement local search over single role changes and worker↔server swaps;
+    /// when those are exhausted and `pairs` is set, the first improving change of two
+    /// containers at once is taken and the search goes on.
+    fn local_search(&mut self, mut roles: Vec<Role>, pairs: bool) -> (f64, Vec<Role>) {
         const ROLES: [Role; 3] = [Role::Worker, Role::Server, Role::Idle];
         let n = roles.len();
         let Some(mut t) = self.value(&roles) else {
@@ -662,11 +694,14 @@ impl<'a> Search<'a> {
                     }
                 }
             }
-            if best.is_none() {
+            if best.is_none() && pairs {
                 for i in 0..n {
                     for j in (i + 1)..n {
                         for ri in ROLES.into_iter().filter(|&r| r != roles[i]) {
                             for rj in ROLES.into_iter().filter(|&r| r != roles[j]) {
+                                if best.is_some() {
+                                    break;
+                                }
                                 let mut c = roles.clone();
                                 c[i] = ri;
                                 c[j] = rj;
