@@ -75,7 +75,7 @@ fn bench(c: &mut Criterion) {
     g.finish();
     let mut g = c.benchmark_group("heterogeneous");
     g.sample_size(10);
-    for n in [8usize, 16, 32, 64] {
+    for n in [8usize, 10, 16, 32, 64] {
         let model = CostModel::new(&heterogeneous(n)).expect("valid snapshot");
         g.bench_with_input(BenchmarkId::from_parameter(n), &model, |b, m| {
             b.iter(|| solve(black_box(m)).map(|s| s.epoch_secs))

@@ -49,6 +49,34 @@
 //! assert!(h.splits.iter().all(|s| s.epoch_secs >= h.best.epoch_secs));
 //! ```
 //!
+//! ## Snapshot JSON
+//!
+//! ```json
+//! {
+//!   "job": {
+//!     "total_records": 100000, "mini_batch_size": 1000,
+//!     "bytes_per_mini_batch": 4000000.0,
+//!     "input_blocks": 8, "model_blocks": 4, "remaining_epochs": 20.0,
+//!     "input_bytes": 800000000, "model_bytes": 40000000
+//!   },
+//!   "containers": [
+//!     {"id": "e1", "role": "worker", "compute_secs_per_record": 0.0001,
+//!      "bandwidth_bytes_per_sec": 1.25e8, "input_blocks": 8, "mini_batches": 30},
+//!     {"id": "e3", "role": "server", "bandwidth_bytes_per_sec": 1.25e8,
+//!      "server_secs_per_byte": 1e-9, "cpu_speed": 1.0, "model_blocks": 4},
+//!     {"id": "e4", "role": "idle", "bandwidth_bytes_per_sec": 6.25e8, "cpu_speed": 4.0,
+//!      "reclaimed": false}
+//!   ],
+//!   "links": [{"from": "e1", "to": "e3", "bytes_per_sec": 1.0e8}]
+//! }
+//! ```
+//!
+//! Optional per container: `compute_secs_per_record`, `cpu_speed`,
+//! `server_secs_per_byte` (estimated from the others via `cpu_speed` when absent),
+//! `input_blocks`, `model_blocks`, `mini_batches` (default 0), `reclaimed` (default
+//! false). `links` and the job's `input_bytes`/`model_bytes` are optional. Unknown
+//! fields are rejected. Parse with [`Snapshot::from_json`].
+//!
 //! ## What differs from the original Cruise
 //!
 //! * Bandwidth is measured per container and optionally per pair, not read from a file.
