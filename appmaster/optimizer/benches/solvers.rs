@@ -1,0 +1,88 @@
+//! Solver cost versus cluster size: the homogeneous closed form up to N = 10,000 and
+//! the heterogeneous search up to N = 64 (deterministic pseudo-random containers).
+
+use std::hint::black_box;
+
+use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
+use cruise_optimizer::{
+    ContainerMetrics, CostModel, Job, Role, Snapshot, Uniform, solve, solve_homogeneous,
+};
+
+fn job(n: usize) -> Job {
+    Job {
+        total_records: 1_000_000,
+        mini_batch_size: 1_000,
+        bytes_per_mini_batch: 4.0e6,
+        input_blocks: (4 * n) as u32,
+        model_blocks: (2 * n) as u32,
+        remaining_epochs: 100.0,
+        input_bytes: 0,
+        model_bytes: 0,
+    }
+}
+
+/// Two machine types (like the paper's r4.xlarge / r4.4xlarge) with ±10% noise.
+fn heterogeneous(n: usize) -> Snapshot {
+    let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+    let mut next = || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        0.9 + 0.2 * (x % 10_000) as f64 / 10_000.0
+    };
+    let containers = (0..n)
+        .map(|i| {
+            let fast = i % 8 == 0;
+            let (c, b) = if fast {
+                (2.5e-5, 6.0e8)
+            } else {
+                (1.0e-4, 1.5e8)
+            };
+            ContainerMetrics {
+                id: format!("c{i:03}"),
+                role: Role::Idle,
+                compute_secs_per_record: Some(c * next()),
+                cpu_speed: None,
+                bandwidth_bytes_per_sec: b * next(),
+                server_secs_per_byte: Some(2e-10 * next()),
+                input_blocks: 0,
+                model_blocks: 0,
+                mini_batches: 10,
+                reclaimed: false,
+            }
+        })
+        .collect();
+    Snapshot {
+        job: job(n),
+        containers,
+        links: vec![],
+    }
+}
+
+fn bench(c: &mut Criterion) {
+    let u = Uniform {
+        compute_secs_per_record: 1e-4,
+        bandwidth_bytes_per_sec: 1.5e8,
+        server_secs_per_byte: 2e-10,
+    };
+    let mut g = c.benchmark_group("homogeneous");
+    for n in [10usize, 100, 1_000, 10_000] {
+        let j = job(n);
+        g.bench_with_input(BenchmarkId::from_parameter(n), &n, |b, &n| {
+            b.iter(|| solve_homogeneous(black_box(&j), n, &u).map(|h| h.best))
+        });
+    }
+    g.finish();
+    let mut g = c.benchmark_group("heterogeneous");
+    g.sample_size(10);
+    for n in [8usize, 10, 16, 32, 64] {
+        let model = CostModel::new(&heterogeneous(n)).expect("valid snapshot");
+        g.bench_with_input(BenchmarkId::from_parameter(n), &model, |b, m| {
+            b.iter(|| solve(black_box(m)).map(|s| s.epoch_secs))
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

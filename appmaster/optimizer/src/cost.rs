@@ -1,0 +1,672 @@
+//! The cost model: Cruise Eq. (1)–(4) with push traffic and server processing time.
+//!
+//! For a worker `i` holding `d_i` records, with `w` active workers and servers `j`
+//! holding model share `m_j` (fraction of the model blocks), per mini-batch:
+//!
+//! ```text
+//! server_bound_ij = w · m_j · M · (1/b_ij + p_j)      (server j's link and CPU, shared by all workers)
+//! worker_bound_i  = Σ_j m_j · M / b_ij               (worker i's own link)
+//! comm_i          = max( max_j server_bound_ij, worker_bound_i )
+//! C_i             = c_i · d_i + ⌈d_i / B⌉ · comm_i
+//! C               = max_i C_i
+//! ```
+//!
+//! `M` is the bytes a worker exchanges per mini-batch (pull + push), `c_i` the compute
+//! seconds per record, `p_j` the server's processing seconds per byte and `b_ij` the
+//! measured link bandwidth (or `min(b_i, b_j)`). Records come in whole input blocks of
+//! `D / K` records, model shares in whole blocks of `1 / L`. A worker with no block is
+//! inactive (it neither computes nor talks), a server with no block is not asked.
+//! The [`CostModel`] owns the resolved per-container numbers after the fallbacks for
+//! unmeasured containers have been applied.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::OptimizerError;
+use crate::snapshot::{Job, Role, Snapshot};
+
+/// The role and block counts of one container in a configuration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Placement {
+    /// Role.
+    pub role: Role,
+    /// Input blocks held (workers only).
+    pub input_blocks: u32,
+    /// Model blocks held (servers only).
+    pub model_blocks: u32,
+}
+
+impl Placement {
+    /// An idle container holding nothing.
+    pub const IDLE: Placement = Placement {
+        role: Role::Idle,
+        input_blocks: 0,
+        model_blocks: 0,
+    };
+}
+
+/// A configuration by counts: container id → placement. Missing containers are idle.
+pub type Target = BTreeMap<String, Placement>;
+
+/// What bounds a worker's communication time per mini-batch.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CommBound {
+    /// The named server (its link or its CPU, shared by all workers) is the bottleneck.
+    Server {
+        /// Server container id.
+        container: String,
+    },
+    /// The worker's own link is the bottleneck.
+    Worker,
+}
+
+/// Cost of one active worker for one epoch.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WorkerCost {
+    /// Worker container id.
+    pub container: String,
+    /// Records it processes per epoch.
+    pub records: f64,
+    /// Mini-batches per epoch, `⌈records / B⌉`.
+    pub mini_batches: u64,
+    /// Computation seconds per epoch.
+    pub comp_secs: f64,
+    /// Communication seconds per epoch.
+    pub comm_secs: f64,
+    /// `comp_secs + comm_secs`.
+    pub total_secs: f64,
+    /// What bounds its communication.
+    pub comm_bound: CommBound,
+}
+
+/// Whether the slowest worker is bound by compute or by communication.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Bottleneck {
+    /// The slowest worker spends more time computing than communicating.
+    Compute {
+        /// The slowest worker.
+        worker: String,
+    },
+    /// The slowest worker spends more time communicating.
+    Communication {
+        /// The slowest worker.
+        worker: String,
+        /// What bounds its communication.
+        bound: CommBound,
+    },
+}
+
+/// Predicted epoch time of a configuration, with its parts.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Breakdown {
+    /// Epoch time `C = max_i C_i` in seconds.
+    pub epoch_secs: f64,
+    /// Active workers (holding at least one input block), in container order.
+    pub workers: Vec<WorkerCost>,
+    /// Number of servers holding at least one model block.
+    pub active_servers: usize,
+    /// What limits the epoch time.
+    pub bottleneck: Bottleneck,
+}
+
+/// Resolved per-container costs for the usable containers of a snapshot.
+#[derive(Debug, Clone)]
+pub struct CostModel {
+    job: Job,
+    ids: Vec<String>,
+    current: Vec<Placement>,
+    compute: Vec<f64>,
+    bandwidth: Vec<f64>,
+    server_proc: Vec<f64>,
+    /// Row-major `n × n` seconds per byte `1 / b_ij`, only when links were measured.
+    inv_links: Option<Vec<f64>>,
+}
+
+impl CostModel {
+    /// Builds the model over the snapshot's containers that are not reclaimed (the ones a
+    /// future configuration may use). Fallbacks for unmeasured containers: see
+    /// [`crate::snapshot::ContainerMetrics`].
+    pub fn new(snapshot: &Snapshot) -> Result<CostModel, OptimizerError> {
+        Self::build(snapshot, false)
+    }
+
+    /// Builds the model over all containers, reclaimed ones included (to price the
+    /// configuration that runs now).
+    pub fn including_reclaimed(snapshot: &Snapshot) -> Result<CostModel, OptimizerError> {
+        Self::build(snapshot, true)
+    }
+
+    fn build(snapshot: &Snapshot, with_reclaimed: bool) -> Result<CostModel, OptimizerError> {
+        snapshot.validate()?;
+        let speed = |c: &crate::snapshot::ContainerMetrics| c.cpu_speed.unwrap_or(1.0);
+        let reference = |f: &dyn Fn(&crate::snapshot::ContainerMetrics) -> Option<f64>| {
+            let measured: Vec<f64> = snapshot
+                .containers
+                .iter()
+                .filter_map(|c| f(c).map(|v| v * speed(c)))
+                .collect();
+            if measured.is_empty() {
+                None
+            } else {
+                Some(measured.iter().sum::<f64>() / measured.len() as f64)
+            }
+        };
+        let compute_ref = reference(&|c| c.compute_secs_per_record);
+        let proc_ref = reference(&|c| c.server_secs_per_byte).unwrap_or(0.0);
+        let kept: Vec<&crate::snapshot::ContainerMetrics> = snapshot
+            .containers
+            .iter()
+            .filter(|c| with_reclaimed || !c.reclaimed)
+            .collect();
+        let mut compute = Vec::with_capacity(kept.len());
+        for c in &kept {
+            compute.push(match (c.compute_secs_per_record, compute_ref) {
+                (Some(v), _) => v,
+                (None, Some(r)) => r / speed(c),
+                (None, None) => return Err(OptimizerError::NoComputeMeasurement),
+            });
+        }
+        let server_proc = kept
+            .iter()
+            .map(|c| c.server_secs_per_byte.unwrap_or(proc_ref / speed(c)))
+            .collect();
+        let bandwidth: Vec<f64> = kept.iter().map(|c| c.bandwidth_bytes_per_sec).collect();
+        let ids: Vec<String> = kept.iter().map(|c| c.id.clone()).collect();
+        let inv_links = if snapshot.links.is_empty() {
+            None
+        } else {
+            let n = ids.len();
+            let index: BTreeMap<&str, usize> = ids
+                .iter()
+                .enumerate()
+                .map(|(i, s)| (s.as_str(), i))
+                .collect();
+            let mut m = vec![0.0; n * n];
+            let mut measured = vec![false; n * n];
+            for i in 0..n {
+                for j in 0..n {
+                    m[i * n + j] = 1.0 / bandwidth[i].min(bandwidth[j]);
+                }
+            }
+            for l in &snapshot.links {
+                if let (Some(&i), Some(&j)) = (index.get(l.from.as_str()), index.get(l.to.as_str()))
+                {
+                    if !measured[i * n + j] || 1.0 / l.bytes_per_sec > m[i * n + j] {
+                        m[i * n + j] = 1.0 / l.bytes_per_sec;
+                        m[j * n + i] = 1.0 / l.bytes_per_sec;
+                    }
+                    measured[i * n + j] = true;
+                    measured[j * n + i] = true;
+                }
+            }
+            Some(m)
+        };
+        let current = kept
+            .iter()
+            .map(|c| Placement {
+                role: c.role,
+                input_blocks: c.input_blocks,
+                model_blocks: c.model_blocks,
+            })
+            .collect();
+        Ok(CostModel {
+            job: snapshot.job.clone(),
+            ids,
+            current,
+            compute,
+            bandwidth,
+            server_proc,
+            inv_links,
+        })
+    }
+
+    /// The job parameters.
+    pub fn job(&self) -> &Job {
+        &self.job
+    }
+
+    /// Container ids, in model order.
+    pub fn ids(&self) -> &[String] {
+        &self.ids
+    }
+
+    /// The configuration the snapshot reports as running now (by counts).
+    pub fn current(&self) -> Target {
+        self.ids
+            .iter()
+            .cloned()
+            .zip(self.current.iter().copied())
+            .collect()
+    }
+
+    pub(crate) fn current_placements(&self) -> &[Placement] {
+        &self.current
+    }
+
+    /// Resolved compute seconds per record of container `i` (model order).
+    pub fn compute_secs_per_record(&self, i: usize) -> f64 {
+        self.compute[i]
+    }
+
+    /// Bandwidth of container `i` in bytes/s.
+    pub fn bandwidth(&self, i: usize) -> f64 {
+        self.bandwidth[i]
+    }
+
+    /// Resolved server processing seconds per byte of container `i`.
+    pub fn server_secs_per_byte(&self, i: usize) -> f64 {
+        self.server_proc[i]
+    }
+
+    /// Whether pairwise link measurements are used.
+    pub fn has_links(&self) -> bool {
+        self.inv_links.is_some()
+    }
+
+    /// Number of containers.
+    pub fn len(&self) -> usize {
+        self.ids.len()
+    }
+
+    /// Whether there are no containers.
+    pub fn is_empty(&self) -> bool {
+        self.ids.is_empty()
+    }
+
+    /// Seconds per byte between containers `i` and `j`.
+    #[inline]
+    pub(crate) fn inv_bw(&self, i: usize, j: usize) -> f64 {
+        match &self.inv_links {
+            Some(m) => m[i * self.ids.len() + j],
+            None => 1.0 / self.bandwidth[i].min(self.bandwidth[j]),
+        }
+    }
+
+    /// Records in `k` input blocks.
+    #[inline]
+    pub(crate) fn records(&self, k: u32) -> f64 {
+        self.job.total_records as f64 * f64::from(k) / f64::from(self.job.input_blocks)
+    }
+
+    /// Mini-batches for `k` input blocks: `⌈D·k / (K·B)⌉`, computed exactly.
+    #[inline]
+    pub(crate) fn batches(&self, k: u32) -> u64 {
+        batches(&self.job, k)
+    }
+
+    /// Epoch time of worker `i` with `k` blocks and per-mini-batch communication `g`.
+    #[inline]
+    pub(crate) fn worker_time(&self, i: usize, k: u32, g: f64) -> f64 {
+        if k == 0 {
+            return 0.0;
+        }
+        self.compute[i] * self.records(k) + self.batches(k) as f64 * g
+    }
+
+    /// Per-mini-batch communication seconds of worker `i`, with `w` active workers and
+    /// the given servers `(index, model blocks)`; returns the bounding server index
+    /// (`None` when the worker's own link bounds it).
+    pub(crate) fn comm_per_batch(
+        &self,
+        i: usize,
+        w: usize,
+        servers: &[(usize, u32)],
+    ) -> (f64, Option<usize>) {
+        let m_bytes = self.job.bytes_per_mini_batch;
+        let l_total = f64::from(self.job.model_blocks);
+        let mut worst = 0.0f64;
+        let mut worst_j = None;
+        let mut own = 0.0f64;
+        for &(j, l) in servers {
+            if l == 0 {
+                continue;
+            }
+            let share = f64::from(l) / l_total;
+            let inv = self.inv_bw(i, j);
+            let sb = w as f64 * share * m_bytes * (inv + self.server_proc[j]);
+            if sb > worst || worst_j.is_none() {
+                worst = sb;
+                worst_j = Some(j);
+            }
+            own += share * m_bytes * inv;
+        }
+        if own > worst {
+            (own, None)
+        } else {
+            (worst, worst_j)
+        }
+    }
+
+    /// Predicted epoch time of `target` (containers of this model that are missing from
+    /// it are idle), with a per-worker breakdown.
+    pub fn evaluate(&self, target: &Target) -> Result<Breakdown, OptimizerError> {
+        for id in target.keys() {
+            if !self.ids.contains(id) {
+                return Err(OptimizerError::UnknownContainer {
+                    container: id.clone(),
+                    context: "target".into(),
+                });
+            }
+        }
+        let placements: Vec<Placement> = self
+            .ids
+            .iter()
+            .map(|id| target.get(id).copied().unwrap_or(Placement::IDLE))
+            .collect();
+        self.evaluate_placements(&placements)
+    }
+
+    pub(crate) fn evaluate_placements(
+        &self,
+        placements: &[Placement],
+    ) -> Result<Breakdown, OptimizerError> {
+        let (mut input, mut model) = (0u64, 0u64);
+        for (id, p) in self.ids.iter().zip(placements) {
+            if p.input_blocks > 0 && p.role != Role::Worker {
+                return Err(OptimizerError::InconsistentBlocks(format!(
+                    "`{id}` holds input blocks but is not a worker"
+                )));
+            }
+            if p.model_blocks > 0 && p.role != Role::Server {
+                return Err(OptimizerError::InconsistentBlocks(format!(
+                    "`{id}` holds model blocks but is not a server"
+                )));
+            }
+            input += u64::from(p.input_blocks);
+            model += u64::from(p.model_blocks);
+        }
+        if input != u64::from(self.job.input_blocks) || model != u64::from(self.job.model_blocks) {
+            return Err(OptimizerError::InconsistentBlocks(format!(
+                "configuration holds {input}/{} input and {model}/{} model blocks",
+                self.job.input_blocks, self.job.model_blocks
+            )));
+        }
+        let servers: Vec<(usize, u32)> = placements
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| p.model_blocks > 0)
+            .map(|(j, p)| (j, p.model_blocks))
+            .collect();
+        let workers: Vec<(usize, u32)> = placements
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| p.input_blocks > 0)
+            .map(|(i, p)| (i, p.input_blocks))
+            .collect();
+        let w = workers.len();
+        let mut out = Vec::with_capacity(w);
+        for &(i, k) in &workers {
+            let (g, bound) = self.comm_per_batch(i, w, &servers);
+            let nb = self.batches(k);
+            let comp = self.compute[i] * self.records(k);
+            let comm = nb as f64 * g;
+            out.push(WorkerCost {
+                container: self.ids[i].clone(),
+                records: self.records(k),
+                mini_batches: nb,
+                comp_secs: comp,
+                comm_secs: comm,
+                total_secs: comp + comm,
+                comm_bound: match bound {
+                    Some(j) => CommBound::Server {
+                        container: self.ids[j].clone(),
+                    },
+                    None => CommBound::Worker,
+                },
+            });
+        }
+        let slowest = out
+            .iter()
+            .max_by(|a, b| a.total_secs.total_cmp(&b.total_secs))
+            .ok_or_else(|| OptimizerError::Infeasible("no active worker".into()))?;
+        let bottleneck = if slowest.comp_secs >= slowest.comm_secs {
+            Bottleneck::Compute {
+                worker: slowest.container.clone(),
+            }
+        } else {
+            Bottleneck::Communication {
+                worker: slowest.container.clone(),
+                bound: slowest.comm_bound.clone(),
+            }
+        };
+        Ok(Breakdown {
+            epoch_secs: slowest.total_secs,
+            workers: out,
+            active_servers: servers.len(),
+            bottleneck,
+        })
+    }
+}
+
+/// `⌈D·k / (K·B)⌉` in exact integer arithmetic.
+pub(crate) fn batches(job: &Job, k: u32) -> u64 {
+    let num = u128::from(job.total_records) * u128::from(k);
+    let den = u128::from(job.input_blocks) * u128::from(job.mini_batch_size);
+    if den == 0 {
+        return 0;
+    }
+    num.div_ceil(den) as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::snapshot::{ContainerMetrics, Link};
+
+    fn container(id: &str, role: Role, c: Option<f64>, b: f64, p: Option<f64>) -> ContainerMetrics {
+        ContainerMetrics {
+            id: id.into(),
+            role,
+            compute_secs_per_record: c,
+            cpu_speed: None,
+            bandwidth_bytes_per_sec: b,
+            server_secs_per_byte: p,
+            input_blocks: 0,
+            model_blocks: 0,
+            mini_batches: 0,
+            reclaimed: false,
+        }
+    }
+
+    fn job(d: u64, b: u64, m: f64, k: u32, l: u32) -> Job {
+        Job {
+            total_records: d,
+            mini_batch_size: b,
+            bytes_per_mini_batch: m,
+            input_blocks: k,
+            model_blocks: l,
+            remaining_epochs: 10.0,
+            input_bytes: 0,
+            model_bytes: 0,
+        }
+    }
+
+    fn two_by_two(links: Vec<Link>) -> (CostModel, Target) {
+        let snap = Snapshot {
+            job: job(1000, 100, 1000.0, 10, 4),
+            containers: vec![
+                container("w1", Role::Worker, Some(0.01), 1000.0, None),
+                container("w2", Role::Worker, Some(0.02), 500.0, None),
+                container("s1", Role::Server, None, 1000.0, Some(0.001)),
+                container("s2", Role::Server, None, 2000.0, Some(0.0)),
+            ],
+            links,
+        };
+        let model = CostModel::new(&snap).unwrap();
+        let target: Target = [
+            ("w1", Role::Worker, 6, 0),
+            ("w2", Role::Worker, 4, 0),
+            ("s1", Role::Server, 0, 1),
+            ("s2", Role::Server, 0, 3),
+        ]
+        .into_iter()
+        .map(|(id, role, k, l)| {
+            (
+                id.to_string(),
+                Placement {
+                    role,
+                    input_blocks: k,
+                    model_blocks: l,
+                },
+            )
+        })
+        .collect();
+        (model, target)
+    }
+
+    fn close(a: f64, b: f64) {
+        assert!((a - b).abs() <= 1e-9 * b.abs().max(1.0), "{a} != {b}");
+    }
+
+    // Hand computation (w = 2 workers, M = 1000 B):
+    // w1: b=1000 to both servers. server-bound s1 = 2·0.25·1000·(1/1000+0.001) = 1.0,
+    //     s2 = 2·0.75·1000·(1/1000) = 1.5, worker-bound = 1000/1000 = 1.0 → g = 1.5 (s2).
+    //     600 records: comp 6, 6 batches → comm 9, total 15.
+    // w2: b=500 to both. s1 = 500·(0.002+0.001) = 1.5, s2 = 1500·0.002 = 3.0,
+    //     worker-bound = 0.25·2 + 0.75·2 = 2.0 → g = 3.0 (s2).
+    //     400 records: comp 8, 4 batches → comm 12, total 20 → epoch 20.
+    #[test]
+    fn hand_computed_heterogeneous_case() {
+        let (model, target) = two_by_two(vec![]);
+        let b = model.evaluate(&target).unwrap();
+        close(b.epoch_secs, 20.0);
+        assert_eq!(b.workers.len(), 2);
+        close(b.workers[0].comp_secs, 6.0);
+        close(b.workers[0].comm_secs, 9.0);
+        assert_eq!(b.workers[0].mini_batches, 6);
+        close(b.workers[1].comp_secs, 8.0);
+        close(b.workers[1].comm_secs, 12.0);
+        assert_eq!(
+            b.bottleneck,
+            Bottleneck::Communication {
+                worker: "w2".into(),
+                bound: CommBound::Server {
+                    container: "s2".into()
+                }
+            }
+        );
+        assert_eq!(b.active_servers, 2);
+    }
+
+    // With a measured 2000 B/s link w2–s2: s2-bound = 1500/2000 = 0.75, s1-bound 1.5,
+    // worker-bound = 0.25·1000/500 + 0.75·1000/2000 = 0.875 → g = 1.5 (s1), comm 6,
+    // total 14; w1 still 15 → epoch 15, bound by w1's communication via s2.
+    #[test]
+    fn pairwise_link_overrides_min_bandwidth() {
+        let link = Link {
+            from: "s2".into(),
+            to: "w2".into(),
+            bytes_per_sec: 2000.0,
+        };
+        let (model, target) = two_by_two(vec![link]);
+        let b = model.evaluate(&target).unwrap();
+        close(b.workers[1].comm_secs, 6.0);
+        close(b.workers[1].total_secs, 14.0);
+        assert_eq!(
+            b.workers[1].comm_bound,
+            CommBound::Server {
+                container: "s1".into()
+            }
+        );
+        close(b.epoch_secs, 15.0);
+    }
+
+    // One worker, two equal servers: server-bound 1·0.5·300/100 = 1.5 < worker-bound
+    // 300/100 = 3. 100 records in batches of 30 → ⌈100/30⌉ = 4 batches:
+    // comp 0.1 + comm 12 = 12.1, bound by the worker's own link.
+    #[test]
+    fn worker_bound_and_partial_last_batch() {
+        let snap = Snapshot {
+            job: job(100, 30, 300.0, 2, 2),
+            containers: vec![
+                container("w", Role::Worker, Some(0.001), 100.0, None),
+                container("a", Role::Server, None, 100.0, None),
+                container("b", Role::Server, None, 100.0, None),
+            ],
+            links: vec![],
+        };
+        let model = CostModel::new(&snap).unwrap();
+        let mut t = Target::new();
+        t.insert(
+            "w".into(),
+            Placement {
+                role: Role::Worker,
+                input_blocks: 2,
+                model_blocks: 0,
+            },
+        );
+        for s in ["a", "b"] {
+            t.insert(
+                s.into(),
+                Placement {
+                    role: Role::Server,
+                    input_blocks: 0,
+                    model_blocks: 1,
+                },
+            );
+        }
+        let b = model.evaluate(&t).unwrap();
+        assert_eq!(b.workers[0].mini_batches, 4);
+        close(b.epoch_secs, 12.1);
+        assert_eq!(b.workers[0].comm_bound, CommBound::Worker);
+        // No server timing measured anywhere: processing time is taken as 0.
+        assert_eq!(model.server_secs_per_byte(1), 0.0);
+    }
+
+    #[test]
+    fn compute_fallback_uses_speed_factor() {
+        let mut a = container("a", Role::Worker, Some(0.01), 1.0, None);
+        a.cpu_speed = Some(1.0);
+        let mut b = container("b", Role::Worker, Some(0.03), 1.0, None);
+        b.cpu_speed = Some(0.5);
+        let mut n = container("n", Role::Idle, None, 1.0, None);
+        n.cpu_speed = Some(2.0);
+        let plain = container("p", Role::Idle, None, 1.0, None);
+        let mut s = container("s", Role::Server, None, 1.0, Some(4e-9));
+        s.cpu_speed = Some(2.0);
+        let snap = Snapshot {
+            job: job(10, 1, 1.0, 1, 1),
+            containers: vec![a, b, n, plain, s],
+            links: vec![],
+        };
+        let m = CostModel::new(&snap).unwrap();
+        // Reference at speed 1: mean(0.01·1, 0.03·0.5) = 0.0125.
+        close(m.compute_secs_per_record(2), 0.0125 / 2.0);
+        close(m.compute_secs_per_record(3), 0.0125);
+        // Server reference at speed 1: 4e-9·2 = 8e-9; a speed-1 container gets 8e-9.
+        close(m.server_secs_per_byte(0), 8e-9);
+        close(m.server_secs_per_byte(4), 4e-9);
+    }
+
+    #[test]
+    fn no_measurement_at_all_is_an_error() {
+        let snap = Snapshot {
+            job: job(10, 1, 1.0, 1, 1),
+            containers: vec![container("a", Role::Idle, None, 1.0, None)],
+            links: vec![],
+        };
+        assert_eq!(
+            CostModel::new(&snap).unwrap_err(),
+            OptimizerError::NoComputeMeasurement
+        );
+    }
+
+    #[test]
+    fn inconsistent_targets_are_rejected() {
+        let (model, mut target) = two_by_two(vec![]);
+        target.get_mut("w1").unwrap().input_blocks = 5;
+        assert!(matches!(
+            model.evaluate(&target),
+            Err(OptimizerError::InconsistentBlocks(_))
+        ));
+        let (model, mut target) = two_by_two(vec![]);
+        target.insert("zz".into(), Placement::IDLE);
+        assert!(matches!(
+            model.evaluate(&target),
+            Err(OptimizerError::UnknownContainer { .. })
+        ));
+    }
+}

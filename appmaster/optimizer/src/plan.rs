@@ -1,0 +1,584 @@
+//! Reconfiguration plans: the difference between the running configuration and a
+//! target, as a DAG of `Add`, `Delete`, `Switch` and `Move` operations.
+//!
+//! Moves are chosen greedily per table: the container with the largest surplus sends to
+//! the one with the largest deficit, as many blocks as the smaller of the two, until all
+//! are balanced. Every block that moves is one that must move (the total moved equals
+//! the total surplus, the minimum), and each step settles a container, so there are at
+//! most `containers − 1` moves per table.
+//!
+//! Dependencies (an edge `a → b` means `b` starts after `a` succeeded):
+//! * `Add(c)` → every move into `c`;
+//! * every move out of `c` → `Delete(c)`;
+//! * worker→server `Switch(c)`: moves of `c`'s input blocks out → the switch → moves of
+//!   model blocks into `c` (server→worker symmetric).
+//!
+//! The last kind ("move in after the switch") is relaxed when it would close a cycle,
+//! which happens when two containers trade roles and blocks directly; the block then
+//! lands in the store of a container whose role does not use it yet, which the elastic
+//! store allows (a block's owner serves it whatever its role). Relaxed edges are
+//! listed in [`Plan::relaxed`]. Operations are stored in a topological order, so every
+//! dependency points to an earlier operation.
+
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
+
+use serde::{Deserialize, Serialize};
+
+use crate::cost::{Placement, Target};
+use crate::error::OptimizerError;
+use crate::snapshot::Role;
+
+/// A table of the elastic store whose blocks a plan moves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Table {
+    /// Training input (with the worker-local state that moves with it).
+    Input,
+    /// Model parameters.
+    Model,
+}
+
+/// What one container runs and which blocks it owns.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Holding {
+    /// Role.
+    pub role: Role,
+    /// Input block ids owned.
+    pub input: BTreeSet<u32>,
+    /// Model block ids owned.
+    pub model: BTreeSet<u32>,
+}
+
+impl Holding {
+    fn table(&self, t: Table) -> &BTreeSet<u32> {
+        match t {
+            Table::Input => &self.input,
+            Table::Model => &self.model,
+        }
+    }
+    fn table_mut(&mut self, t: Table) -> &mut BTreeSet<u32> {
+        match t {
+            Table::Input => &mut self.input,
+            Table::Model => &mut self.model,
+        }
+    }
+}
+
+/// The running configuration: container id → holding. The AM's ownership table.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Configuration {
+    /// Containers by id.
+    pub containers: BTreeMap<String, Holding>,
+}
+
+impl Configuration {
+    /// Role and block counts of every container.
+    pub fn counts(&self) -> Target {
+        self.containers
+            .iter()
+            .map(|(id, h)| {
+                (
+                    id.clone(),
+                    Placement {
+                        role: h.role,
+                        input_blocks: h.input.len() as u32,
+                        model_blocks: h.model.len() as u32,
+                    },
+                )
+            })
+            .collect()
+    }
+
+    /// Checks that no block has two owners; returns the number of input and model blocks.
+    pub fn validate(&self) -> Result<(u32, u32), OptimizerError> {
+        let mut totals = [0u32; 2];
+        for (x, t) in [Table::Input, Table::Model].into_iter().enumerate() {
+            let mut seen = BTreeSet::new();
+            for (id, h) in &self.containers {
+                for &b in h.table(t) {
+                    if !seen.insert(b) {
+                        return Err(OptimizerError::InconsistentBlocks(format!(
+                            "{t:?} block {b} has two owners (one is `{id}`)"
+                        )));
+                    }
+                }
+            }
+            totals[x] = seen.len() as u32;
+        }
+        Ok((totals[0], totals[1]))
+    }
+
+    /// Owner of every block of `table`.
+    pub fn owners(&self, table: Table) -> BTreeMap<u32, String> {
+        let mut out = BTreeMap::new();
+        for (id, h) in &self.containers {
+            for &b in h.table(table) {
+                out.insert(b, id.clone());
+            }
+        }
+        out
+    }
+}
+
+/// One reconfiguration step (Cruise's Elastic Runtime interface).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum Operation {
+    /// Start `role` on a container the resource manager has just allocated.
+    Add {
+        /// Container id.
+        container: String,
+        /// Worker or server.
+        role: Role,
+    },
+    /// Stop the container's role and release the container (it holds no block by then).
+    Delete {
+        /// Container id.
+        container: String,
+    },
+    /// Change a running container from worker to server or back.
+    Switch {
+        /// Container id.
+        container: String,
+        /// The new role.
+        to_role: Role,
+    },
+    /// Move blocks of one table between containers.
+    Move {
+        /// Which table.
+        table: Table,
+        /// Block ids.
+        blocks: Vec<u32>,
+        /// Source container.
+        from: String,
+        /// Destination container.
+        to: String,
+    },
+}
+
+impl Operation {
+    /// The kind of operation, for cost accounting.
+    pub fn kind(&self) -> OpKind {
+        match self {
+            Operation::Add { .. } => OpKind::Add,
+            Operation::Delete { .. } => OpKind::Delete,
+            Operation::Switch { .. } => OpKind::Switch,
+            Operation::Move { table, .. } => OpKind::Move(*table),
+        }
+    }
+}
+
+/// Operation kinds, with moves split by table (their per-byte costs differ).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OpKind {
+    /// `Add`.
+    Add,
+    /// `Delete`.
+    Delete,
+    /// `Switch`.
+    Switch,
+    /// `Move` of the given table.
+    Move(Table),
+}
+
+/// An operation and the earlier operations it waits for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlannedOp {
+    /// The operation.
+    pub op: Operation,
+    /// Indices (all smaller than this one's) of the operations that must succeed first.
+    pub deps: Vec<usize>,
+}
+
+/// A reconfiguration plan: operations in topological order.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Plan {
+    /// Operations; dependencies point backwards.
+    pub ops: Vec<PlannedOp>,
+    /// "Move in after switch" edges `(switch, move)` left out to avoid a cycle.
+    pub relaxed: Vec<(usize, usize)>,
+}
+
+impl Plan {
+    /// Whether there is nothing to do.
+    pub fn is_empty(&self) -> bool {
+        self.ops.is_empty()
+    }
+
+    /// Number of blocks moved per table `(input, model)`.
+    pub fn blocks_moved(&self) -> (u32, u32) {
+        let mut out = (0, 0);
+        for p in &self.ops {
+            if let Operation::Move { table, blocks, .. } = &p.op {
+                match table {
+                    Table::Input => out.0 += blocks.len() as u32,
+                    Table::Model => out.1 += blocks.len() as u32,
+                }
+            }
+        }
+        out
+    }
+
+    /// Indices of the operations that depend on `op`, directly or transitively.
+    pub fn dependents(&self, op: usize) -> BTreeSet<usize> {
+        let mut out = BTreeSet::new();
+        out.insert(op);
+        for (i, p) in self.ops.iter().enumerate().skip(op + 1) {
+            if p.deps.iter().any(|d| out.contains(d)) {
+                out.insert(i);
+            }
+        }
+        out.remove(&op);
+        out
+    }
+
+    /// Checks that every dependency points to an earlier operation (hence no cycle).
+    pub fn validate(&self) -> Result<(), OptimizerError> {
+        for (i, p) in self.ops.iter().enumerate() {
+            for &d in &p.deps {
+                if d >= i {
+                    return Err(OptimizerError::InvalidPlan(format!(
+                        "operation {i} depends on operation {d}, which is not earlier"
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The plan that turns `current` into `target` (block counts per container; missing
+    /// containers are idle and get deleted).
+    pub fn between(current: &Configuration, target: &Target) -> Result<Plan, OptimizerError> {
+        let (n_input, n_model) = current.validate()?;
+        let (mut t_input, mut t_model) = (0u64, 0u64);
+        for (id, p) in target {
+            if !current.containers.contains_key(id) {
+                return Err(OptimizerError::UnknownContainer {
+                    container: id.clone(),
+                    context: "target (not in the current configuration)".into(),
+                });
+            }
+            let ok = match p.role {
+                Role::Worker => p.model_blocks == 0,
+                Role::Server => p.input_blocks == 0,
+                Role::Idle => p.input_blocks == 0 && p.model_blocks == 0,
+            };
+            if !ok {
+                return Err(OptimizerError::InconsistentBlocks(format!(
+                    "target gives `{id}` ({:?}) {} input and {} model blocks",
+                    p.role, p.input_blocks, p.model_blocks
+                )));
+            }
+            t_input += u64::from(p.input_blocks);
+            t_model += u64::from(p.model_blocks);
+        }
+        if t_input != u64::from(n_input) || t_model != u64::from(n_model) {
+            return Err(OptimizerError::InconsistentBlocks(format!(
+                "target holds {t_input} input and {t_model} model blocks, the configuration {n_input} and {n_model}"
+            )));
+        }
+        let want = |id: &str| target.get(id).copied().unwrap_or(Placement::IDLE);
+
+        let mut ops: Vec<Operation> = Vec::new();
+        let mut add_of = BTreeMap::new();
+        let mut switch_of = BTreeMap::new();
+        let mut delete_of = BTreeMap::new();
+        for (id, h) in &current.containers {
+            let to = want(id).role;
+            match (h.role, to) {
+                (Role::Idle, Role::Worker | Role::Server) => {
+                    add_of.insert(id.clone(), ops.len());
+                    ops.push(Operation::Add {
+                        container: id.clone(),
+                        role: to,
+                    });
+                }
+                (Role::Worker, Role::Server) | (Role::Server, Role::Worker) => {
+                    switch_of.insert(id.clone(), ops.len());
+                    ops.push(Operation::Switch {
+                        container: id.clone(),
+                        to_role: to,
+                    });
+                }
+                _ => {}
+            }
+        }
+        let mut moves: Vec<usize> = Vec::new();
+        for table in [Table::Input, Table::Model] {
+            let mut surplus = BinaryHeap::new();
+            let mut deficit = BinaryHeap::new();
+            let mut pool: BTreeMap<&str, Vec<u32>> = BTreeMap::new();
+            for (id, h) in &current.containers {
+                let have = h.table(table).len() as u32;
+                let need = match table {
+                    Table::Input => want(id).input_blocks,
+                    Table::Model => want(id).model_blocks,
+                };
+                if have > need {
+                    surplus.push((have - need, std::cmp::Reverse(id.as_str())));
+                    // Give away the highest block ids, keep the rest.
+                    let give: Vec<u32> = h
+                        .table(table)
+                        .iter()
+                        .rev()
+                        .take((have - need) as usize)
+                        .copied()
+                        .collect();
+                    pool.insert(id.as_str(), give);
+                } else if need > have {
+                    deficit.push((need - have, std::cmp::Reverse(id.as_str())));
+                }
+            }
+            while let (Some((s, std::cmp::Reverse(src))), Some((d, std::cmp::Reverse(dst)))) =
+                (surplus.pop(), deficit.pop())
+            {
+                let n = s.min(d);
+                let give = pool.get_mut(src).ok_or_else(|| {
+                    OptimizerError::InvalidPlan(format!("no blocks pooled for `{src}`"))
+                })?;
+                let mut blocks: Vec<u32> = give.drain(..n as usize).collect();
+                blocks.sort_unstable();
+                moves.push(ops.len());
+                ops.push(Operation::Move {
+                    table,
+                    blocks,
+                    from: src.to_string(),
+                    to: dst.to_string(),
+                });
+                if s > n {
+                    surplus.push((s - n, std::cmp::Reverse(src)));
+                }
+                if d > n {
+                    deficit.push((d - n, std::cmp::Reverse(dst)));
+                }
+            }
+            if !surplus.is_empty() || !deficit.is_empty() {
+                return Err(OptimizerError::InvalidPlan(format!(
+                    "{table:?} blocks do not balance"
+                )));
+            }
+        }
+        for id in current.containers.keys() {
+            if want(id).role == Role::Idle {
+                delete_of.insert(id.clone(), ops.len());
+                ops.push(Operation::Delete {
+                    container: id.clone(),
+                });
+            }
+        }
+
+        // Hard edges first (they cannot form a cycle), then the soft ones.
+        let mut edges: Vec<BTreeSet<usize>> = vec![BTreeSet::new(); ops.len()];
+        let mut soft = Vec::new();
+        for &mv in &moves {
+            let Operation::Move {
+                table, from, to, ..
+            } = &ops[mv]
+            else {
+                continue;
+            };
+            if let Some(&a) = add_of.get(to) {
+                edges[a].insert(mv);
+            }
+            if let Some(&d) = delete_of.get(from) {
+                edges[mv].insert(d);
+            }
+            if let Some(&s) = switch_of.get(from) {
+                // The source leaves the role that uses this table: move out first.
+                let leaves = matches!(
+                    (table, current.containers.get(from).map(|h| h.role)),
+                    (Table::Input, Some(Role::Worker)) | (Table::Model, Some(Role::Server))
+                );
+                if leaves {
+                    edges[mv].insert(s);
+                }
+            }
+            if let Some(&s) = switch_of.get(to) {
+                let enters = matches!(
+                    (table, want(to).role),
+                    (Table::Input, Role::Worker) | (Table::Model, Role::Server)
+                );
+                if enters {
+                    soft.push((s, mv));
+                }
+            }
+        }
+        let mut relaxed = Vec::new();
+        for (s, mv) in soft {
+            if reaches(&edges, mv, s) {
+                relaxed.push((s, mv));
+            } else {
+                edges[s].insert(mv);
+            }
+        }
+        // Topological order, smallest index first among the ready ones.
+        let mut indeg = vec![0usize; ops.len()];
+        for e in &edges {
+            for &b in e {
+                indeg[b] += 1;
+            }
+        }
+        let mut ready: BTreeSet<usize> = (0..ops.len()).filter(|&i| indeg[i] == 0).collect();
+        let mut order = Vec::with_capacity(ops.len());
+        while let Some(i) = ready.pop_first() {
+            order.push(i);
+            for &b in &edges[i] {
+                indeg[b] -= 1;
+                if indeg[b] == 0 {
+                    ready.insert(b);
+                }
+            }
+        }
+        if order.len() != ops.len() {
+            return Err(OptimizerError::InvalidPlan(
+                "dependency graph has a cycle".into(),
+            ));
+        }
+        let mut pos = vec![0usize; ops.len()];
+        for (new, &old) in order.iter().enumerate() {
+            pos[old] = new;
+        }
+        let mut deps: Vec<Vec<usize>> = vec![Vec::new(); ops.len()];
+        for (a, e) in edges.iter().enumerate() {
+            for &b in e {
+                deps[pos[b]].push(pos[a]);
+            }
+        }
+        let mut slots: Vec<Option<Operation>> = ops.into_iter().map(Some).collect();
+        let mut planned = Vec::with_capacity(order.len());
+        for (new, &old) in order.iter().enumerate() {
+            let op = slots[old]
+                .take()
+                .ok_or_else(|| OptimizerError::InvalidPlan("operation ordered twice".into()))?;
+            let mut d = std::mem::take(&mut deps[new]);
+            d.sort_unstable();
+            planned.push(PlannedOp { op, deps: d });
+        }
+        let plan = Plan {
+            ops: planned,
+            relaxed: relaxed.into_iter().map(|(s, m)| (pos[s], pos[m])).collect(),
+        };
+        plan.validate()?;
+        Ok(plan)
+    }
+
+    /// Applies every operation in plan order to `config`, checking each precondition.
+    pub fn apply(&self, config: &Configuration) -> Result<Configuration, OptimizerError> {
+        self.apply_where(config, |_| true)
+    }
+
+    /// Applies, in plan order, only the operations `i` for which `include(i)` holds
+    /// (e.g. those that succeeded), checking each precondition.
+    pub fn apply_where(
+        &self,
+        config: &Configuration,
+        include: impl Fn(usize) -> bool,
+    ) -> Result<Configuration, OptimizerError> {
+        let mut c = config.clone();
+        for (i, p) in self.ops.iter().enumerate() {
+            if include(i) {
+                apply_op(&mut c, i, &p.op)?;
+            }
+        }
+        Ok(c)
+    }
+}
+
+fn reaches(edges: &[BTreeSet<usize>], from: usize, to: usize) -> bool {
+    let mut stack = vec![from];
+    let mut seen = BTreeSet::new();
+    while let Some(x) = stack.pop() {
+        if x == to {
+            return true;
+        }
+        if seen.insert(x) {
+            stack.extend(edges[x].iter().copied());
+        }
+    }
+    false
+}
+
+/// Applies one operation, checking its preconditions.
+pub fn apply_op(c: &mut Configuration, i: usize, op: &Operation) -> Result<(), OptimizerError> {
+    let fail = |reason: String| OptimizerError::PlanApply { op: i, reason };
+    match op {
+        Operation::Add { container, role } => {
+            let h = c
+                .containers
+                .get_mut(container)
+                .ok_or_else(|| fail(format!("add: unknown container `{container}`")))?;
+            if h.role != Role::Idle || *role == Role::Idle {
+                return Err(fail(format!(
+                    "add `{container}` as {role:?}: it is {:?}",
+                    h.role
+                )));
+            }
+            h.role = *role;
+        }
+        Operation::Delete { container } => {
+            let h = c
+                .containers
+                .get(container)
+                .ok_or_else(|| fail(format!("delete: unknown container `{container}`")))?;
+            if !h.input.is_empty() || !h.model.is_empty() {
+                return Err(fail(format!(
+                    "delete `{container}`: it still owns {} input and {} model blocks",
+                    h.input.len(),
+                    h.model.len()
+                )));
+            }
+            c.containers.remove(container);
+        }
+        Operation::Switch { container, to_role } => {
+            let h = c
+                .containers
+                .get_mut(container)
+                .ok_or_else(|| fail(format!("switch: unknown container `{container}`")))?;
+            let ok = match (h.role, to_role) {
+                (Role::Worker, Role::Server) => h.input.is_empty(),
+                (Role::Server, Role::Worker) => h.model.is_empty(),
+                _ => false,
+            };
+            if !ok {
+                return Err(fail(format!(
+                    "switch `{container}` from {:?} to {to_role:?} holding {} input and {} model blocks",
+                    h.role,
+                    h.input.len(),
+                    h.model.len()
+                )));
+            }
+            h.role = *to_role;
+        }
+        Operation::Move {
+            table,
+            blocks,
+            from,
+            to,
+        } => {
+            if blocks.is_empty() || from == to {
+                return Err(fail(format!("move from `{from}` to `{to}` of no block")));
+            }
+            match c.containers.get(to) {
+                Some(h) if h.role != Role::Idle => {}
+                Some(_) => return Err(fail(format!("move into `{to}`, which runs no role yet"))),
+                None => return Err(fail(format!("move into unknown container `{to}`"))),
+            }
+            let src = c
+                .containers
+                .get_mut(from)
+                .ok_or_else(|| fail(format!("move from unknown container `{from}`")))?;
+            for b in blocks {
+                if !src.table_mut(*table).remove(b) {
+                    return Err(fail(format!("`{from}` does not own {table:?} block {b}")));
+                }
+            }
+            let dst = c
+                .containers
+                .get_mut(to)
+                .ok_or_else(|| fail(format!("move into unknown container `{to}`")))?;
+            dst.table_mut(*table).extend(blocks.iter().copied());
+        }
+    }
+    Ok(())
+}

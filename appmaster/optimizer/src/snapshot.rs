@@ -1,0 +1,247 @@
+//! Inputs of the optimizer: what the AM measured about the job and its containers.
+//!
+//! A [`Snapshot`] is plain data (serde), so the AM can write one to a JSON file and a
+//! what-if tool can read it back. [`Snapshot::from_json`] parses and validates it.
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::OptimizerError;
+
+/// What a container does (or will do) in the job.
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    /// Runs a PS worker: holds input blocks, computes, pulls and pushes.
+    Worker,
+    /// Runs a PS server: holds model blocks, serves pulls, applies pushes.
+    Server,
+    /// Runs neither. In a current configuration: a container just offered by the
+    /// resource manager (needs `Add`). In a target: not used (gets `Delete`d).
+    #[default]
+    Idle,
+}
+
+/// Job-wide parameters.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Job {
+    /// Total number of training records `D`.
+    pub total_records: u64,
+    /// Mini-batch size `B` in records.
+    pub mini_batch_size: u64,
+    /// Bytes one worker exchanges with all servers per mini-batch (pull + push), measured.
+    /// This is the model traffic `M`, split across servers in proportion to their model share.
+    pub bytes_per_mini_batch: f64,
+    /// Number of blocks of the input table (partitions are whole blocks).
+    pub input_blocks: u32,
+    /// Number of blocks of the model table.
+    pub model_blocks: u32,
+    /// Epochs left to train; the payback horizon of a reconfiguration.
+    pub remaining_epochs: f64,
+    /// Size of the input table in bytes (with its worker-local state), for move cost.
+    /// 0 when unknown: moves are then priced per operation only.
+    #[serde(default)]
+    pub input_bytes: u64,
+    /// Size of the model table in bytes, for move cost. 0 when unknown.
+    #[serde(default)]
+    pub model_bytes: u64,
+}
+
+impl Job {
+    /// Bytes of one block of `table` (0 when the table size is unknown).
+    pub fn block_bytes(&self, table: crate::plan::Table) -> f64 {
+        match table {
+            crate::plan::Table::Input if self.input_blocks > 0 => {
+                self.input_bytes as f64 / f64::from(self.input_blocks)
+            }
+            crate::plan::Table::Model if self.model_blocks > 0 => {
+                self.model_bytes as f64 / f64::from(self.model_blocks)
+            }
+            _ => 0.0,
+        }
+    }
+}
+
+/// Measurements of one container.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ContainerMetrics {
+    /// Container id (unique in the snapshot).
+    pub id: String,
+    /// Current role.
+    pub role: Role,
+    /// Measured compute seconds per record (moving average over mini-batches).
+    /// `None` for containers that never ran a worker: then it is estimated as
+    /// `reference / cpu_speed`, where `reference` is the mean over measured containers
+    /// of `compute_secs_per_record * cpu_speed` (their cost at speed 1).
+    #[serde(default)]
+    pub compute_secs_per_record: Option<f64>,
+    /// Relative CPU speed from a calibration run (1.0 = reference; 2.0 = twice as fast).
+    /// `None` means 1.0.
+    #[serde(default)]
+    pub cpu_speed: Option<f64>,
+    /// Measured network bandwidth of the container in bytes/s.
+    pub bandwidth_bytes_per_sec: f64,
+    /// Measured server processing seconds per byte (push apply + pull serve).
+    /// `None` for containers that never served: estimated like the compute cost
+    /// (`reference / cpu_speed` from the containers that served); 0 when none has served.
+    #[serde(default)]
+    pub server_secs_per_byte: Option<f64>,
+    /// Input blocks held now.
+    #[serde(default)]
+    pub input_blocks: u32,
+    /// Model blocks held now.
+    #[serde(default)]
+    pub model_blocks: u32,
+    /// Mini-batches this container has reported since the last reconfiguration.
+    #[serde(default)]
+    pub mini_batches: u32,
+    /// The resource manager takes this container back: it must be emptied and deleted.
+    #[serde(default)]
+    pub reclaimed: bool,
+}
+
+/// A measured bandwidth between two containers (from real transfers), bytes/s.
+/// Looked up in either direction (pulls and pushes use both); when a pair has several
+/// entries the slowest is used; pairs without an entry use `min(b_i, b_j)`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Link {
+    /// One end.
+    pub from: String,
+    /// The other end.
+    pub to: String,
+    /// Measured bandwidth in bytes/s.
+    pub bytes_per_sec: f64,
+}
+
+/// Everything the optimizer needs to know about a running job.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Snapshot {
+    /// Job parameters.
+    pub job: Job,
+    /// All containers the job holds or is offered.
+    pub containers: Vec<ContainerMetrics>,
+    /// Optional pairwise bandwidth measurements.
+    #[serde(default)]
+    pub links: Vec<Link>,
+}
+
+impl Snapshot {
+    /// Parses a snapshot from JSON and validates it.
+    pub fn from_json(text: &str) -> Result<Snapshot, OptimizerError> {
+        let snapshot: Snapshot =
+            serde_json::from_str(text).map_err(|e| OptimizerError::SnapshotJson {
+                line: e.line(),
+                column: e.column(),
+                message: e.to_string(),
+            })?;
+        snapshot.validate()?;
+        Ok(snapshot)
+    }
+
+    /// Checks ranges, uniqueness of ids, link ends and block totals.
+    pub fn validate(&self) -> Result<(), OptimizerError> {
+        let j = &self.job;
+        if j.total_records == 0 {
+            return Err(OptimizerError::invalid("job.total_records", "must be > 0"));
+        }
+        if j.mini_batch_size == 0 {
+            return Err(OptimizerError::invalid(
+                "job.mini_batch_size",
+                "must be > 0",
+            ));
+        }
+        non_negative("job.bytes_per_mini_batch", j.bytes_per_mini_batch)?;
+        non_negative("job.remaining_epochs", j.remaining_epochs)?;
+        if j.input_blocks == 0 {
+            return Err(OptimizerError::invalid("job.input_blocks", "must be > 0"));
+        }
+        if j.model_blocks == 0 {
+            return Err(OptimizerError::invalid("job.model_blocks", "must be > 0"));
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        let (mut input, mut model) = (0u64, 0u64);
+        for (i, c) in self.containers.iter().enumerate() {
+            if !seen.insert(c.id.as_str()) {
+                return Err(OptimizerError::DuplicateContainer(c.id.clone()));
+            }
+            positive(
+                &format!("containers[{i}].bandwidth_bytes_per_sec"),
+                c.bandwidth_bytes_per_sec,
+            )?;
+            if let Some(v) = c.compute_secs_per_record {
+                non_negative(&format!("containers[{i}].compute_secs_per_record"), v)?;
+            }
+            if let Some(v) = c.cpu_speed {
+                positive(&format!("containers[{i}].cpu_speed"), v)?;
+            }
+            if let Some(v) = c.server_secs_per_byte {
+                non_negative(&format!("containers[{i}].server_secs_per_byte"), v)?;
+            }
+            if c.input_blocks > 0 && c.role != Role::Worker {
+                return Err(OptimizerError::invalid(
+                    format!("containers[{i}].input_blocks"),
+                    format!(
+                        "container `{}` holds input blocks but is not a worker",
+                        c.id
+                    ),
+                ));
+            }
+            if c.model_blocks > 0 && c.role != Role::Server {
+                return Err(OptimizerError::invalid(
+                    format!("containers[{i}].model_blocks"),
+                    format!(
+                        "container `{}` holds model blocks but is not a server",
+                        c.id
+                    ),
+                ));
+            }
+            input += u64::from(c.input_blocks);
+            model += u64::from(c.model_blocks);
+        }
+        let any_blocks = input + model > 0;
+        if any_blocks && (input != u64::from(j.input_blocks) || model != u64::from(j.model_blocks))
+        {
+            return Err(OptimizerError::InconsistentBlocks(format!(
+                "containers hold {input} input and {model} model blocks, job has {} and {}",
+                j.input_blocks, j.model_blocks
+            )));
+        }
+        for (k, l) in self.links.iter().enumerate() {
+            for end in [&l.from, &l.to] {
+                if !seen.contains(end.as_str()) {
+                    return Err(OptimizerError::UnknownContainer {
+                        container: end.clone(),
+                        context: format!("links[{k}]"),
+                    });
+                }
+            }
+            positive(&format!("links[{k}].bytes_per_sec"), l.bytes_per_sec)?;
+        }
+        Ok(())
+    }
+}
+
+fn non_negative(field: &str, v: f64) -> Result<(), OptimizerError> {
+    if !v.is_finite() || v < 0.0 {
+        return Err(OptimizerError::invalid(
+            field,
+            format!("must be finite and >= 0, got {v}"),
+        ));
+    }
+    Ok(())
+}
+
+fn positive(field: &str, v: f64) -> Result<(), OptimizerError> {
+    if !v.is_finite() || v <= 0.0 {
+        return Err(OptimizerError::invalid(
+            field,
+            format!("must be finite and > 0, got {v}"),
+        ));
+    }
+    Ok(())
+}

@@ -1,0 +1,986 @@
+//! Solvers: choose every container's role and its share of input and model blocks.
+//!
+//! * [`solve_homogeneous`] — the closed form of Cruise Eq. (5) extended with push
+//!   traffic, server processing and whole blocks: O(N), and it prices every split
+//!   `(W, S)` so a what-if tool can print them all.
+//! * [`solve_for_roles`] — given roles, the best whole-block partitioning: model blocks
+//!   go to servers greedily in proportion to their capacity (`1 / max_i(1/b_ij + p_j)`,
+//!   which minimises the largest server-bound term exactly), then single-block moves
+//!   between servers are tried while they lower the epoch time; input blocks go to
+//!   workers by an exact greedy (each next block to the worker whose epoch time grows
+//!   least), which minimises the slowest worker for the given communication costs.
+//! * [`solve`] — roles too. Uniform containers take the closed form. Otherwise a search:
+//!   prefix splits of three orderings (by compute cost, by serving cost, by their
+//!   ratio) and the current roles are the starting points, then best-improvement local
+//!   search over single role changes (worker/server/idle) and worker↔server swaps,
+//!   then, from the best, also over changes of two containers at once; memoised.
+//!   Up to [`SearchOptions::exhaustive_up_to`] containers (10) all `3^N` role
+//!   assignments are enumerated instead, and model splits are enumerated exactly when
+//!   there are at most 4096 of them. Ties prefer the configuration closest to the current one, and block
+//!   counts are aligned with the current ones where that costs nothing, so a job at
+//!   its optimum gets back its own configuration.
+
+use std::cmp::{Ordering, Reverse};
+use std::collections::{BinaryHeap, HashMap};
+
+use serde::{Deserialize, Serialize};
+
+use crate::cost::{CostModel, Placement, Target};
+use crate::error::OptimizerError;
+use crate::snapshot::{Job, Role};
+
+/// Relative tolerance when comparing epoch times.
+const REL_EPS: f64 = 1e-9;
+
+fn better(a: f64, b: f64) -> bool {
+    a < b * (1.0 - REL_EPS)
+}
+
+/// Costs shared by all containers of a homogeneous cluster.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Uniform {
+    /// Compute seconds per record.
+    pub compute_secs_per_record: f64,
+    /// Bandwidth of every container and link, bytes/s.
+    pub bandwidth_bytes_per_sec: f64,
+    /// Server processing seconds per byte.
+    pub server_secs_per_byte: f64,
+}
+
+/// One split of a homogeneous cluster and its predicted epoch time.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Split {
+    /// Workers `W`.
+    pub workers: usize,
+    /// Servers `S = N − W`.
+    pub servers: usize,
+    /// Predicted epoch time (slowest worker), seconds.
+    pub epoch_secs: f64,
+    /// Its computation part.
+    pub comp_secs: f64,
+    /// Its communication part.
+    pub comm_secs: f64,
+}
+
+/// Result of the homogeneous solver.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HomogeneousSolution {
+    /// The fastest split (the fewest workers among equals).
+    pub best: Split,
+    /// Every split `W = 1 … N−1`, in order.
+    pub splits: Vec<Split>,
+}
+
+/// Prices every `(W, N − W)` split of `containers` identical containers (Eq. 5 with push
+/// traffic, server time and whole blocks) and returns the best. O(N).
+///
+/// With `W` workers only `min(W, K)` can hold input blocks, and the slowest holds
+/// `⌈K / w⌉`; the busiest of `min(S, L)` servers holds `⌈L / s⌉` model blocks.
+pub fn solve_homogeneous(
+    job: &Job,
+    containers: usize,
+    u: &Uniform,
+) -> Result<HomogeneousSolution, OptimizerError> {
+    if containers < 2 {
+        return Err(OptimizerError::Infeasible(format!(
+            "{containers} container(s): need at least one worker and one server"
+        )));
+    }
+    if job.input_blocks == 0 || job.model_blocks == 0 || job.mini_batch_size == 0 {
+        return Err(OptimizerError::invalid(
+            "job",
+            "input_blocks, model_blocks and mini_batch_size must be > 0",
+        ));
+    }
+    let (k_total, l_total) = (job.input_blocks as usize, job.model_blocks as usize);
+    let per_byte = 1.0 / u.bandwidth_bytes_per_sec;
+    let m_bytes = job.bytes_per_mini_batch;
+    let mut splits = Vec::with_capacity(containers - 1);
+    for workers in 1..containers {
+        let servers = containers - workers;
+        let w = workers.min(k_total);
+        let s = servers.min(l_total);
+        let k = k_total.div_ceil(w) as u32;
+        let l = l_total.div_ceil(s) as f64;
+        let records = job.total_records as f64 * f64::from(k) / k_total as f64;
+        let nb = crate::cost::batches(job, k) as f64;
+        let server_bound =
+            w as f64 * l / l_total as f64 * m_bytes * (per_byte + u.server_secs_per_byte);
+        let worker_bound = m_bytes * per_byte;
+        let comp = u.compute_secs_per_record * records;
+        let comm = nb * server_bound.max(worker_bound);
+        splits.push(Split {
+            workers,
+            servers,
+            epoch_secs: comp + comm,
+            comp_secs: comp,
+            comm_secs: comm,
+        });
+    }
+    let mut best = splits[0];
+    for s in &splits[1..] {
+        if better(s.epoch_secs, best.epoch_secs) {
+            best = *s;
+        }
+    }
+    Ok(HomogeneousSolution { best, splits })
+}
+
+impl CostModel {
+    /// The shared costs if all containers are alike within relative `tolerance` and no
+    /// pairwise links are measured (their means), else `None`.
+    pub fn uniform(&self, tolerance: f64) -> Option<Uniform> {
+        if self.has_links() || self.is_empty() {
+            return None;
+        }
+        let n = self.len();
+        let mean = |f: &dyn Fn(usize) -> f64| (0..n).map(f).sum::<f64>() / n as f64;
+        let c = mean(&|i| self.compute_secs_per_record(i));
+        let b = mean(&|i| self.bandwidth(i));
+        let p = mean(&|i| self.server_secs_per_byte(i));
+        let close = |v: f64, m: f64| (v - m).abs() <= tolerance * m.abs().max(f64::MIN_POSITIVE);
+        let alike = (0..n).all(|i| {
+            close(self.compute_secs_per_record(i), c)
+                && close(self.bandwidth(i), b)
+                && (close(self.server_secs_per_byte(i), p) || p == 0.0)
+        });
+        alike.then_some(Uniform {
+            compute_secs_per_record: c,
+            bandwidth_bytes_per_sec: b,
+            server_secs_per_byte: p,
+        })
+    }
+}
+
+/// A chosen configuration and its predicted epoch time.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Solution {
+    /// Role and block counts of every container of the model.
+    pub target: Target,
+    /// Predicted epoch time, seconds.
+    pub epoch_secs: f64,
+    /// Role assignments evaluated by the search (1 for fixed roles).
+    pub evaluations: usize,
+}
+
+/// Relative tolerance under which [`solve`] treats containers as identical.
+pub const UNIFORM_TOLERANCE: f64 = 1e-9;
+
+/// Chooses roles and partitions for the model's containers: the closed form when they
+/// are uniform, else the heterogeneous search.
+pub fn solve(model: &CostModel) -> Result<Solution, OptimizerError> {
+    match model.uniform(UNIFORM_TOLERANCE) {
+        Some(u) => {
+            let h = solve_homogeneous(model.job(), model.len(), &u)?;
+            let w = h.best.workers.min(model.job().input_blocks as usize);
+            // Keep current workers as workers and current servers as servers where possible.
+            let cur = model.current_placements();
+            let mut order: Vec<usize> = (0..model.len()).collect();
+            order.sort_by_key(|&i| {
+                let rank = match cur[i].role {
+                    Role::Worker => 0,
+                    Role::Idle => 1,
+                    Role::Server => 2,
+                };
+                (rank, Reverse(cur[i].input_blocks), i)
+            });
+            let mut roles = vec![Role::Server; model.len()];
+            for &i in &order[..w] {
+                roles[i] = Role::Worker;
+            }
+            let mut sol = solve_roles_internal(model, &roles)?;
+            sol.evaluations = h.splits.len();
+            Ok(sol)
+        }
+        None => solve_heterogeneous(model),
+    }
+}
+
+/// The best whole-block partitioning for fixed roles (`roles` aligned with
+/// [`CostModel::ids`]). Fails when there is no worker or no server, or more workers
+/// than input blocks.
+pub fn solve_for_roles(model: &CostModel, roles: &[Role]) -> Result<Solution, OptimizerError> {
+    if roles.len() != model.len() {
+        return Err(OptimizerError::invalid(
+            "roles",
+            format!("{} roles for {} containers", roles.len(), model.len()),
+        ));
+    }
+    solve_roles_internal(model, roles)
+}
+
+fn solve_roles_internal(model: &CostModel, roles: &[Role]) -> Result<Solution, OptimizerError> {
+    let search = Search::new(model);
+    let part = search.partition(roles).ok_or_else(|| {
+        OptimizerError::Infeasible(format!(
+            "roles need at least one worker, one server, and at most {} workers",
+            model.job().input_blocks
+        ))
+    })?;
+    let part = search.polish(roles, part);
+    finish(model, &search, roles, part, 1)
+}
+
+/// Settings of the heterogeneous search.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SearchOptions {
+    /// Enumerate all `3^N` role assignments when `N` is at most this; search above it.
+    pub exhaustive_up_to: usize,
+    /// How many of the best enumerated assignments get their model split polished.
+    pub polish_candidates: usize,
+}
+
+impl Default for SearchOptions {
+    fn default() -> Self {
+        SearchOptions {
+            exhaustive_up_to: 10,
+            polish_candidates: 64,
+        }
+    }
+}
+
+/// The heterogeneous solver with default [`SearchOptions`] (see the module docs).
+/// Deterministic.
+pub fn solve_heterogeneous(model: &CostModel) -> Result<Solution, OptimizerError> {
+    solve_heterogeneous_with(model, SearchOptions::default())
+}
+
+/// The heterogeneous solver with explicit options.
+pub fn solve_heterogeneous_with(
+    model: &CostModel,
+    options: SearchOptions,
+) -> Result<Solution, OptimizerError> {
+    let n = model.len();
+    if n < 2 {
+        return Err(OptimizerError::Infeasible(format!(
+            "{n} usable container(s): need at least one worker and one server"
+        )));
+    }
+    let mut search = Search::new(model);
+    let current: Vec<Role> = model.current_placements().iter().map(|p| p.role).collect();
+    if n <= options.exhaustive_up_to {
+        return exhaustive(
+            model,
+            &mut search,
+            &current,
+            options.polish_candidates.max(1),
+        );
+    }
+    let serve_cost: Vec<f64> = (0..n)
+        .map(|i| 1.0 / model.bandwidth(i) + model.server_secs_per_byte(i))
+        .collect();
+    // Seconds per record a container would need as a worker talking to an equal peer.
+    let job = model.job();
+    let per_record_comm = job.bytes_per_mini_batch / job.mini_batch_size as f64;
+    let work_cost: Vec<f64> = (0..n)
+        .map(|i| model.compute_secs_per_record(i) + per_record_comm / model.bandwidth(i))
+        .collect();
+    let keys: [Box<dyn Fn(usize) -> f64>; 4] = [
+        Box::new(|i| work_cost[i]),
+        Box::new(|i| model.compute_secs_per_record(i)),
+        Box::new(|i| -serve_cost[i]),
+        Box::new(|i| model.compute_secs_per_record(i) / serve_cost[i]),
+    ];
+    let mut by_serving: Vec<usize> = (0..n).collect();
+    by_serving.sort_by(|&a, &b| serve_cost[a].total_cmp(&serve_cost[b]).then(a.cmp(&b)));
+    let mut starts: Vec<Vec<Role>> = Vec::new();
+    for key in &keys {
+        let mut order: Vec<usize> = (0..n).collect();
+        order.sort_by(|&a, &b| key(a).total_cmp(&key(b)).then(a.cmp(&b)));
+        let mut best: Option<(f64, Vec<Role>)> = None;
+        // The first w of the ordering work, the rest serve; then, for the three best w,
+        // only the best s of the rest (by serving cost) serve and the others idle.
+        let w_max = n.min(job.input_blocks as usize + 1);
+        let mut by_w: Vec<(f64, usize)> = Vec::new();
+        for w in 1..w_max {
+            let mut roles = vec![Role::Server; n];
+            for &i in &order[..w] {
+                roles[i] = Role::Worker;
+            }
+            if let Some(t) = search.value(&roles) {
+                by_w.push((t, w));
+                if best.as_ref().is_none_or(|(bt, _)| better(t, *bt)) {
+                    best = Some((t, roles));
+                }
+            }
+        }
+        by_w.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+        for &(_, w) in by_w.iter().take(3) {
+            let mut roles = vec![Role::Idle; n];
+            for &i in &order[..w] {
+                roles[i] = Role::Worker;
+            }
+            let rest: Vec<usize> = by_serving
+                .iter()
+                .copied()
+                .filter(|&i| roles[i] != Role::Worker)
+                .collect();
+            for &j in rest.iter().take(job.model_blocks as usize) {
+                roles[j] = Role::Server;
+                if let Some(t) = search.value(&roles)
+                    && best.as_ref().is_none_or(|(bt, _)| better(t, *bt))
+                {
+                    best = Some((t, roles.clone()));
+                }
+            }
+        }
+        if let Some((_, r)) = best {
+            starts.push(r);
+        }
+    }
+    // Local search from the current roles and the distinct starting points (the two
+    // best of them above 24 containers).
+    starts.sort_by(|a, b| {
+        let (va, vb) = (search.value(a), search.value(b));
+        va.unwrap_or(f64::INFINITY)
+            .total_cmp(&vb.unwrap_or(f64::INFINITY))
+    });
+    starts.dedup();
+    if n > 24 {
+        starts.truncate(2);
+    }
+    if search.value(&current).is_some() {
+        starts.insert(0, current.clone());
+    }
+    let mut best: Option<(f64, Vec<Role>)> = None;
+    let mut seen_starts: Vec<Vec<Role>> = Vec::new();
+    for start in starts {
+        if seen_starts.contains(&start) {
+            continue;
+        }
+        seen_starts.push(start.clone());
+        let (t, roles) = search.local_search(start, false);
+        let replace = match &best {
+            None => true,
+            Some((bt, br)) => {
+                better(t, *bt)
+                    || (!better(*bt, t) && distance(&roles, &current) < distance(br, &current))
+            }
+        };
+        if replace {
+            best = Some((t, roles));
+        }
+    }
+    let (_, roles) = best.ok_or_else(|| {
+        OptimizerError::Infeasible("no role assignment has a worker and a server".into())
+    })?;
+    // Two-container moves only from the best single-move optimum: they are the
+    // expensive part (O(N²) neighbours).
+    let (_, roles) = search.local_search(roles, true);
+    let part = search
+        .partition(&roles)
+        .ok_or_else(|| OptimizerError::Infeasible("best roles lost feasibility".into()))?;
+    let part = search.polish(&roles, part);
+    let evaluations = search.cache.len();
+    finish(model, &search, &roles, part, evaluations)
+}
+
+/// Every role assignment; the best few get their model split polished.
+fn exhaustive(
+    model: &CostModel,
+    search: &mut Search<'_>,
+    current: &[Role],
+    polish: usize,
+) -> Result<Solution, OptimizerError> {
+    const ROLES: [Role; 3] = [Role::Worker, Role::Server, Role::Idle];
+    let n = model.len();
+    let mut digits = vec![0usize; n];
+    let mut scored: Vec<(f64, usize, Vec<Role>)> = Vec::new();
+    let mut evaluations = 0;
+    loop {
+        let roles: Vec<Role> = digits.iter().map(|&d| ROLES[d]).collect();
+        evaluations += 1;
+        if let Some(p) = search.partition(&roles) {
+            scored.push((p.t, distance(&roles, current), roles));
+        }
+        let mut x = 0;
+        while x < n {
+            digits[x] += 1;
+            if digits[x] < 3 {
+                break;
+            }
+            digits[x] = 0;
+            x += 1;
+        }
+        if x == n {
+            break;
+        }
+    }
+    scored.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+    let mut best: Option<(f64, usize, Vec<Role>, Part)> = None;
+    for (_, dist, roles) in scored.into_iter().take(polish) {
+        let Some(part) = search.partition(&roles) else {
+            continue;
+        };
+        let part = search.polish(&roles, part);
+        let replace = match &best {
+            None => true,
+            Some((bt, bd, _, _)) => better(part.t, *bt) || (!better(*bt, part.t) && dist < *bd),
+        };
+        if replace {
+            best = Some((part.t, dist, roles, part));
+        }
+    }
+    let (_, _, roles, part) = best.ok_or_else(|| {
+        OptimizerError::Infeasible("no role assignment has a worker and a server".into())
+    })?;
+    finish(model, search, &roles, part, evaluations)
+}
+
+fn distance(a: &[Role], b: &[Role]) -> usize {
+    a.iter().zip(b).filter(|(x, y)| x != y).count()
+}
+
+/// Turns a partition into a [`Solution`], aligning counts with the current ones where
+/// that keeps the epoch time.
+fn finish(
+    model: &CostModel,
+    search: &Search<'_>,
+    roles: &[Role],
+    part: Part,
+    evaluations: usize,
+) -> Result<Solution, OptimizerError> {
+    let part = search.align(roles, part);
+    let mut target = Target::new();
+    for (i, id) in model.ids().iter().enumerate() {
+        let p = match roles[i] {
+            Role::Worker if part.k[i] > 0 => Placement {
+                role: Role::Worker,
+                input_blocks: part.k[i],
+                model_blocks: 0,
+            },
+            Role::Server if part.l[i] > 0 => Placement {
+                role: Role::Server,
+                input_blocks: 0,
+                model_blocks: part.l[i],
+            },
+            _ => Placement::IDLE,
+        };
+        target.insert(id.clone(), p);
+    }
+    let epoch_secs = model.evaluate(&target)?.epoch_secs;
+    Ok(Solution {
+        target,
+        epoch_secs,
+        evaluations,
+    })
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Key(f64, usize);
+impl Eq for Key {}
+impl PartialOrd for Key {
+    fn partial_cmp(&self, o: &Self) -> Option<Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for Key {
+    fn cmp(&self, o: &Self) -> Ordering {
+        self.0.total_cmp(&o.0).then(self.1.cmp(&o.1))
+    }
+}
+
+/// A partition for fixed roles: blocks per container (model order) and its epoch time.
+#[derive(Debug, Clone)]
+struct Part {
+    t: f64,
+    k: Vec<u32>,
+    l: Vec<u32>,
+}
+
+struct Search<'a> {
+    m: &'a CostModel,
+    cache: HashMap<Vec<Role>, Option<f64>>,
+}
+
+impl<'a> Search<'a> {
+    fn new(m: &'a CostModel) -> Self {
+        Search {
+            m,
+            cache: HashMap::new(),
+        }
+    }
+
+    /// Memoised epoch time of the fast partition for `roles`.
+    fn value(&mut self, roles: &[Role]) -> Option<f64> {
+        if let Some(v) = self.cache.get(roles) {
+            return *v;
+        }
+        let v = self.partition(roles).map(|p| p.t);
+        self.cache.insert(roles.to_vec(), v);
+        v
+    }
+
+    fn members(roles: &[Role], r: Role) -> Vec<usize> {
+        roles
+            .iter()
+            .enumerate()
+            .filter(|(_, x)| **x == r)
+            .map(|(i, _)| i)
+            .collect()
+    }
+
+    /// Proportional model split, then the exact data greedy.
+    fn partition(&self, roles: &[Role]) -> Option<Part> {
+        let m = self.m;
+        let workers = Self::members(roles, Role::Worker);
+        let servers = Self::members(roles, Role::Server);
+        let k_total = m.job().input_blocks;
+        if workers.is_empty() || servers.is_empty() || workers.len() > k_total as usize {
+            return None;
+        }
+        // Per-byte cost of each server towards its worst worker.
+        let weight: Vec<f64> = servers
+            .iter()
+            .map(|&j| {
+                workers.iter().map(|&i| m.inv_bw(i, j)).fold(0.0, f64::max)
+                    + m.server_secs_per_byte(j)
+            })
+            .collect();
+        let mut l = vec![0u32; m.len()];
+        let mut heap: BinaryHeap<Reverse<Key>> = servers
+            .iter()
+            .enumerate()
+            .map(|(x, _)| Reverse(Key(weight[x], x)))
+            .collect();
+        for _ in 0..m.job().model_blocks {
+            let Some(Reverse(Key(_, x))) = heap.pop() else {
+                break;
+            };
+            let j = servers[x];
+            l[j] += 1;
+            heap.push(Reverse(Key(f64::from(l[j] + 1) * weight[x], x)));
+        }
+        Some(self.data(&workers, &servers, l))
+    }
+
+    /// Exact min-max greedy of input blocks for the model split `l`.
+    fn data(&self, workers: &[usize], servers: &[usize], l: Vec<u32>) -> Part {
+        let m = self.m;
+        let srv: Vec<(usize, u32)> = servers.iter().map(|&j| (j, l[j])).collect();
+        let w = workers.len();
+        let g: Vec<f64> = workers
+            .iter()
+            .map(|&i| m.comm_per_batch(i, w, &srv).0)
+            .collect();
+        let mut k = vec![0u32; m.len()];
+        let mut heap = BinaryHeap::with_capacity(w);
+        for (x, &i) in workers.iter().enumerate() {
+            k[i] = 1;
+            heap.push(Reverse(Key(m.worker_time(i, 2, g[x]), x)));
+        }
+        for _ in 0..(m.job().input_blocks as usize - w) {
+            let Some(Reverse(Key(_, x))) = heap.pop() else {
+                break;
+            };
+            let i = workers[x];
+            k[i] += 1;
+            heap.push(Reverse(Key(m.worker_time(i, k[i] + 1, g[x]), x)));
+        }
+        let t = workers
+            .iter()
+            .enumerate()
+            .map(|(x, &i)| m.worker_time(i, k[i], g[x]))
+            .fold(0.0, f64::max);
+        Part { t, k, l }
+    }
+
+    /// Single-block moves between servers while they lower the epoch time.
+    fn polish(&self, roles: &[Role], mut part: Part) -> Part {
+        let workers = Self::members(roles, Role::Worker);
+        let servers = Self::members(roles, Role::Server);
+        let l_total = self.m.job().model_blocks;
+        if splits_at_most(l_total, servers.len(), EXACT_MODEL_SPLITS) {
+            // Few enough model splits to try them all: the partition is then exact.
+            let mut l = vec![0u32; self.m.len()];
+            self.each_split(&servers, 0, l_total, &mut l, &mut |l| {
+                let cand = self.data(&workers, &servers, l.to_vec());
+                if better(cand.t, part.t) {
+                    part = cand;
+                }
+            });
+            return part;
+        }
+        let limit = 4 * self.m.job().model_blocks as usize + 16;
+        for _ in 0..limit {
+            let mut best: Option<Part> = None;
+            for &from in &servers {
+                if part.l[from] == 0 {
+                    continue;
+                }
+                for &to in &servers {
+                    if to == from {
+                        continue;
+                    }
+                    let mut l = part.l.clone();
+                    l[from] -= 1;
+                    l[to] += 1;
+                    let cand = self.data(&workers, &servers, l);
+                    let bar = best.as_ref().map_or(part.t, |b| b.t);
+                    if better(cand.t, bar) {
+                        best = Some(cand);
+                    }
+                }
+            }
+            match best {
+                Some(b) => part = b,
+                None => break,
+            }
+        }
+        part
+    }
+
+    /// Calls `f` with every split of `left` model blocks over `servers[x..]`.
+    fn each_split(
+        &self,
+        servers: &[usize],
+        x: usize,
+        left: u32,
+        l: &mut Vec<u32>,
+        f: &mut dyn FnMut(&[u32]),
+    ) {
+        if x + 1 == servers.len() {
+            l[servers[x]] = left;
+            f(l);
+            l[servers[x]] = 0;
+            return;
+        }
+        for v in 0..=left {
+            l[servers[x]] = v;
+            self.each_split(servers, x + 1, left - v, l, f);
+        }
+        l[servers[x]] = 0;
+    }
+
+    /// Records `cand` in `best` if it beats both `best` and `t`.
+    fn consider(&mut self, cand: Vec<Role>, t: f64, best: &mut Option<(f64, Vec<Role>)>) {
+        if let Some(v) = self.value(&cand) {
+            let bar = best.as_ref().map_or(t, |b| b.0);
+            if better(v, bar) {
+                *best = Some((v, cand));
+            }
+        }
+    }
+
+    /// Best-improvement local search over single role changes and worker↔server swaps;
+    /// when those are exhausted and `pairs` is set, the first improving change of two
+    /// containers at once is taken and the search goes on.
+    fn local_search(&mut self, mut roles: Vec<Role>, pairs: bool) -> (f64, Vec<Role>) {
+        const ROLES: [Role; 3] = [Role::Worker, Role::Server, Role::Idle];
+        let n = roles.len();
+        let Some(mut t) = self.value(&roles) else {
+            return (f64::INFINITY, roles);
+        };
+        loop {
+            let mut best: Option<(f64, Vec<Role>)> = None;
+            for i in 0..n {
+                for r in ROLES {
+                    if roles[i] != r {
+                        let mut c = roles.clone();
+                        c[i] = r;
+                        self.consider(c, t, &mut best);
+                    }
+                }
+            }
+            for i in 0..n {
+                if roles[i] != Role::Worker {
+                    continue;
+                }
+                for j in 0..n {
+                    if roles[j] == Role::Server {
+                        let mut c = roles.clone();
+                        c.swap(i, j);
+                        self.consider(c, t, &mut best);
+                    }
+                }
+            }
+            if best.is_none() && pairs {
+                for i in 0..n {
+                    for j in (i + 1)..n {
+                        for ri in ROLES.into_iter().filter(|&r| r != roles[i]) {
+                            for rj in ROLES.into_iter().filter(|&r| r != roles[j]) {
+                                if best.is_some() {
+                                    break;
+                                }
+                                let mut c = roles.clone();
+                                c[i] = ri;
+                                c[j] = rj;
+                                self.consider(c, t, &mut best);
+                            }
+                        }
+                    }
+                }
+            }
+            match best {
+                Some((v, c)) => {
+                    t = v;
+                    roles = c;
+                }
+                None => return (t, roles),
+            }
+        }
+    }
+
+    /// Moves block counts towards the current ones where the epoch time allows it.
+    fn align(&self, roles: &[Role], part: Part) -> Part {
+        let m = self.m;
+        let cur = m.current_placements();
+        let workers = Self::members(roles, Role::Worker);
+        let servers = Self::members(roles, Role::Server);
+        let t_bar = part.t * (1.0 + REL_EPS);
+        // Model: keep the current split if the servers are the same and it is as good.
+        let same_servers = servers
+            .iter()
+            .all(|&j| cur[j].role == Role::Server && cur[j].model_blocks > 0)
+            && cur.iter().filter(|p| p.model_blocks > 0).count() == servers.len();
+        let mut l = part.l.clone();
+        if same_servers {
+            let cur_l: Vec<u32> = cur.iter().map(|p| p.model_blocks).collect();
+            let cand = self.data(&workers, &servers, cur_l.clone());
+            if cand.t <= t_bar {
+                l = cur_l;
+            }
+        }
+        let srv: Vec<(usize, u32)> = servers.iter().map(|&j| (j, l[j])).collect();
+        let w = workers.len();
+        // Data: any counts within [1, kmax_i(T)] summing to K are optimal.
+        let mut lo = Vec::with_capacity(w);
+        let mut hi = Vec::with_capacity(w);
+        let mut want = Vec::with_capacity(w);
+        for &i in &workers {
+            let g = m.comm_per_batch(i, w, &srv).0;
+            let (mut a, mut b) = (1u32, m.job().input_blocks);
+            if m.worker_time(i, 1, g) > t_bar {
+                return self.data(&workers, &servers, l);
+            }
+            while a < b {
+                let mid = a + (b - a).div_ceil(2);
+                if m.worker_time(i, mid, g) <= t_bar {
+                    a = mid;
+                } else {
+                    b = mid - 1;
+                }
+            }
+            lo.push(1);
+            hi.push(a);
+            want.push(cur[i].input_blocks);
+        }
+        match align_counts(&want, &lo, &hi, m.job().input_blocks) {
+            Some(counts) => {
+                let mut k = vec![0u32; m.len()];
+                for (x, &i) in workers.iter().enumerate() {
+                    k[i] = counts[x];
+                }
+                let t = workers
+                    .iter()
+                    .map(|&i| m.worker_time(i, k[i], m.comm_per_batch(i, w, &srv).0))
+                    .fold(0.0, f64::max);
+                Part { t, k, l }
+            }
+            None => self.data(&workers, &servers, l),
+        }
+    }
+}
+
+/// Largest number of model splits [`Search::polish`] enumerates exhaustively.
+const EXACT_MODEL_SPLITS: u64 = 4096;
+
+/// Whether `total` blocks can be split over `parts` servers in at most `limit` ways,
+/// i.e. `C(total + parts − 1, parts − 1) ≤ limit`.
+fn splits_at_most(total: u32, parts: usize, limit: u64) -> bool {
+    if parts == 0 {
+        return false;
+    }
+    let (n, k) = (u64::from(total) + parts as u64 - 1, parts as u64 - 1);
+    let k = k.min(n - k);
+    let mut c: u64 = 1;
+    for i in 0..k {
+        // c = C(n, i + 1), exact at every step.
+        c = c * (n - i) / (i + 1);
+        if c > limit {
+            return false;
+        }
+    }
+    c <= limit
+}
+
+/// Counts within `[lo, hi]` summing to `total`, as close to `want` as possible
+/// (clamp, then move the difference onto entries with room, in index order).
+fn align_counts(want: &[u32], lo: &[u32], hi: &[u32], total: u32) -> Option<Vec<u32>> {
+    let lo_sum: u64 = lo.iter().map(|&v| u64::from(v)).sum();
+    let hi_sum: u64 = hi.iter().map(|&v| u64::from(v)).sum();
+    if u64::from(total) < lo_sum || u64::from(total) > hi_sum {
+        return None;
+    }
+    let mut c: Vec<u32> = (0..want.len())
+        .map(|x| want[x].clamp(lo[x], hi[x]))
+        .collect();
+    let mut sum: u64 = c.iter().map(|&v| u64::from(v)).sum();
+    let mut x = 0;
+    while sum < u64::from(total) {
+        let add = (hi[x] - c[x]).min((u64::from(total) - sum) as u32);
+        c[x] += add;
+        sum += u64::from(add);
+        x += 1;
+    }
+    x = 0;
+    while sum > u64::from(total) {
+        let sub = (c[x] - lo[x]).min((sum - u64::from(total)) as u32);
+        c[x] -= sub;
+        sum -= u64::from(sub);
+        x += 1;
+    }
+    Some(c)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::snapshot::{ContainerMetrics, Snapshot};
+
+    fn job(d: u64, b: u64, m: f64, k: u32, l: u32) -> Job {
+        Job {
+            total_records: d,
+            mini_batch_size: b,
+            bytes_per_mini_batch: m,
+            input_blocks: k,
+            model_blocks: l,
+            remaining_epochs: 10.0,
+            input_bytes: 0,
+            model_bytes: 0,
+        }
+    }
+
+    fn uniform_snapshot(n: usize, job: Job, u: &Uniform) -> Snapshot {
+        let containers = (0..n)
+            .map(|i| ContainerMetrics {
+                id: format!("c{i:02}"),
+                role: Role::Idle,
+                compute_secs_per_record: Some(u.compute_secs_per_record),
+                cpu_speed: None,
+                bandwidth_bytes_per_sec: u.bandwidth_bytes_per_sec,
+                server_secs_per_byte: Some(u.server_secs_per_byte),
+                input_blocks: 0,
+                model_blocks: 0,
+                mini_batches: 0,
+                reclaimed: false,
+            })
+            .collect();
+        Snapshot {
+            job,
+            containers,
+            links: vec![],
+        }
+    }
+
+    // N = 4, D = 1200, B = 100, K = 12, L = 6, M = 1000 B, b = 1000 B/s, c = 1 ms, p = 0:
+    // W=1: 1200 rec, 12 batches, server-bound 1·(2/6)·1 = 0.33 < worker-bound 1 → 1.2 + 12 = 13.2
+    // W=2: 600 rec, 6 batches, server-bound 2·(3/6)·1 = 1 → 0.6 + 6 = 6.6
+    // W=3: 400 rec, 4 batches, server-bound 3·1·1 = 3 → 0.4 + 12 = 12.4
+    #[test]
+    fn homogeneous_hand_computed() {
+        let u = Uniform {
+            compute_secs_per_record: 0.001,
+            bandwidth_bytes_per_sec: 1000.0,
+            server_secs_per_byte: 0.0,
+        };
+        let h = solve_homogeneous(&job(1200, 100, 1000.0, 12, 6), 4, &u).unwrap();
+        let t: Vec<f64> = h.splits.iter().map(|s| s.epoch_secs).collect();
+        for (a, b) in t.iter().zip([13.2, 6.6, 12.4]) {
+            assert!((a - b).abs() < 1e-9, "{t:?}");
+        }
+        assert_eq!((h.best.workers, h.best.servers), (2, 2));
+    }
+
+    #[test]
+    fn homogeneous_matches_cost_model_for_every_split() {
+        let u = Uniform {
+            compute_secs_per_record: 2e-4,
+            bandwidth_bytes_per_sec: 1.0e6,
+            server_secs_per_byte: 3e-8,
+        };
+        let j = job(10_007, 64, 2.0e5, 37, 11);
+        let n = 9;
+        let h = solve_homogeneous(&j, n, &u).unwrap();
+        let model = CostModel::new(&uniform_snapshot(n, j.clone(), &u)).unwrap();
+        for s in &h.splits {
+            let mut roles = vec![Role::Server; n];
+            for r in roles.iter_mut().take(s.workers) {
+                *r = Role::Worker;
+            }
+            let sol = solve_for_roles(&model, &roles).unwrap();
+            assert!(
+                (sol.epoch_secs - s.epoch_secs).abs() <= 1e-9 * s.epoch_secs,
+                "W={} closed form {} vs partition {}",
+                s.workers,
+                s.epoch_secs,
+                sol.epoch_secs
+            );
+        }
+        // And the heterogeneous search agrees with the closed form on uniform input.
+        let het = solve_heterogeneous(&model).unwrap();
+        assert!((het.epoch_secs - h.best.epoch_secs).abs() <= 1e-9 * h.best.epoch_secs);
+        let sol = solve(&model).unwrap();
+        assert!((sol.epoch_secs - h.best.epoch_secs).abs() <= 1e-9 * h.best.epoch_secs);
+    }
+
+    #[test]
+    fn too_few_containers_is_infeasible() {
+        let u = Uniform {
+            compute_secs_per_record: 1.0,
+            bandwidth_bytes_per_sec: 1.0,
+            server_secs_per_byte: 0.0,
+        };
+        assert!(matches!(
+            solve_homogeneous(&job(10, 1, 1.0, 1, 1), 1, &u),
+            Err(OptimizerError::Infeasible(_))
+        ));
+    }
+
+    // A fast-compute/slow-network container should work, a slow-compute/fast-network
+    // one should serve.
+    #[test]
+    fn heterogeneous_assigns_roles_by_suitability() {
+        let mk = |id: &str, c: f64, b: f64| ContainerMetrics {
+            id: id.into(),
+            role: Role::Idle,
+            compute_secs_per_record: Some(c),
+            cpu_speed: None,
+            bandwidth_bytes_per_sec: b,
+            server_secs_per_byte: Some(0.0),
+            input_blocks: 0,
+            model_blocks: 0,
+            mini_batches: 0,
+            reclaimed: false,
+        };
+        let snap = Snapshot {
+            job: job(10_000, 100, 1.0e6, 40, 8),
+            containers: vec![
+                mk("cpu1", 1e-4, 1e7),
+                mk("cpu2", 1e-4, 1e7),
+                mk("net", 1e-2, 1e9),
+            ],
+            links: vec![],
+        };
+        let model = CostModel::new(&snap).unwrap();
+        let sol = solve(&model).unwrap();
+        assert_eq!(sol.target["net"].role, Role::Server);
+        assert_eq!(sol.target["cpu1"].role, Role::Worker);
+        assert_eq!(sol.target["cpu2"].role, Role::Worker);
+        assert_eq!(sol.target["net"].model_blocks, 8);
+        assert_eq!(sol.target["cpu1"].input_blocks, 20);
+    }
+
+    #[test]
+    fn align_counts_stays_close() {
+        assert_eq!(
+            align_counts(&[3, 3, 2], &[1, 1, 1], &[3, 3, 3], 8),
+            Some(vec![3, 3, 2])
+        );
+        assert_eq!(
+            align_counts(&[5, 0, 0], &[1, 1, 1], &[3, 3, 3], 8),
+            Some(vec![3, 3, 2])
+        );
+        assert_eq!(align_counts(&[1, 1], &[1, 1], &[2, 2], 5), None);
+    }
+}

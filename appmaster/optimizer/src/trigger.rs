@@ -1,0 +1,440 @@
+//! When to reconfigure: the trigger policy and the learned reconfiguration cost model.
+//!
+//! [`TriggerPolicy::decide`] looks at a metrics [`Snapshot`] and the running
+//! [`Configuration`] and returns a [`Decision`]:
+//!
+//! * **Wait** until every active worker has reported
+//!   [`TriggerConfig::min_mini_batches`] mini-batches since the last reconfiguration.
+//! * **Stay** unless the best configuration is faster by at least
+//!   [`TriggerConfig::min_gain`] (5% by default) *and* the time it saves over the
+//!   remaining epochs exceeds the plan's predicted duration. A job at its optimum
+//!   therefore never reconfigures.
+//! * **Reconfigure** with a plan otherwise. Containers offered by the resource manager
+//!   (role `idle`) are candidates like any other. Containers marked `reclaimed` force a
+//!   plan regardless of gain: they are emptied and deleted, and the survivors either
+//!   keep their roles (only the partition changes) or get the fully re-optimised
+//!   configuration when that is worth its extra cost by the same rule.
+//!
+//! [`ReconfigCostModel`] predicts a plan's duration: per operation kind,
+//! `secs = a + b · bytes` (bytes only for moves), learned from the durations of past
+//! plans by a least-squares fit shrunk towards a conservative prior, then combined along the
+//! plan's DAG as `max(critical path, total work / parallelism)`.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::cost::{CostModel, Target};
+use crate::error::OptimizerError;
+use crate::executor::{ExecutionReport, OpOutcome};
+use crate::plan::{Configuration, OpKind, Operation, Plan, Table};
+use crate::snapshot::{Job, Role, Snapshot};
+use crate::solver::{solve, solve_for_roles};
+
+/// Policy settings.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct TriggerConfig {
+    /// Mini-batches every active worker must have reported before planning.
+    pub min_mini_batches: u32,
+    /// Least relative epoch-time gain worth a reconfiguration (0.05 = 5%).
+    pub min_gain: f64,
+    /// Parallelism of the plan executor, for the plan duration prediction.
+    pub max_parallel: usize,
+}
+
+impl Default for TriggerConfig {
+    fn default() -> Self {
+        TriggerConfig {
+            min_mini_batches: 5,
+            min_gain: 0.05,
+            max_parallel: 8,
+        }
+    }
+}
+
+/// Prior guess `secs = per_op + per_byte · bytes` for one operation kind.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct OpCost {
+    /// Fixed seconds per operation.
+    pub per_op: f64,
+    /// Seconds per byte moved.
+    pub per_byte: f64,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+struct Sums {
+    n: f64,
+    x: f64,
+    y: f64,
+    xx: f64,
+    xy: f64,
+}
+
+/// Predicts plan durations from past plans.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ReconfigCostModel {
+    prior: BTreeMap<OpKind, OpCost>,
+    /// Weight of the prior in pseudo-observations.
+    prior_weight: f64,
+    /// Byte scale at which the per-byte prior counts as `prior_weight` observations.
+    prior_bytes: f64,
+    sums: BTreeMap<OpKind, Sums>,
+}
+
+impl Default for ReconfigCostModel {
+    /// A conservative prior: add 10 s, delete 5 s, switch 2 s, a move 1 s plus
+    /// 10 MB/s, weighted as 2 observations (of 1 MiB for the per-byte part), so a few
+    /// real plans outweigh it.
+    fn default() -> Self {
+        let mv = OpCost {
+            per_op: 1.0,
+            per_byte: 1.0e-7,
+        };
+        let prior = [
+            (
+                OpKind::Add,
+                OpCost {
+                    per_op: 10.0,
+                    per_byte: 0.0,
+                },
+            ),
+            (
+                OpKind::Delete,
+                OpCost {
+                    per_op: 5.0,
+                    per_byte: 0.0,
+                },
+            ),
+            (
+                OpKind::Switch,
+                OpCost {
+                    per_op: 2.0,
+                    per_byte: 0.0,
+                },
+            ),
+            (OpKind::Move(Table::Input), mv),
+            (OpKind::Move(Table::Model), mv),
+        ]
+        .into_iter()
+        .collect();
+        ReconfigCostModel::with_prior(prior, 2.0, 1024.0 * 1024.0)
+    }
+}
+
+impl ReconfigCostModel {
+    /// A model with the given prior per kind (kinds left out cost 0), weighted as
+    /// `weight` observations (at `bytes_scale` bytes for the per-byte part).
+    pub fn with_prior(prior: BTreeMap<OpKind, OpCost>, weight: f64, bytes_scale: f64) -> Self {
+        ReconfigCostModel {
+            prior,
+            prior_weight: weight.max(1e-9),
+            prior_bytes: bytes_scale.max(1.0),
+            sums: BTreeMap::new(),
+        }
+    }
+
+    /// Current estimate for `kind`.
+    pub fn estimate(&self, kind: OpKind) -> OpCost {
+        let p = self.prior.get(&kind).copied().unwrap_or(OpCost {
+            per_op: 0.0,
+            per_byte: 0.0,
+        });
+        let s = self.sums.get(&kind).copied().unwrap_or_default();
+        if s.n == 0.0 {
+            return p;
+        }
+        // Slope from the centred data, shrunk towards the prior slope; then the
+        // intercept from the means, shrunk towards the prior intercept. Centring keeps
+        // the intercept's prior from tilting the slope.
+        let la = self.prior_weight;
+        let lb = self.prior_weight * self.prior_bytes * self.prior_bytes;
+        let (mx, my) = (s.x / s.n, s.y / s.n);
+        let sxx = (s.xx - s.n * mx * mx).max(0.0);
+        let sxy = s.xy - s.n * mx * my;
+        let b = ((sxy + lb * p.per_byte) / (sxx + lb)).max(0.0);
+        let a = ((s.n * (my - b * mx) + la * p.per_op) / (s.n + la)).max(0.0);
+        OpCost {
+            per_op: a,
+            per_byte: b,
+        }
+    }
+
+    /// Records one observed duration.
+    pub fn observe_op(&mut self, kind: OpKind, bytes: f64, secs: f64) {
+        if !secs.is_finite() || secs < 0.0 || !bytes.is_finite() || bytes < 0.0 {
+            return;
+        }
+        let s = self.sums.entry(kind).or_default();
+        s.n += 1.0;
+        s.x += bytes;
+        s.y += secs;
+        s.xx += bytes * bytes;
+        s.xy += bytes * secs;
+    }
+
+    /// Learns from the succeeded operations of an executed plan. Bytes come from the
+    /// runtime's report, or from the job's block sizes when it reported none.
+    pub fn observe(&mut self, plan: &Plan, report: &ExecutionReport, job: &Job) {
+        for (p, o) in plan.ops.iter().zip(&report.outcomes) {
+            if let OpOutcome::Succeeded { duration, report } = o {
+                let bytes = if report.bytes_moved > 0 {
+                    report.bytes_moved as f64
+                } else {
+                    op_bytes(&p.op, job)
+                };
+                self.observe_op(p.op.kind(), bytes, duration.as_secs_f64());
+            }
+        }
+    }
+
+    /// Predicted seconds for one operation.
+    pub fn op_secs(&self, op: &Operation, job: &Job) -> f64 {
+        let c = self.estimate(op.kind());
+        c.per_op + c.per_byte * op_bytes(op, job)
+    }
+
+    /// Predicted seconds for a whole plan run with `max_parallel` operations at a time:
+    /// `max(critical path, total / max_parallel)`.
+    pub fn plan_secs(&self, plan: &Plan, job: &Job, max_parallel: usize) -> f64 {
+        let mut finish = vec![0.0f64; plan.ops.len()];
+        let mut total = 0.0;
+        for (i, p) in plan.ops.iter().enumerate() {
+            let d = self.op_secs(&p.op, job);
+            total += d;
+            let start = p
+                .deps
+                .iter()
+                .filter_map(|&x| finish.get(x).copied())
+                .fold(0.0, f64::max);
+            finish[i] = start + d;
+        }
+        let critical = finish.iter().copied().fold(0.0, f64::max);
+        critical.max(total / max_parallel.max(1) as f64)
+    }
+}
+
+fn op_bytes(op: &Operation, job: &Job) -> f64 {
+    match op {
+        Operation::Move { table, blocks, .. } => blocks.len() as f64 * job.block_bytes(*table),
+        _ => 0.0,
+    }
+}
+
+/// A reconfiguration worth doing.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Proposal {
+    /// The operations.
+    pub plan: Plan,
+    /// The configuration it leads to.
+    pub target: Target,
+    /// Predicted epoch time now (infinite when the running configuration cannot train).
+    pub current_epoch_secs: f64,
+    /// Predicted epoch time after the plan.
+    pub predicted_epoch_secs: f64,
+    /// Relative gain `(current − predicted) / current`.
+    pub gain: f64,
+    /// Predicted plan duration, seconds.
+    pub predicted_cost_secs: f64,
+    /// Whether it is forced by reclaimed containers (no gain test).
+    pub forced: bool,
+}
+
+/// What to do now.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Decision {
+    /// Not enough metrics yet.
+    Wait {
+        /// Why.
+        reason: String,
+    },
+    /// Keep the running configuration.
+    Stay {
+        /// Predicted epoch time now.
+        current_epoch_secs: f64,
+        /// Best predicted epoch time found.
+        best_epoch_secs: f64,
+        /// Relative gain of the best configuration.
+        gain: f64,
+        /// Why.
+        reason: String,
+    },
+    /// Run this plan.
+    Reconfigure(Box<Proposal>),
+}
+
+/// The trigger policy and its learned cost model (one per job, owned by the AM loop).
+#[derive(Debug, Clone, Default)]
+pub struct TriggerPolicy {
+    /// Settings.
+    pub config: TriggerConfig,
+    /// Reconfiguration cost model.
+    pub costs: ReconfigCostModel,
+}
+
+impl TriggerPolicy {
+    /// A policy with the default cost prior.
+    pub fn new(config: TriggerConfig) -> Self {
+        TriggerPolicy {
+            config,
+            costs: ReconfigCostModel::default(),
+        }
+    }
+
+    /// Learns from an executed plan.
+    pub fn observe(&mut self, plan: &Plan, report: &ExecutionReport, job: &Job) {
+        self.costs.observe(plan, report, job);
+    }
+
+    /// Decides whether and how to reconfigure. `current` is the AM's ownership table;
+    /// it must agree with the snapshot's roles and block counts.
+    pub fn decide(
+        &self,
+        snapshot: &Snapshot,
+        current: &Configuration,
+    ) -> Result<Decision, OptimizerError> {
+        snapshot.validate()?;
+        check_agreement(snapshot, current)?;
+        let forced = snapshot.containers.iter().any(|c| c.reclaimed);
+        if !forced {
+            let active: Vec<_> = snapshot
+                .containers
+                .iter()
+                .filter(|c| c.role == Role::Worker && c.input_blocks > 0)
+                .collect();
+            if active.is_empty() {
+                return Ok(Decision::Wait {
+                    reason: "no active worker yet".into(),
+                });
+            }
+            if let Some(c) = active
+                .iter()
+                .find(|c| c.mini_batches < self.config.min_mini_batches)
+            {
+                return Ok(Decision::Wait {
+                    reason: format!(
+                        "worker `{}` has reported {} of {} mini-batches",
+                        c.id, c.mini_batches, self.config.min_mini_batches
+                    ),
+                });
+            }
+        }
+        let now = CostModel::including_reclaimed(snapshot)?;
+        let current_epoch = now
+            .evaluate(&current.counts())
+            .map(|b| b.epoch_secs)
+            .unwrap_or(f64::INFINITY);
+        let model = CostModel::new(snapshot)?;
+        let best = solve(&model)?;
+        let job = &snapshot.job;
+        let gain_of = |from: f64, to: f64| {
+            if from.is_infinite() {
+                1.0
+            } else if from > 0.0 {
+                (from - to) / from
+            } else {
+                0.0
+            }
+        };
+        let pays = |from: f64, to: f64, extra_cost: f64| {
+            gain_of(from, to) >= self.config.min_gain
+                && (from.is_infinite() || (from - to) * job.remaining_epochs > extra_cost)
+        };
+        let propose = |target: Target, epoch: f64, forced: bool| {
+            let plan = Plan::between(current, &target)?;
+            let cost = self.costs.plan_secs(&plan, job, self.config.max_parallel);
+            Ok::<_, OptimizerError>(Proposal {
+                plan,
+                target,
+                current_epoch_secs: current_epoch,
+                predicted_epoch_secs: epoch,
+                gain: gain_of(current_epoch, epoch),
+                predicted_cost_secs: cost,
+                forced,
+            })
+        };
+        if forced {
+            let roles: Vec<Role> = model.current_placements().iter().map(|p| p.role).collect();
+            let full = propose(best.target, best.epoch_secs, true)?;
+            let chosen = match solve_for_roles(&model, &roles) {
+                Ok(keep) => {
+                    let keep = propose(keep.target, keep.epoch_secs, true)?;
+                    let extra = full.predicted_cost_secs - keep.predicted_cost_secs;
+                    if pays(keep.predicted_epoch_secs, full.predicted_epoch_secs, extra) {
+                        full
+                    } else {
+                        keep
+                    }
+                }
+                Err(_) => full,
+            };
+            return Ok(Decision::Reconfigure(Box::new(chosen)));
+        }
+        let stay = |reason: String| Decision::Stay {
+            current_epoch_secs: current_epoch,
+            best_epoch_secs: best.epoch_secs,
+            gain: gain_of(current_epoch, best.epoch_secs),
+            reason,
+        };
+        let gain = gain_of(current_epoch, best.epoch_secs);
+        if gain < self.config.min_gain {
+            return Ok(stay(format!(
+                "predicted gain {:.2}% is below the {:.2}% threshold",
+                gain * 100.0,
+                self.config.min_gain * 100.0
+            )));
+        }
+        let proposal = propose(best.target.clone(), best.epoch_secs, false)?;
+        if proposal.plan.is_empty() {
+            return Ok(stay("the best configuration is the running one".into()));
+        }
+        if !pays(current_epoch, best.epoch_secs, proposal.predicted_cost_secs) {
+            return Ok(stay(format!(
+                "saving {:.1}s over {} remaining epochs does not pay a {:.1}s reconfiguration",
+                (current_epoch - best.epoch_secs) * job.remaining_epochs,
+                job.remaining_epochs,
+                proposal.predicted_cost_secs
+            )));
+        }
+        Ok(Decision::Reconfigure(Box::new(proposal)))
+    }
+}
+
+fn check_agreement(snapshot: &Snapshot, current: &Configuration) -> Result<(), OptimizerError> {
+    for c in &snapshot.containers {
+        let Some(h) = current.containers.get(&c.id) else {
+            return Err(OptimizerError::SnapshotMismatch {
+                container: c.id.clone(),
+                reason: "in the snapshot but not in the configuration".into(),
+            });
+        };
+        if h.role != c.role
+            || h.input.len() as u32 != c.input_blocks
+            || h.model.len() as u32 != c.model_blocks
+        {
+            return Err(OptimizerError::SnapshotMismatch {
+                container: c.id.clone(),
+                reason: format!(
+                    "snapshot says {:?} with {}/{} blocks, configuration {:?} with {}/{}",
+                    c.role,
+                    c.input_blocks,
+                    c.model_blocks,
+                    h.role,
+                    h.input.len(),
+                    h.model.len()
+                ),
+            });
+        }
+    }
+    if let Some(id) = current
+        .containers
+        .keys()
+        .find(|id| !snapshot.containers.iter().any(|c| &c.id == *id))
+    {
+        return Err(OptimizerError::SnapshotMismatch {
+            container: id.clone(),
+            reason: "in the configuration but not in the snapshot".into(),
+        });
+    }
+    Ok(())
+}

@@ -1,0 +1,256 @@
+//! Shared helpers for the integration tests: random heterogeneous instances and an
+//! independent implementation of the cost model used as an oracle.
+#![allow(dead_code, clippy::needless_range_loop)]
+
+use cruise_optimizer::{ContainerMetrics, Job, Link, Role, Snapshot};
+use proptest::prelude::*;
+
+/// A problem instance in plain numbers.
+#[derive(Debug, Clone)]
+pub struct Inst {
+    pub d: u64,
+    pub b: u64,
+    pub m: f64,
+    pub k: u32,
+    pub l: u32,
+    pub c: Vec<f64>,
+    pub bw: Vec<f64>,
+    pub p: Vec<f64>,
+    /// Measured links `(i, j, bytes/s)`.
+    pub links: Vec<(usize, usize, f64)>,
+}
+
+impl Inst {
+    pub fn n(&self) -> usize {
+        self.c.len()
+    }
+
+    pub fn link(&self, i: usize, j: usize) -> f64 {
+        let measured: Vec<f64> = self
+            .links
+            .iter()
+            .filter(|&&(a, b, _)| (a, b) == (i, j) || (a, b) == (j, i))
+            .map(|l| l.2)
+            .collect();
+        if measured.is_empty() {
+            self.bw[i].min(self.bw[j])
+        } else {
+            measured.into_iter().fold(f64::INFINITY, f64::min)
+        }
+    }
+
+    pub fn snapshot(&self) -> Snapshot {
+        let containers = (0..self.n())
+            .map(|i| ContainerMetrics {
+                id: format!("c{i}"),
+                role: Role::Idle,
+                compute_secs_per_record: Some(self.c[i]),
+                cpu_speed: None,
+                bandwidth_bytes_per_sec: self.bw[i],
+                server_secs_per_byte: Some(self.p[i]),
+                input_blocks: 0,
+                model_blocks: 0,
+                mini_batches: 0,
+                reclaimed: false,
+            })
+            .collect();
+        Snapshot {
+            job: Job {
+                total_records: self.d,
+                mini_batch_size: self.b,
+                bytes_per_mini_batch: self.m,
+                input_blocks: self.k,
+                model_blocks: self.l,
+                remaining_epochs: 10.0,
+                input_bytes: 0,
+                model_bytes: 0,
+            },
+            containers,
+            links: self
+                .links
+                .iter()
+                .map(|&(a, b, v)| Link {
+                    from: format!("c{a}"),
+                    to: format!("c{b}"),
+                    bytes_per_sec: v,
+                })
+                .collect(),
+        }
+    }
+
+    /// Epoch time for input blocks `kk` and model blocks `ll` per container, written
+    /// from the paper's formula independently of the crate.
+    pub fn epoch(&self, kk: &[u32], ll: &[u32]) -> f64 {
+        let w = kk.iter().filter(|&&k| k > 0).count() as f64;
+        let mut worst = 0.0f64;
+        for i in 0..self.n() {
+            if kk[i] == 0 {
+                continue;
+            }
+            let mut sb = 0.0f64;
+            let mut wb = 0.0;
+            for j in 0..self.n() {
+                if ll[j] == 0 {
+                    continue;
+                }
+                let share = ll[j] as f64 / self.l as f64;
+                let bij = self.link(i, j);
+                sb = sb.max(w * share * self.m * (1.0 / bij + self.p[j]));
+                wb += share * self.m / bij;
+            }
+            let recs = self.d as f64 * kk[i] as f64 / self.k as f64;
+            let batches = (self.d * kk[i] as u64).div_ceil(self.k as u64 * self.b) as f64;
+            worst = worst.max(self.c[i] * recs + batches * sb.max(wb));
+        }
+        worst
+    }
+}
+
+/// All ways to write `total` as `parts` ordered parts, each at least `min`.
+pub fn compositions(total: u32, parts: usize, min: u32, out: &mut Vec<Vec<u32>>) {
+    fn rec(left: u32, parts: usize, min: u32, cur: &mut Vec<u32>, out: &mut Vec<Vec<u32>>) {
+        if parts == 1 {
+            if left >= min {
+                cur.push(left);
+                out.push(cur.clone());
+                cur.pop();
+            }
+            return;
+        }
+        let mut x = min;
+        while x + min * (parts as u32 - 1) <= left {
+            cur.push(x);
+            rec(left - x, parts - 1, min, cur, out);
+            cur.pop();
+            x += 1;
+        }
+    }
+    if parts == 0 {
+        return;
+    }
+    rec(total, parts, min, &mut Vec::new(), out);
+}
+
+/// Exact optimum by exhaustion: every role in {worker, server, idle} for every
+/// container, every model split and every data split (whole blocks).
+pub fn brute_force(inst: &Inst) -> f64 {
+    let n = inst.n();
+    let mut best = f64::INFINITY;
+    let mut roles = vec![0u8; n];
+    loop {
+        let workers: Vec<usize> = (0..n).filter(|&i| roles[i] == 0).collect();
+        let servers: Vec<usize> = (0..n).filter(|&i| roles[i] == 1).collect();
+        if !workers.is_empty() && !servers.is_empty() && workers.len() <= inst.k as usize {
+            let mut ds = Vec::new();
+            compositions(inst.k, workers.len(), 1, &mut ds);
+            let mut ms = Vec::new();
+            compositions(inst.l, servers.len(), 0, &mut ms);
+            let mut kk = vec![0u32; n];
+            let mut ll = vec![0u32; n];
+            for m in &ms {
+                for (x, &j) in servers.iter().enumerate() {
+                    ll[j] = m[x];
+                }
+                for d in &ds {
+                    for (x, &i) in workers.iter().enumerate() {
+                        kk[i] = d[x];
+                    }
+                    best = best.min(inst.epoch(&kk, &ll));
+                }
+            }
+        }
+        // next role vector in base 3
+        let mut x = 0;
+        loop {
+            if x == n {
+                return best;
+            }
+            roles[x] += 1;
+            if roles[x] < 3 {
+                break;
+            }
+            roles[x] = 0;
+            x += 1;
+        }
+    }
+}
+
+/// Random heterogeneous instances with `n` in `ns`, up to `kmax` input and `lmax` model
+/// blocks, and sometimes measured links.
+pub fn instances(
+    ns: std::ops::RangeInclusive<usize>,
+    kmax: u32,
+    lmax: u32,
+) -> impl Strategy<Value = Inst> {
+    (ns, 1..=kmax, 1..=lmax, 10u64..200, 5u64..60, any::<bool>()).prop_flat_map(
+        move |(n, k, l, recs_per_block, b, with_links)| {
+            let per = (1e-3f64..1e-2, 1e6f64..1e7, 0.0f64..1e-7);
+            (
+                Just((n, k, l, recs_per_block, b)),
+                proptest::collection::vec(per, n),
+                if with_links {
+                    proptest::collection::vec((0..n, 0..n, 5e5f64..2e7), 0..n).boxed()
+                } else {
+                    Just(Vec::new()).boxed()
+                },
+            )
+                .prop_map(|((_n, k, l, rpb, b), per, links)| Inst {
+                    d: rpb * k as u64,
+                    b,
+                    m: 1.0e6,
+                    k,
+                    l,
+                    c: per.iter().map(|x| x.0).collect(),
+                    bw: per.iter().map(|x| x.1).collect(),
+                    p: per.iter().map(|x| x.2).collect(),
+                    links: links.into_iter().filter(|(a, b, _)| a != b).collect(),
+                })
+                .prop_filter("need two containers", move |i| i.n() == n && n >= 2)
+        },
+    )
+}
+
+/// Like [`brute_force`], also returning the best `(kk, ll)`.
+pub fn brute_force_arg(inst: &Inst) -> (f64, Vec<u32>, Vec<u32>) {
+    let n = inst.n();
+    let mut best = (f64::INFINITY, vec![], vec![]);
+    let mut roles = vec![0u8; n];
+    loop {
+        let workers: Vec<usize> = (0..n).filter(|&i| roles[i] == 0).collect();
+        let servers: Vec<usize> = (0..n).filter(|&i| roles[i] == 1).collect();
+        if !workers.is_empty() && !servers.is_empty() && workers.len() <= inst.k as usize {
+            let mut ds = Vec::new();
+            compositions(inst.k, workers.len(), 1, &mut ds);
+            let mut ms = Vec::new();
+            compositions(inst.l, servers.len(), 0, &mut ms);
+            let mut kk = vec![0u32; n];
+            let mut ll = vec![0u32; n];
+            for m in &ms {
+                for (x, &j) in servers.iter().enumerate() {
+                    ll[j] = m[x];
+                }
+                for d in &ds {
+                    for (x, &i) in workers.iter().enumerate() {
+                        kk[i] = d[x];
+                    }
+                    let t = inst.epoch(&kk, &ll);
+                    if t < best.0 {
+                        best = (t, kk.clone(), ll.clone());
+                    }
+                }
+            }
+        }
+        let mut x = 0;
+        loop {
+            if x == n {
+                return best;
+            }
+            roles[x] += 1;
+            if roles[x] < 3 {
+                break;
+            }
+            roles[x] = 0;
+            x += 1;
+        }
+    }
+}

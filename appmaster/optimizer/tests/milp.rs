@@ -1,0 +1,107 @@
+//! The solver against an exact MILP (good_lp + the pure-Rust microlp backend).
+//!
+//! Formulation, for a fixed number of workers `W` (enumerated), containers `i, j`:
+//! binaries `r_i` (worker), `s_i` (server), `z_it` (worker `i` holds `t` input blocks),
+//! integers `l_j` (model blocks), continuous `g_i` (communication per mini-batch) and `T`:
+//!
+//! ```text
+//! min T
+//! r_i + s_i ≤ 1,  Σ r_i = W,  Σ_t z_it = r_i,  Σ_i Σ_t t·z_it = K
+//! l_j ≤ L·s_j,  Σ l_j = L
+//! g_i ≥ W·M·(l_j/L)·(1/b_ij + p_j)             for all j   (server-bound)
+//! g_i ≥ M·Σ_j (l_j/L)/b_ij                                (worker-bound)
+//! T ≥ c_i·D·t/K + ⌈D·t/(K·B)⌉·g_i − BigM_it·(1 − z_it)     for all t
+//! ```
+//!
+//! which is exactly the cost model with whole blocks (idle containers allowed).
+
+#![allow(clippy::needless_range_loop)]
+
+mod common;
+
+use common::{Inst, instances};
+use cruise_optimizer::{CostModel, solve};
+use good_lp::{
+    Expression, ProblemVariables, Solution, SolverModel, Variable, constraint, microlp, variable,
+};
+use proptest::prelude::*;
+
+fn milp_for_w(inst: &Inst, w: usize) -> Option<f64> {
+    let n = inst.n();
+    let (k, l) = (inst.k as usize, inst.l as f64);
+    let mut vars = ProblemVariables::new();
+    let r: Vec<Variable> = (0..n).map(|_| vars.add(variable().binary())).collect();
+    let s: Vec<Variable> = (0..n).map(|_| vars.add(variable().binary())).collect();
+    let z: Vec<Vec<Variable>> = (0..n)
+        .map(|_| (0..k).map(|_| vars.add(variable().binary())).collect())
+        .collect();
+    let lj: Vec<Variable> = (0..n)
+        .map(|_| vars.add(variable().integer().min(0).max(inst.l)))
+        .collect();
+    let g: Vec<Variable> = (0..n).map(|_| vars.add(variable().min(0.0))).collect();
+    let t = vars.add(variable().min(0.0));
+    let mut model = vars.minimise(t).using(microlp);
+    let inv = |i: usize, j: usize| 1.0 / inst.link(i, j);
+    model = model.with(constraint!(
+        r.iter().copied().sum::<Expression>() == w as f64
+    ));
+    model = model.with(constraint!(lj.iter().copied().sum::<Expression>() == l));
+    let mut blocks = Expression::from(0.0);
+    for i in 0..n {
+        model = model.with(constraint!(r[i] + s[i] <= 1.0));
+        model = model.with(constraint!(
+            z[i].iter().copied().sum::<Expression>() == r[i]
+        ));
+        model = model.with(constraint!(lj[i] <= l * s[i]));
+        for (x, &zi) in z[i].iter().enumerate() {
+            blocks += (x + 1) as f64 * zi;
+        }
+        let mut own = Expression::from(0.0);
+        let mut gmax = 0.0f64;
+        let mut own_max = 0.0;
+        for j in 0..n {
+            let a = inv(i, j) + inst.p[j];
+            let coef = w as f64 * inst.m * a / l;
+            model = model.with(constraint!(g[i] >= coef * lj[j]));
+            own += (inst.m * inv(i, j) / l) * lj[j];
+            gmax = gmax.max(w as f64 * inst.m * a);
+            own_max += inst.m * inv(i, j);
+        }
+        model = model.with(constraint!(g[i] >= own));
+        let gmax = gmax.max(own_max);
+        for (x, &zi) in z[i].iter().enumerate() {
+            let tb = (x + 1) as u64;
+            let comp = inst.c[i] * inst.d as f64 * tb as f64 / k as f64;
+            let nb = (inst.d * tb).div_ceil(inst.k as u64 * inst.b) as f64;
+            let big = comp + nb * gmax;
+            model = model.with(constraint!(t >= comp + nb * g[i] - big + big * zi));
+        }
+    }
+    model = model.with(constraint!(blocks == k as f64));
+    let sol = model.solve().ok()?;
+    Some(sol.value(t))
+}
+
+fn milp(inst: &Inst) -> f64 {
+    (1..inst.n().min(inst.k as usize + 1))
+        .filter_map(|w| milp_for_w(inst, w))
+        .fold(f64::INFINITY, f64::min)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    #[test]
+    fn within_one_percent_of_exact_milp(inst in instances(2..=5, 5, 3)) {
+        let model = CostModel::new(&inst.snapshot()).unwrap();
+        let sol = solve(&model).unwrap();
+        let exact = milp(&inst);
+        prop_assert!(exact.is_finite(), "MILP infeasible for {inst:?}");
+        prop_assert!(
+            sol.epoch_secs <= exact * 1.01,
+            "solver {} vs MILP {} on {inst:?}", sol.epoch_secs, exact
+        );
+        // The MILP is exact, so the solver cannot beat it beyond solver tolerance.
+        prop_assert!(sol.epoch_secs >= exact * (1.0 - 1e-6), "solver {} below MILP {}", sol.epoch_secs, exact);
+    }
+}

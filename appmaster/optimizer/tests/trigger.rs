@@ -1,0 +1,409 @@
+//! The trigger policy: wait, stay, reconfigure, capacity changes, learned costs.
+
+use std::time::Duration;
+
+use cruise_optimizer::{
+    Configuration, ContainerMetrics, Decision, ExecutionReport, Holding, Job, OpKind, OpOutcome,
+    OpReport, Operation, Plan, ReconfigCostModel, Role, Snapshot, Table, TriggerConfig,
+    TriggerPolicy, Uniform, solve_homogeneous,
+};
+
+#[derive(Clone)]
+struct Spec {
+    id: String,
+    c: f64,
+    b: f64,
+    p: f64,
+}
+
+fn spec(id: &str, c: f64, b: f64, p: f64) -> Spec {
+    Spec {
+        id: id.into(),
+        c,
+        b,
+        p,
+    }
+}
+
+fn job(k: u32, l: u32, epochs: f64) -> Job {
+    Job {
+        total_records: 100 * u64::from(k),
+        mini_batch_size: 20,
+        bytes_per_mini_batch: 1.0e6,
+        input_blocks: k,
+        model_blocks: l,
+        remaining_epochs: epochs,
+        input_bytes: 64 << 20,
+        model_bytes: 16 << 20,
+    }
+}
+
+/// Snapshot for `config` with the given container measurements, every worker having
+/// reported `batches` mini-batches.
+fn snapshot(job: &Job, specs: &[Spec], config: &Configuration, batches: u32) -> Snapshot {
+    let containers = config
+        .containers
+        .iter()
+        .map(|(id, h)| {
+            let s = specs.iter().find(|s| &s.id == id).unwrap();
+            ContainerMetrics {
+                id: id.clone(),
+                role: h.role,
+                compute_secs_per_record: Some(s.c),
+                cpu_speed: None,
+                bandwidth_bytes_per_sec: s.b,
+                server_secs_per_byte: Some(s.p),
+                input_blocks: h.input.len() as u32,
+                model_blocks: h.model.len() as u32,
+                mini_batches: batches,
+                reclaimed: false,
+            }
+        })
+        .collect();
+    Snapshot {
+        job: job.clone(),
+        containers,
+        links: vec![],
+    }
+}
+
+/// A configuration giving `workers` the input blocks round-robin and `servers` the
+/// model blocks; `idle` containers hold nothing.
+fn config(job: &Job, workers: &[&str], servers: &[&str], idle: &[&str]) -> Configuration {
+    let mut c = Configuration::default();
+    for (ids, role) in [
+        (workers, Role::Worker),
+        (servers, Role::Server),
+        (idle, Role::Idle),
+    ] {
+        for id in ids {
+            c.containers.insert(
+                id.to_string(),
+                Holding {
+                    role,
+                    ..Holding::default()
+                },
+            );
+        }
+    }
+    for b in 0..job.input_blocks {
+        let id = workers[b as usize % workers.len()];
+        c.containers.get_mut(id).unwrap().input.insert(b);
+    }
+    for b in 0..job.model_blocks {
+        let id = servers[b as usize % servers.len()];
+        c.containers.get_mut(id).unwrap().model.insert(b);
+    }
+    c
+}
+
+fn uniform_specs(n: usize) -> Vec<Spec> {
+    (0..n)
+        .map(|i| spec(&format!("c{i}"), 2e-3, 1e7, 1e-9))
+        .collect()
+}
+
+fn ids(n: std::ops::Range<usize>) -> Vec<String> {
+    n.map(|i| format!("c{i}")).collect()
+}
+
+fn refs(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
+}
+
+#[test]
+fn waits_for_enough_mini_batches() {
+    let j = job(16, 8, 100.0);
+    let specs = uniform_specs(4);
+    let cfg = config(&j, &["c0", "c1"], &["c2", "c3"], &[]);
+    let policy = TriggerPolicy::new(TriggerConfig {
+        min_mini_batches: 10,
+        ..TriggerConfig::default()
+    });
+    let d = policy.decide(&snapshot(&j, &specs, &cfg, 9), &cfg).unwrap();
+    assert!(
+        matches!(d, Decision::Wait { ref reason } if reason.contains("9 of 10")),
+        "{d:?}"
+    );
+    let d = policy
+        .decide(&snapshot(&j, &specs, &cfg, 10), &cfg)
+        .unwrap();
+    assert!(!matches!(d, Decision::Wait { .. }));
+}
+
+#[test]
+fn homogeneous_optimum_never_reconfigures() {
+    let n = 12;
+    let j = job(48, 24, 1000.0);
+    let specs = uniform_specs(n);
+    let u = Uniform {
+        compute_secs_per_record: 2e-3,
+        bandwidth_bytes_per_sec: 1e7,
+        server_secs_per_byte: 1e-9,
+    };
+    let best = solve_homogeneous(&j, n, &u).unwrap().best;
+    assert!(best.workers > 1 && best.servers > 1, "{best:?}");
+    let all = ids(0..n);
+    let (w, s) = all.split_at(best.workers);
+    let cfg = config(&j, &refs(w), &refs(s), &[]);
+    let policy = TriggerPolicy::default();
+    let d = policy
+        .decide(&snapshot(&j, &specs, &cfg, 50), &cfg)
+        .unwrap();
+    match d {
+        Decision::Stay {
+            gain,
+            current_epoch_secs,
+            best_epoch_secs,
+            ..
+        } => {
+            assert!(gain.abs() < 1e-9, "gain {gain}");
+            assert!((current_epoch_secs - best.epoch_secs).abs() < 1e-9 * best.epoch_secs);
+            assert!((best_epoch_secs - best.epoch_secs).abs() < 1e-9 * best.epoch_secs);
+        }
+        other => panic!("expected Stay, got {other:?}"),
+    }
+}
+
+fn hetero_specs() -> Vec<Spec> {
+    vec![
+        spec("fast0", 5e-4, 2e7, 1e-9),
+        spec("fast1", 5e-4, 2e7, 1e-9),
+        spec("net0", 4e-3, 1e8, 1e-10),
+        spec("net1", 4e-3, 1e8, 1e-10),
+        spec("slow0", 4e-3, 1e7, 5e-9),
+        spec("slow1", 4e-3, 1e7, 5e-9),
+        spec("slow2", 4e-3, 1e7, 5e-9),
+        spec("slow3", 4e-3, 1e7, 5e-9),
+    ]
+}
+
+#[test]
+fn converges_in_one_step_and_then_stays() {
+    let j = job(64, 16, 1000.0);
+    let specs = hetero_specs();
+    // Misconfigured: the fast-network containers work, the fast CPUs serve.
+    let cfg = config(
+        &j,
+        &["net0", "net1", "slow0", "slow1", "slow2", "slow3"],
+        &["fast0", "fast1"],
+        &[],
+    );
+    let policy = TriggerPolicy::default();
+    let d = policy
+        .decide(&snapshot(&j, &specs, &cfg, 50), &cfg)
+        .unwrap();
+    let Decision::Reconfigure(p) = d else {
+        panic!("expected a reconfiguration, got {d:?}")
+    };
+    assert!(!p.forced);
+    assert!(p.gain >= 0.05, "{}", p.gain);
+    assert!(p.predicted_cost_secs > 0.0);
+    assert!(
+        p.plan
+            .ops
+            .iter()
+            .any(|o| matches!(o.op, Operation::Switch { .. }))
+    );
+    let after = p.plan.apply(&cfg).unwrap();
+    assert_eq!(after.containers["fast0"].role, Role::Worker);
+    // At the chosen configuration the policy stays, again and again.
+    for _ in 0..3 {
+        let d = policy
+            .decide(&snapshot(&j, &specs, &after, 50), &after)
+            .unwrap();
+        assert!(matches!(d, Decision::Stay { .. }), "{d:?}");
+    }
+}
+
+#[test]
+fn small_gain_or_short_remaining_training_stays() {
+    let specs = hetero_specs();
+    let workers = ["net0", "net1", "slow0", "slow1", "slow2", "slow3"];
+    let j = job(64, 16, 1000.0);
+    let cfg = config(&j, &workers, &["fast0", "fast1"], &[]);
+    let strict = TriggerPolicy::new(TriggerConfig {
+        min_gain: 0.99,
+        ..TriggerConfig::default()
+    });
+    let d = strict
+        .decide(&snapshot(&j, &specs, &cfg, 50), &cfg)
+        .unwrap();
+    assert!(
+        matches!(d, Decision::Stay { ref reason, .. } if reason.contains("threshold")),
+        "{d:?}"
+    );
+    // Nearly done: the saving over 0.01 epochs cannot pay for the plan.
+    let short = job(64, 16, 0.01);
+    let d = TriggerPolicy::default()
+        .decide(&snapshot(&short, &specs, &cfg, 50), &cfg)
+        .unwrap();
+    assert!(
+        matches!(d, Decision::Stay { ref reason, .. } if reason.contains("does not pay")),
+        "{d:?}"
+    );
+}
+
+#[test]
+fn offered_containers_are_added() {
+    let j = job(64, 16, 1000.0);
+    let specs = uniform_specs(8);
+    let cfg = config(&j, &["c0", "c1"], &["c2"], &["c3", "c4", "c5", "c6", "c7"]);
+    let d = TriggerPolicy::default()
+        .decide(&snapshot(&j, &specs, &cfg, 50), &cfg)
+        .unwrap();
+    let Decision::Reconfigure(p) = d else {
+        panic!("expected a reconfiguration, got {d:?}")
+    };
+    let adds = p
+        .plan
+        .ops
+        .iter()
+        .filter(|o| matches!(o.op, Operation::Add { .. }))
+        .count();
+    assert!(adds >= 3, "{adds} adds");
+    assert!(p.predicted_epoch_secs < p.current_epoch_secs * 0.7);
+    let after = p.plan.apply(&cfg).unwrap();
+    assert_eq!(after.validate().unwrap(), (64, 16));
+}
+
+#[test]
+fn reclaimed_containers_are_emptied_and_deleted_regardless_of_gain() {
+    // No training left, so no gain could pay: the plan is forced anyway.
+    let j = job(64, 16, 0.0);
+    let specs = uniform_specs(8);
+    let all = ids(0..8);
+    let cfg = config(&j, &refs(&all[..6]), &refs(&all[6..]), &[]);
+    let mut snap = snapshot(&j, &specs, &cfg, 0);
+    for c in &mut snap.containers {
+        c.reclaimed = c.id == "c0" || c.id == "c7";
+    }
+    let d = TriggerPolicy::default().decide(&snap, &cfg).unwrap();
+    let Decision::Reconfigure(p) = d else {
+        panic!("expected a forced reconfiguration, got {d:?}")
+    };
+    assert!(p.forced);
+    for gone in ["c0", "c7"] {
+        assert!(
+            p.plan
+                .ops
+                .iter()
+                .any(|o| matches!(&o.op, Operation::Delete { container } if container == gone))
+        );
+    }
+    let after = p.plan.apply(&cfg).unwrap();
+    assert!(!after.containers.contains_key("c0") && !after.containers.contains_key("c7"));
+    assert_eq!(after.validate().unwrap(), (64, 16));
+    assert!(after.containers.values().any(|h| h.role == Role::Server));
+    assert!(p.current_epoch_secs.is_finite() && p.predicted_epoch_secs.is_finite());
+}
+
+#[test]
+fn snapshot_and_configuration_must_agree() {
+    let j = job(16, 8, 100.0);
+    let specs = uniform_specs(4);
+    let cfg = config(&j, &["c0", "c1"], &["c2", "c3"], &[]);
+    let mut snap = snapshot(&j, &specs, &cfg, 50);
+    snap.containers[0].input_blocks -= 1;
+    snap.containers[1].input_blocks += 1;
+    let err = TriggerPolicy::default().decide(&snap, &cfg).unwrap_err();
+    assert!(err.to_string().contains("c0"), "{err}");
+}
+
+#[test]
+fn cost_model_learns_from_observed_plans() {
+    let mut m = ReconfigCostModel::default();
+    assert_eq!(m.estimate(OpKind::Add).per_op, 10.0);
+    let j = job(64, 16, 10.0); // input block = 1 MiB
+    let mb = 1024.0 * 1024.0;
+    // Observed: add 2 s; input moves 0.5 s + 20 ns/byte.
+    let mut ops = Vec::new();
+    let mut outcomes = Vec::new();
+    for i in 0..40u32 {
+        let blocks: Vec<u32> = (0..=i).collect();
+        let bytes = blocks.len() as f64 * mb;
+        ops.push(cruise_optimizer::PlannedOp {
+            op: Operation::Move {
+                table: Table::Input,
+                blocks,
+                from: "a".into(),
+                to: "b".into(),
+            },
+            deps: vec![],
+        });
+        outcomes.push(OpOutcome::Succeeded {
+            duration: Duration::from_secs_f64(0.5 + 2e-8 * bytes),
+            report: OpReport { bytes_moved: 0 },
+        });
+        ops.push(cruise_optimizer::PlannedOp {
+            op: Operation::Add {
+                container: format!("n{i}"),
+                role: Role::Worker,
+            },
+            deps: vec![],
+        });
+        outcomes.push(OpOutcome::Succeeded {
+            duration: Duration::from_secs(2),
+            report: OpReport::default(),
+        });
+    }
+    let plan = Plan {
+        ops,
+        relaxed: vec![],
+    };
+    let report = ExecutionReport {
+        outcomes,
+        elapsed: Duration::from_secs(1),
+    };
+    m.observe(&plan, &report, &j);
+    let add = m.estimate(OpKind::Add).per_op;
+    // (2 prior pseudo-observations at 10 s + 40 at 2 s) / 42.
+    assert!(
+        (add - (2.0 * 10.0 + 40.0 * 2.0) / 42.0).abs() < 1e-9,
+        "{add}"
+    );
+    // Predicted move durations within 5% of the truth across the observed range; the
+    // smallest move (mostly intercept, pulled towards the conservative prior) within 10%.
+    for (n, tolerance) in [(1u32, 0.1), (10, 0.05), (20, 0.05), (40, 0.05)] {
+        let op = Operation::Move {
+            table: Table::Input,
+            blocks: (0..n).collect(),
+            from: "a".into(),
+            to: "b".into(),
+        };
+        let truth = 0.5 + 2e-8 * f64::from(n) * mb;
+        let predicted = m.op_secs(&op, &j);
+        assert!(
+            (predicted / truth - 1.0).abs() < tolerance,
+            "{n} blocks: predicted {predicted}, truth {truth}, {:?}",
+            m.estimate(OpKind::Move(Table::Input))
+        );
+    }
+    // Plan duration: a chain of two adds is its critical path.
+    let chain = Plan {
+        ops: vec![
+            cruise_optimizer::PlannedOp {
+                op: Operation::Add {
+                    container: "x".into(),
+                    role: Role::Worker,
+                },
+                deps: vec![],
+            },
+            cruise_optimizer::PlannedOp {
+                op: Operation::Add {
+                    container: "y".into(),
+                    role: Role::Worker,
+                },
+                deps: vec![0],
+            },
+        ],
+        relaxed: vec![],
+    };
+    assert!((m.plan_secs(&chain, &j, 8) - 2.0 * add).abs() < 1e-9);
+    let parallel = Plan {
+        ops: vec![chain.ops[0].clone(); 16],
+        relaxed: vec![],
+    };
+    // 16 independent adds, 8 at a time: total work / 8.
+    assert!((m.plan_secs(&parallel, &j, 8) - 2.0 * add).abs() < 1e-9);
+}
