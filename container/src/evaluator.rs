@@ -425,7 +425,7 @@ async fn handle(
                 fail.clone(),
             );
             tracker.spawn(async move {
-                match ps::load_input(&fs, &app, &store, blocks).await {
+                match ps::load_input(fs, app, store, blocks).await {
                     Ok(blocks) => {
                         let _ = tx.send(EvalToAm::InputLoaded { blocks }).await;
                     }

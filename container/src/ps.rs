@@ -71,14 +71,14 @@ pub enum PsError {
 
 /// Loads input blocks from their splits. Returns `(block, records, bytes)` per block.
 pub async fn load_input(
-    fs: &FileSystem,
-    app: &Arc<dyn App>,
-    store: &Store,
+    fs: FileSystem,
+    app: Arc<dyn App>,
+    store: Store,
     blocks: Vec<(BlockId, Split)>,
 ) -> Result<Vec<(BlockId, u64, u64)>, PsError> {
     let mut loaded = Vec::with_capacity(blocks.len());
     for (block, split) in blocks {
-        let data = read_split(fs, &split)
+        let data = read_split(&fs, &split)
             .await
             .map_err(|source| PsError::Read {
                 uri: split.uri.clone(),
@@ -86,7 +86,7 @@ pub async fn load_input(
             })?;
         let bytes = data.bytes.len() as u64;
         let text = data.bytes.clone();
-        let parser = Arc::clone(app);
+        let parser = Arc::clone(&app);
         let parsed = tokio::task::spawn_blocking(move || parser.parse(&text))
             .await
             .map_err(|e| PsError::Parse {
@@ -98,7 +98,7 @@ pub async fn load_input(
             Ok(b) => b,
             Err(e) => {
                 let at = data.start_offset + e.offset as u64;
-                let line = line_number_at(fs, &split.uri, at).await.unwrap_or(0);
+                let line = line_number_at(&fs, &split.uri, at).await.unwrap_or(0);
                 return Err(PsError::Parse {
                     uri: split.uri.clone(),
                     line,

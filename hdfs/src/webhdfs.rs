@@ -320,8 +320,8 @@ impl WebHdfsClient {
     /// `GETFILESTATUS`.
     pub async fn get_file_status(&self, path: &str) -> Result<FileStatus> {
         let op = "GETFILESTATUS";
-        self.run(op, path, async |nn| {
-            let url = self.url(nn, path, op, &[]);
+        self.run(op, path, |nn: Url| async move {
+            let url = self.url(&nn, path, op, &[]);
             let resp = self
                 .send(op, Method::GET, &url, None, Idempotence::Idempotent)
                 .await?;
@@ -351,8 +351,8 @@ impl WebHdfsClient {
 
     async fn list_status_plain(&self, path: &str) -> Result<Vec<ListEntry>> {
         let op = "LISTSTATUS";
-        self.run(op, path, async |nn| {
-            let url = self.url(nn, path, op, &[]);
+        self.run(op, path, |nn: Url| async move {
+            let url = self.url(&nn, path, op, &[]);
             let resp = self
                 .send(op, Method::GET, &url, None, Idempotence::Idempotent)
                 .await?;
@@ -367,13 +367,14 @@ impl WebHdfsClient {
         let mut out: Vec<ListEntry> = Vec::new();
         let mut start_after: Option<String> = None;
         loop {
+            let after = &start_after;
             let (batch, remaining, url) = self
-                .run(op, path, async |nn| {
-                    let params: Vec<(&str, String)> = match &start_after {
+                .run(op, path, |nn: Url| async move {
+                    let params: Vec<(&str, String)> = match after {
                         Some(s) => vec![("startAfter", s.clone())],
                         None => vec![],
                     };
-                    let url = self.url(nn, path, op, &params);
+                    let url = self.url(&nn, path, op, &params);
                     let resp = self
                         .send(op, Method::GET, &url, None, Idempotence::Idempotent)
                         .await?;
@@ -415,12 +416,12 @@ impl WebHdfsClient {
     /// the end of the file.
     pub async fn open(&self, path: &str, offset: u64, len: Option<u64>) -> Result<Bytes> {
         let op = "OPEN";
-        self.run(op, path, async |nn| {
+        self.run(op, path, |nn: Url| async move {
             let mut params = vec![("offset", offset.to_string())];
             if let Some(l) = len {
                 params.push(("length", l.to_string()));
             }
-            let url = self.url(nn, path, op, &params);
+            let url = self.url(&nn, path, op, &params);
             let resp = self
                 .send(op, Method::GET, &url, None, Idempotence::Idempotent)
                 .await?;
@@ -459,12 +460,13 @@ impl WebHdfsClient {
     /// `CREATE`: writes a whole file (the namenode creates parents).
     pub async fn create(&self, path: &str, data: Bytes, overwrite: bool) -> Result<()> {
         let op = "CREATE";
-        self.run(op, path, async |nn| {
+        let data = &data;
+        self.run(op, path, |nn: Url| async move {
             let params = [
                 ("overwrite", overwrite.to_string()),
                 ("noredirect", "true".to_string()),
             ];
-            let url = self.url(nn, path, op, &params);
+            let url = self.url(&nn, path, op, &params);
             let dn = self.write_location(op, Method::PUT, &url).await?;
             let resp = self
                 .send(
@@ -486,8 +488,9 @@ impl WebHdfsClient {
     /// `APPEND` to an existing file.
     pub async fn append(&self, path: &str, data: Bytes) -> Result<()> {
         let op = "APPEND";
-        self.run(op, path, async |nn| {
-            let url = self.url(nn, path, op, &[("noredirect", "true".to_string())]);
+        let data = &data;
+        self.run(op, path, |nn: Url| async move {
+            let url = self.url(&nn, path, op, &[("noredirect", "true".to_string())]);
             let dn = self.write_location(op, Method::POST, &url).await?;
             let resp = self
                 .send(
@@ -558,8 +561,9 @@ impl WebHdfsClient {
         path: &str,
         params: &[(&str, String)],
     ) -> Result<bool> {
-        self.run(op, path, async |nn| {
-            let url = self.url(nn, path, op, params);
+        let method = &method;
+        self.run(op, path, |nn: Url| async move {
+            let url = self.url(&nn, path, op, params);
             let resp = self
                 .send(op, method.clone(), &url, None, Idempotence::Idempotent)
                 .await?;
@@ -721,12 +725,10 @@ impl WebHdfsClient {
 
     /// Runs `attempt` against the active namenode, retrying retryable errors
     /// with backoff and rotating namenodes on failover errors.
-    async fn run<T>(
-        &self,
-        op: &'static str,
-        path: &str,
-        attempt: impl AsyncFn(&Url) -> Result<T>,
-    ) -> Result<T> {
+    async fn run<T, F>(&self, op: &'static str, path: &str, attempt: impl Fn(Url) -> F) -> Result<T>
+    where
+        F: std::future::Future<Output = Result<T>>,
+    {
         let n = self.inner.namenodes.len();
         let policy = &self.inner.options.retry;
         let budget = policy.max_attempts.max(1) + (n as u32 - 1);
@@ -737,7 +739,7 @@ impl WebHdfsClient {
             tries += 1;
             let idx = self.inner.active.load(Ordering::Relaxed) % n;
             let nn = &self.inner.namenodes[idx];
-            let err = match attempt(nn).await {
+            let err = match attempt(nn.clone()).await {
                 Ok(v) => return Ok(v),
                 Err(e) => e,
             };
