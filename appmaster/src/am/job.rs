@@ -91,6 +91,8 @@ struct Container {
 pub(super) struct Driver {
     config: CruiseConfig,
     job_id: String,
+    am_addr: SocketAddr,
+    refused: Vec<String>,
     params: AppParams,
     loss_name: &'static str,
     has_accuracy: bool,
@@ -130,6 +132,7 @@ impl Driver {
     pub(super) fn new(
         config: CruiseConfig,
         job_id: String,
+        am_addr: SocketAddr,
         splits: Vec<Split>,
         rm: Arc<dyn ResourceManager>,
         progress: mpsc::UnboundedSender<Progress>,
@@ -150,6 +153,8 @@ impl Driver {
             has_accuracy: false,
             config,
             job_id,
+            am_addr,
+            refused: Vec::new(),
             splits,
             rm,
             progress,
@@ -363,6 +368,11 @@ impl Driver {
         match ev {
             Event::Refused { remote, reason } => {
                 tracing::warn!("refused a control connection from {remote}: {reason}");
+                self.refused.push(format!("{remote}: {reason}"));
+                if self.refused.len() > 16 {
+                    self.refused.remove(0);
+                }
+                self.publish_status(None);
             }
             Event::Accepted {
                 container,
@@ -841,6 +851,8 @@ impl Driver {
         }
         let status = Status {
             job_id: self.job_id.clone(),
+            am_addr: Some(self.am_addr),
+            refused: self.refused.clone(),
             phase: self.phase.name().to_string(),
             epochs_done: self.epochs.len() as u32,
             epochs: self.config.job.epochs,

@@ -179,6 +179,8 @@ pub enum Progress {
 pub struct Status {
     /// Job id.
     pub job_id: String,
+    /// The AM's control address (evaluators connect here).
+    pub am_addr: Option<SocketAddr>,
     /// Phase.
     pub phase: String,
     /// Epochs done.
@@ -195,6 +197,8 @@ pub struct Status {
     pub last_epoch: Option<EpochSummary>,
     /// Why the job failed, if it did.
     pub failure: Option<String>,
+    /// Connections refused (e.g. a wrong job secret), most recent last: `address: reason`.
+    pub refused: Vec<String>,
 }
 
 /// One evaluator in the status.
@@ -402,6 +406,7 @@ pub async fn run_job(opts: JobOptions) -> Result<JobSummary, AmError> {
     let driver = job::Driver::new(
         config,
         job_id,
+        am_addr,
         splits,
         Arc::clone(&rm),
         opts.progress,

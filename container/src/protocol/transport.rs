@@ -110,11 +110,10 @@ where
                 cancel.cancel();
                 return;
             }
-            // Batch what is already queued into one flush.
-            while let Ok(m) = rx.try_recv() {
-                if !faults.delay().is_zero() {
-                    break;
-                }
+            // Batch what is already queued into one flush (not when every
+            // frame must be delayed on its own).
+            while faults.delay().is_zero() {
+                let Ok(m) = rx.try_recv() else { break };
                 if let Err(e) = sink.feed(m).await {
                     tracing::debug!("{what}: write failed: {e}");
                     cancel.cancel();
@@ -135,4 +134,69 @@ where
         let _ = sink.close().await;
     });
     (tx, handle)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::{FrameCodec, FrameOptions};
+    use futures::StreamExt;
+    use tokio_util::codec::Framed;
+
+    /// Every message arrives, in order, whether frames are batched or delayed
+    /// one by one.
+    #[tokio::test]
+    async fn writer_delivers_everything_in_order_with_and_without_delay() {
+        for delay in [Duration::ZERO, Duration::from_micros(50)] {
+            let (a, b) = tokio::io::duplex(1 << 20);
+            let tracker = TaskTracker::new();
+            let faults = Faults::default();
+            faults.set_delay(delay);
+            let sink = Framed::new(a, FrameCodec::<u32, u32>::new(FrameOptions::default()));
+            let (tx, handle) = spawn_writer(
+                sink,
+                8,
+                faults,
+                CancellationToken::new(),
+                &tracker,
+                "test".into(),
+            );
+            let mut rx = Framed::new(b, FrameCodec::<u32, u32>::new(FrameOptions::default()));
+            let sender = tokio::spawn(async move {
+                for i in 0..500u32 {
+                    tx.send(i).await.unwrap();
+                }
+            });
+            for i in 0..500u32 {
+                assert_eq!(rx.next().await.unwrap().unwrap(), i, "delay {delay:?}");
+            }
+            sender.await.unwrap();
+            handle.await.unwrap();
+            assert!(rx.next().await.is_none(), "closed after the last message");
+        }
+    }
+
+    #[tokio::test]
+    async fn break_now_closes_without_flushing() {
+        let (a, b) = tokio::io::duplex(1 << 16);
+        let tracker = TaskTracker::new();
+        let faults = Faults::default();
+        let cancel = CancellationToken::new();
+        let sink = Framed::new(a, FrameCodec::<u32, u32>::new(FrameOptions::default()));
+        let (tx, handle) = spawn_writer(
+            sink,
+            8,
+            faults.clone(),
+            cancel.clone(),
+            &tracker,
+            "test".into(),
+        );
+        let mut rx = Framed::new(b, FrameCodec::<u32, u32>::new(FrameOptions::default()));
+        tx.send(1).await.unwrap();
+        assert_eq!(rx.next().await.unwrap().unwrap(), 1);
+        faults.break_now();
+        handle.await.unwrap();
+        assert!(cancel.is_cancelled(), "the connection's token fires");
+        assert!(rx.next().await.is_none());
+    }
 }
