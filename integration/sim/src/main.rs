@@ -15,11 +15,7 @@ mod yarn;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(
-    name = "cruise-sim",
-    version,
-    about = "Protocol simulators: YARN, Mesos, WebHDFS on loopback"
-)]
+#[command(name = "cruise-sim", version, about = "Protocol simulators: YARN, Mesos, WebHDFS on loopback")]
 struct Cli {
     #[command(subcommand)]
     command: Command,
