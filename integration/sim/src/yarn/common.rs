@@ -26,9 +26,8 @@ use tokio_util::sync::CancellationToken;
 
 /// What to run.
 #[derive(Debug, Clone)]
-#[allow(dead_code)] // TEMP: Shell is used by the Mesos simulator
 pub enum Program {
-    /// A shell command line, run as `<shell> -c <line>`.
+    /// A shell command line, run as `/bin/sh -c <line>`.
     Shell(String),
     /// An executable and its argv (without argv\[0\]).
     Exec { path: String, args: Vec<String> },
@@ -56,7 +55,6 @@ pub enum Exit {
 
 /// The end of a supervised process.
 #[derive(Debug, Clone, Copy)]
-#[allow(dead_code)] // TEMP: killed is read by the Mesos simulator
 pub struct Outcome {
     pub exit: Exit,
     /// True when the supervisor killed it because its token was cancelled.
@@ -75,7 +73,6 @@ impl Outcome {
 }
 
 /// Name of a signal as `strsignal(3)` spells it (used in Mesos messages).
-#[allow(dead_code)] // TEMP: used by the Mesos simulator
 pub fn signal_name(sig: i32) -> String {
     match Signal::try_from(sig) {
         Ok(Signal::SIGTERM) => "Terminated".into(),
@@ -99,14 +96,6 @@ pub struct Running {
     pid: u32,
 }
 
-fn shell_path() -> &'static str {
-    if Path::new("/bin/bash").exists() {
-        "/bin/bash"
-    } else {
-        "/bin/sh"
-    }
-}
-
 impl Running {
     /// Start the process described by `spec` in a new process group.
     pub fn spawn(spec: &ProcessSpec) -> io::Result<Running> {
@@ -122,7 +111,7 @@ impl Running {
             .map_err(|e| with_path(e, "opening stderr file", &spec.stderr))?;
         let mut cmd = match &spec.program {
             Program::Shell(line) => {
-                let mut c = tokio::process::Command::new(shell_path());
+                let mut c = tokio::process::Command::new("/bin/sh");
                 c.arg("-c").arg(line);
                 c
             }
@@ -216,7 +205,6 @@ pub fn now_ms() -> u64 {
 }
 
 /// Seconds since the Unix epoch, as a double (Mesos timestamps).
-#[allow(dead_code)] // TEMP: used by the Mesos simulator
 pub fn now_secs_f64() -> f64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
