@@ -382,6 +382,8 @@ pub(crate) struct State {
     pub services: BTreeMap<String, Service>,
     /// Parent of every container's kill token (cancelled at shutdown).
     root_kill: CancellationToken,
+    /// Set at shutdown: nothing new is scheduled or retried.
+    shutting_down: bool,
 }
 
 pub(crate) fn shell_single_quote(s: &str) -> String {
@@ -410,6 +412,7 @@ impl State {
             pending: VecDeque::new(),
             services: BTreeMap::new(),
             root_kill,
+            shutting_down: false,
             cfg,
         };
         for _ in 0..nodes {
@@ -608,6 +611,9 @@ impl State {
     /// the most free memory. Returns the launches to run.
     pub fn schedule(&mut self) -> Vec<LaunchJob> {
         let mut jobs = Vec::new();
+        if self.shutting_down {
+            return jobs;
+        }
         let mut keep = VecDeque::new();
         while let Some(p) = self.pending.pop_front() {
             if !self.pending_is_live(&p) {
@@ -1370,6 +1376,7 @@ impl State {
 
     /// Kill every live container (shutdown).
     pub fn kill_all(&mut self) {
+        self.shutting_down = true;
         let live: Vec<String> = self
             .containers
             .values()
