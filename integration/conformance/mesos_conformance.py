@@ -1,7 +1,10 @@
 """Conformance run of pymesos 0.3.15 (a third-party Mesos v1 scheduler HTTP API
 client) against `cruise-sim mesos`.
 
-Usage: mesos_conformance.py READY_FILE
+Usage: mesos_conformance.py READY_FILE [FOLLOWER_READY_FILE]
+
+With a follower (a `cruise-sim mesos --leader-redirect` instance), pymesos
+is pointed at the follower and must follow its 307 to the leader.
 
 pymesos subscribes (after GET /version), receives offers, launches real
 short commands, receives their status updates and acknowledges them itself
@@ -136,6 +139,9 @@ def main():
     logging.basicConfig(level=logging.WARNING)
     ready = json.load(open(sys.argv[1]))
     master = ready["master"]
+    start_at = master
+    if len(sys.argv) > 2:
+        start_at = json.load(open(sys.argv[2]))["master"]
     admin = ready["admin_url"]
     work_dir = ready["work_dir"]
     check = Check()
@@ -148,10 +154,12 @@ def main():
     ]
     sched = Sched(plan)
     framework = dict(user=os.environ.get("USER", "root"), name="pymesos-conformance", hostname="localhost")
-    driver = MesosSchedulerDriver(sched, framework, master, use_addict=True, implicit_acknowledgements=True)
+    driver = MesosSchedulerDriver(sched, framework, start_at, use_addict=True, implicit_acknowledgements=True)
     driver.start()
     try:
         wait_until(lambda: sched.framework_id, "SUBSCRIBED")
+        if start_at != master:
+            check.ok(driver.master == master, f"pymesos followed the 307 from {start_at} to the leader {driver.master}")
         check.ok(driver.version == "1.11.0", f"GET /version read by pymesos ({driver.version})")
         check.ok(re.fullmatch(r"[0-9a-f-]{36}-\d{4}", sched.framework_id) is not None,
                  f"SUBSCRIBED framework id {sched.framework_id} (<master id>-NNNN)")

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Run the third-party YARN and Mesos clients against cruise-sim:
 #   yarn-api-client 1.0.3 -> cruise-sim yarn   (yarn_conformance.py)
-#   pymesos 0.3.15        -> cruise-sim mesos  (mesos_conformance.py)
+#   pymesos 0.3.15        -> cruise-sim mesos  (mesos_conformance.py), entering
+#                            through a --leader-redirect follower
 #
 # Sets up the venv (yarn_mesos_setup.sh, cached), builds cruise-sim, starts
 # both simulators on 127.0.0.1 port 0, waits for their ready files, runs both
@@ -61,6 +62,10 @@ wait_ready() {
 }
 wait_ready "$TMP/yarn.json" "${PIDS[0]}" yarn
 wait_ready "$TMP/mesos.json" "${PIDS[1]}" mesos
+LEADER="$("$VENV/bin/python" -c 'import json,sys; print(json.load(open(sys.argv[1]))["master"])' "$TMP/mesos.json")"
+"$BIN" mesos --ready-file "$TMP/follower.json" --leader-redirect "$LEADER" >"$TMP/follower.log" 2>&1 &
+PIDS+=("$!")
+wait_ready "$TMP/follower.json" "${PIDS[2]}" follower
 
 passed=0
 failed=0
@@ -75,7 +80,7 @@ run() {
     fi
 }
 run yarn "$HERE/yarn_conformance.py" "$TMP/yarn.json" "$NODES" "$NODE_MB"
-run mesos "$HERE/mesos_conformance.py" "$TMP/mesos.json"
+run mesos "$HERE/mesos_conformance.py" "$TMP/mesos.json" "$TMP/follower.json"
 
 echo "yarn_mesos_conformance: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -930,3 +930,50 @@ async fn sigterm_kills_every_task() {
         assert!(!pid_alive(p), "process {p} outlived the simulator");
     }
 }
+
+#[tokio::test]
+async fn multi_role_offers_and_task_killing_state() {
+    let m = Master::start(&["--nodes", "1"]);
+    let mut sub = m
+        .subscribe(json!({"user": "tester", "name": "mr", "roles": ["ml"],
+            "capabilities": [{"type": "MULTI_ROLE"}, {"type": "TASK_KILLING_STATE"}]}))
+        .await;
+    let offers = sub.next("OFFERS").await;
+    let o = offers["offers"][0].clone();
+    assert_eq!(o["allocation_info"], json!({"role": "ml"}));
+    assert!(
+        o["resources"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|r| r["allocation_info"] == json!({"role": "ml"}))
+    );
+    let st = m
+        .call(
+            &sub,
+            "ACCEPT",
+            json!({"offer_ids": [o["id"]], "operations": [{"type": "LAUNCH", "launch": {"task_infos": [
+                task("k", &o, "trap 'echo bye; exit 0' TERM; sleep 600 & wait")]}}]}),
+        )
+        .await;
+    assert_eq!(st, 202);
+    for _ in 0..2 {
+        let u = sub.update("k").await;
+        m.ack(&sub, &u).await;
+    }
+    assert_eq!(
+        m.call(&sub, "KILL", json!({"task_id": {"value": "k"}}))
+            .await,
+        202
+    );
+    let killing = sub.update("k").await;
+    assert_eq!(killing["state"], "TASK_KILLING");
+    m.ack(&sub, &killing).await;
+    let killed = sub.update("k").await;
+    assert_eq!(
+        killed["state"], "TASK_KILLED",
+        "a killed task is KILLED even if it exits 0 on SIGTERM"
+    );
+    assert_eq!(killed["message"], "Command exited with status 0");
+    m.ack(&sub, &killed).await;
+}

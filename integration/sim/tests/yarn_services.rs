@@ -502,3 +502,110 @@ async fn shrinking_capacity_preempts_and_reschedules_instances() {
     );
     assert_eq!(s.get("cap").await["state"], "STABLE");
 }
+
+#[tokio::test]
+async fn lifetime_instances_listing_and_container_files() {
+    let s = Svc::start(&["--kill-grace-ms", "300"]);
+    let mut spec = service("short", 2, "echo out-$WHO; exec sleep 600", "ALWAYS");
+    spec["lifetime"] = json!(2);
+    let t0 = std::time::Instant::now();
+    let (st, v) = s.send(reqwest::Method::POST, "", Some(spec)).await;
+    assert_eq!(st, 202, "{v}");
+    let app_id = v["diagnostics"]
+        .as_str()
+        .unwrap()
+        .trim_start_matches("Application ID: ")
+        .to_string();
+    let c = s.wait_ready("short", "worker", 2).await;
+
+    let (st, list) = s
+        .send(
+            reqwest::Method::GET,
+            "/short/component-instances?componentName=worker",
+            None,
+        )
+        .await;
+    assert_eq!(st, 200);
+    let names: Vec<&str> = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x["component_instance_name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["worker-0", "worker-1"]);
+    assert!(
+        list.as_array()
+            .unwrap()
+            .iter()
+            .all(|x| x["component_name"] == "worker")
+    );
+
+    // A container's files are served by the admin endpoint (logUrl). As on
+    // YARN, the ServiceMaster's `1><LOG_DIR>/stdout.txt` redirection binds to
+    // the last command of the launch_command only; `echo` goes to the
+    // container process's own stdout, captured as `stdout`.
+    let (cid, _) = &c["worker-1"];
+    let files: Value = s
+        .http
+        .get(format!("{}/sim/containers/{cid}/files/", s.sim.url))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let files: Vec<&str> = files["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f.as_str().unwrap())
+        .collect();
+    assert!(
+        files.contains(&"launch_container.sh") && files.contains(&"logs/stdout.txt"),
+        "{files:?}"
+    );
+    let out = wait_for("stdout.txt", T, || async {
+        let r = s
+            .http
+            .get(format!("{}/sim/containers/{cid}/files/stdout", s.sim.url))
+            .send()
+            .await
+            .unwrap();
+        Some(r.text().await.unwrap()).filter(|t| !t.is_empty())
+    })
+    .await;
+    assert_eq!(out.trim(), "out-worker-1");
+    let r = s
+        .http
+        .get(format!("{}/sim/containers/{cid}/files/../x", s.sim.url))
+        .send()
+        .await
+        .unwrap();
+    assert_ne!(r.status(), 200);
+
+    // The lifetime runs out: the application is killed, the processes die.
+    let pids = [s.pid(&c["worker-0"].0).await, s.pid(&c["worker-1"].0).await];
+    for p in pids {
+        wait_dead(p).await;
+    }
+    assert!(
+        t0.elapsed() >= Duration::from_millis(1900),
+        "killed after {:?}",
+        t0.elapsed()
+    );
+    let r = s
+        .http
+        .get(format!("{}/ws/v1/cluster/apps/{app_id}", s.sim.url))
+        .send()
+        .await
+        .unwrap();
+    let app: Value = r.json().await.unwrap();
+    assert_eq!(app["app"]["state"], "KILLED");
+    assert!(
+        app["app"]["diagnostics"]
+            .as_str()
+            .unwrap()
+            .contains("lifetime")
+    );
+    assert_eq!(s.get("short").await["state"], "STOPPED");
+}
