@@ -953,7 +953,7 @@ async fn multi_role_offers_and_task_killing_state() {
             &sub,
             "ACCEPT",
             json!({"offer_ids": [o["id"]], "operations": [{"type": "LAUNCH", "launch": {"task_infos": [
-                task("k", &o, "trap 'echo bye; exit 0' TERM; sleep 600 & wait")]}}]}),
+                task("k", &o, "trap 'echo bye; exit 0' TERM; touch trapped; sleep 600 & wait")]}}]}),
         )
         .await;
     assert_eq!(st, 202);
@@ -961,6 +961,18 @@ async fn multi_role_offers_and_task_killing_state() {
         let u = sub.update("k").await;
         m.ack(&sub, &u).await;
     }
+    // KILL only once the shell has installed its TERM trap.
+    let sandbox = m.state().await["tasks"][0]["sandbox"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    wait_for("trap installed", T, || async {
+        std::path::Path::new(&sandbox)
+            .join("trapped")
+            .exists()
+            .then_some(())
+    })
+    .await;
     assert_eq!(
         m.call(&sub, "KILL", json!({"task_id": {"value": "k"}}))
             .await,
