@@ -387,6 +387,16 @@ async fn restart_policies_and_validation() {
     .await;
     assert_ne!(first, second);
     assert_eq!(s.sim_container(&first).await["exit_status"], 0);
+    let v = s.get("again").await;
+    let c = &v["components"][0]["containers"][0];
+    assert_eq!(
+        (
+            c["previous_exit_status"].as_i64(),
+            c["restarts"].as_u64().map(|r| r >= 1)
+        ),
+        (Some(0), Some(true)),
+        "{c}"
+    );
 
     // Stop and start again.
     let (st, _) = s
@@ -545,25 +555,28 @@ async fn lifetime_instances_listing_and_container_files() {
     // the last command of the launch_command only; `echo` goes to the
     // container process's own stdout, captured as `stdout`.
     let (cid, _) = &c["worker-1"];
-    let files: Value = s
-        .http
-        .get(format!("{}/sim/containers/{cid}/files/", s.sim.url))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let files: Vec<&str> = files["files"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|f| f.as_str().unwrap())
-        .collect();
-    assert!(
-        files.contains(&"launch_container.sh") && files.contains(&"logs/stdout.txt"),
-        "{files:?}"
-    );
+    let files = wait_for("container files", T, || async {
+        let v: Value = s
+            .http
+            .get(format!("{}/sim/containers/{cid}/files/", s.sim.url))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let files: Vec<String> = v["files"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| f.as_str().unwrap().to_string())
+            .collect();
+        (files.iter().any(|f| f == "launch_container.sh")
+            && files.iter().any(|f| f == "logs/stdout.txt"))
+        .then_some(files)
+    })
+    .await;
+    assert!(files.contains(&"stdout".to_string()), "{files:?}");
     let out = wait_for("stdout.txt", T, || async {
         let r = s
             .http

@@ -476,9 +476,19 @@ fn service_json(st: &State, s: &Service) -> Value {
                         if let Some(t) = i.launch_ms {
                             o["launch_time"] = json!(t);
                         }
+                        // Not in YARN's schema (clients ignore unknown fields):
+                        // how a terminal instance's container ended, or how
+                        // the previous container of a restarted one did.
                         if let Some((code, diag)) = &i.last_exit {
-                            o["exit_status"] = json!(code);
-                            o["diagnostics"] = json!(diag);
+                            let terminal = matches!(i.phase, InstPhase::Succeeded | InstPhase::Failed);
+                            let (k_code, k_diag) = if terminal {
+                                ("exit_status", "diagnostics")
+                            } else {
+                                ("previous_exit_status", "previous_diagnostics")
+                            };
+                            o[k_code] = json!(code);
+                            o[k_diag] = json!(diag);
+                            o["restarts"] = json!(i.restarts);
                         }
                         Some(o)
                     })
