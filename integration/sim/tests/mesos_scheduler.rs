@@ -397,9 +397,18 @@ async fn unacknowledged_updates_are_resent_in_order() {
     assert_eq!(first["state"], "TASK_STARTING");
     // Not acknowledged: the same update (same uuid) comes again, and
     // RUNNING waits behind it.
+    let t0 = Instant::now();
     let again = sub.update("t").await;
     assert_eq!(again["uuid"], first["uuid"]);
     assert_eq!(again["state"], "TASK_STARTING");
+    // Backoff: the second retry comes after twice the first interval.
+    let third = sub.update("t").await;
+    assert_eq!(third["uuid"], first["uuid"]);
+    assert!(
+        t0.elapsed() >= Duration::from_millis(800),
+        "retries after {:?}",
+        t0.elapsed()
+    );
     m.ack(&sub, &first).await;
     let running = sub.update("t").await;
     assert_eq!(running["state"], "TASK_RUNNING");

@@ -321,6 +321,24 @@ async fn local_resources_are_localized_and_checked() {
     assert_eq!(read(&wd.join("stdout")).trim(), "localized-ok arg1");
     assert_eq!(std::fs::read(wd.join("am.sh")).unwrap(), SCRIPT);
 
+    // The same file through a webhdfs:// URL and a plain WebHDFS http:// URL.
+    for url in [
+        format!("webhdfs://{host}/apps/am.sh"),
+        format!("{hdfs}/webhdfs/v1/apps/am.sh"),
+    ] {
+        let id = rm
+            .submit_cmd(
+                "./am.sh again",
+                1,
+                json!({"local-resources": {"entry": [{"key": "am.sh", "value": {
+                    "resource": url, "type": "FILE", "visibility": "PUBLIC",
+                    "size": SCRIPT.len(), "timestamp": mtime}}]}}),
+            )
+            .await;
+        let a = rm.wait_state(&id, &["FINISHED", "FAILED"]).await;
+        assert_eq!(a["state"], "FINISHED", "{url}: {a}");
+    }
+
     let stale = rm
         .submit_cmd("./am.sh", 1, res(mtime - 1, SCRIPT.len()))
         .await;
@@ -351,6 +369,21 @@ async fn local_resources_are_localized_and_checked() {
         .await;
     let a = rm.wait_state(&missing, &["FAILED", "FINISHED"]).await;
     assert!(a["diagnostics"].as_str().unwrap().contains("404"), "{a}");
+
+    // --webhdfs points hdfs:// URLs (whose port is the NameNode RPC port) at
+    // the WebHDFS HTTP address.
+    let rm2 = Rm::start(&["--webhdfs", &hdfs]);
+    let id = rm2
+        .submit_cmd(
+            "./am.sh",
+            1,
+            json!({"local-resources": {"entry": [{"key": "am.sh", "value": {
+                "resource": "hdfs://namenode.invalid:8020/apps/am.sh", "type": "FILE",
+                "size": SCRIPT.len(), "timestamp": mtime}}]}}),
+        )
+        .await;
+    let a = rm2.wait_state(&id, &["FINISHED", "FAILED"]).await;
+    assert_eq!(a["state"], "FINISHED", "{a}");
     server.abort();
 }
 

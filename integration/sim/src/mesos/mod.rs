@@ -27,7 +27,8 @@
 //!   TASK_STARTING, TASK_RUNNING, then TASK_FINISHED / TASK_FAILED / TASK_KILLED
 //!   with "Command exited with status N" / "Command terminated with signal S"
 //!   carry a base64 uuid and are delivered one at a time per task, re-sent
-//!   every `--update-retry-secs` until acknowledged. Invalid tasks get
+//!   until acknowledged after `--update-retry-secs`, doubling per retry up
+//!   to 10 minutes. Invalid tasks get
 //!   TASK_ERROR and tasks on invalid offers TASK_LOST (TASK_DROPPED when
 //!   PARTITION_AWARE), both from the master and without uuid.
 //! - Framework failover: a disconnected framework keeps its tasks for its
@@ -120,7 +121,7 @@ pub struct Options {
     /// Milliseconds between allocation rounds (Mesos --allocation_interval: 1s).
     #[arg(long, default_value_t = 1000)]
     allocation_interval_ms: u64,
-    /// Seconds before an unacknowledged status update is sent again (Mesos agent: 10).
+    /// Seconds before an unacknowledged status update is sent again, doubling per retry up to 600 (Mesos agent: 10).
     #[arg(long, default_value_t = 10.0)]
     update_retry_secs: f64,
     /// Grace period between SIGTERM and SIGKILL when killing a task, ms.

@@ -246,6 +246,8 @@ struct PendingUpdate {
     uuid: String,
     status: Value,
     last_sent: Option<Instant>,
+    /// How often it was re-sent (the retry interval doubles each time).
+    resends: u32,
 }
 
 #[derive(Debug)]
@@ -614,6 +616,7 @@ impl State {
             uuid,
             status: st,
             last_sent: None,
+            resends: 0,
         });
         if t.pending.len() == 1 {
             self.send_head(key);
@@ -1408,10 +1411,13 @@ impl State {
 
     // ---------- time ----------
 
-    /// Retry unacknowledged updates, expire failover timeouts.
+    /// Retry unacknowledged updates (after `update_retry`, doubling per
+    /// retry up to 10 minutes, like the agent's status update manager) and
+    /// expire failover timeouts.
     pub fn tick(&mut self) {
         let now = Instant::now();
-        let retry = self.cfg.update_retry;
+        let base = self.cfg.update_retry;
+        let retry = |n: u32| (base * 2u32.saturating_pow(n.min(20))).min(Duration::from_secs(600));
         let due: Vec<(String, String)> = self
             .tasks
             .iter()
@@ -1419,14 +1425,20 @@ impl State {
                 self.frameworks
                     .get(&k.0)
                     .is_some_and(|f| f.stream.is_some())
-                    && t.pending
-                        .front()
-                        .is_some_and(|p| p.last_sent.is_none_or(|s| now.duration_since(s) >= retry))
+                    && t.pending.front().is_some_and(|p| {
+                        p.last_sent
+                            .is_none_or(|s| now.duration_since(s) >= retry(p.resends))
+                    })
             })
             .map(|(k, _)| k.clone())
             .collect();
         for k in due {
             tracing::debug!(framework = %k.0, task = %k.1, "re-sending unacknowledged update");
+            if let Some(p) = self.tasks.get_mut(&k).and_then(|t| t.pending.front_mut())
+                && p.last_sent.is_some()
+            {
+                p.resends += 1;
+            }
             self.send_head(&k);
         }
         let expired: Vec<String> = self

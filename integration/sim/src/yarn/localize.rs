@@ -312,4 +312,63 @@ mod tests {
             .unwrap_err();
         assert!(err.contains("expected size: 6"), "{err}");
     }
+
+    #[tokio::test]
+    async fn archives_are_unpacked_under_their_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let content = dir.path().join("content");
+        std::fs::create_dir_all(content.join("bin")).unwrap();
+        std::fs::write(content.join("bin/tool"), b"#!/bin/sh\necho tool\n").unwrap();
+        let tgz = dir.path().join("pkg.tar.gz");
+        let st = std::process::Command::new("tar")
+            .arg("-czf")
+            .arg(&tgz)
+            .arg("-C")
+            .arg(&content)
+            .arg("bin")
+            .status()
+            .unwrap();
+        assert!(st.success());
+        let mtime_of = |p: &std::path::Path| {
+            std::fs::metadata(p)
+                .unwrap()
+                .modified()
+                .unwrap()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_millis() as i64
+        };
+        let len = std::fs::metadata(&tgz).unwrap().len() as i64;
+        let cwd = dir.path().join("cwd");
+        std::fs::create_dir_all(&cwd).unwrap();
+        let r = LocalResource {
+            key: "pkg".into(),
+            url: format!("file://{}", tgz.display()),
+            kind: "ARCHIVE".into(),
+            visibility: "PUBLIC".into(),
+            size: len,
+            timestamp: mtime_of(&tgz),
+        };
+        let http = reqwest::Client::new();
+        localize(&http, None, "alice", std::slice::from_ref(&r), &cwd)
+            .await
+            .unwrap();
+        assert_eq!(
+            std::fs::read(cwd.join("pkg/bin/tool")).unwrap(),
+            b"#!/bin/sh\necho tool\n"
+        );
+        // An archive type the NodeManager would not know how to unpack.
+        let rar = dir.path().join("pkg.rar");
+        std::fs::copy(&tgz, &rar).unwrap();
+        let bad = LocalResource {
+            key: "odd".into(),
+            url: format!("file://{}", rar.display()),
+            timestamp: mtime_of(&rar),
+            ..r
+        };
+        let err = localize(&http, None, "alice", &[bad], &cwd)
+            .await
+            .unwrap_err();
+        assert!(err.contains("cannot unpack"), "{err}");
+    }
 }
