@@ -305,8 +305,10 @@ pub fn summary_text(s: &JobSummary, config: &CruiseConfig) -> String {
     };
     let _ = writeln!(
         out,
-        "  configuration  {} containers: {} workers + {} servers, {sync}, mini-batch {}",
-        s.containers, s.workers, s.servers, config.job.mini_batch
+        "  configuration  {} containers: {}, {sync}, mini-batch {}",
+        s.containers,
+        crate::am::split_text(s.workers, s.servers),
+        config.job.mini_batch
     );
     out
 }

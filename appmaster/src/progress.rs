@@ -88,12 +88,11 @@ pub async fn render(mut rx: mpsc::UnboundedReceiver<Progress>, config: CruiseCon
             }
             Progress::Epoch(e) => {
                 let line = format!(
-                    "epoch {}/{epochs}  {}  {:.2} s  ({} workers, {} servers)",
+                    "epoch {}/{epochs}  {}  {:.2} s  ({})",
                     e.epoch,
                     metrics(&e.stats, loss_name, accuracy),
                     e.secs,
-                    e.workers,
-                    e.servers
+                    crate::am::split_text(e.workers, e.servers),
                 );
                 if let Some(b) = bar.take() {
                     b.finish_and_clear();

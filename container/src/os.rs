@@ -49,7 +49,7 @@ mod tests {
         let (rss, peak) = super::memory();
         if cfg!(target_os = "linux") {
             assert!(rss > 0 && peak >= rss, "rss {rss} peak {peak}");
-            assert_eq!(super::peak_rss_of(std::process::id()) > 0, true);
+            assert!(super::peak_rss_of(std::process::id()) > 0);
         }
     }
 }

@@ -249,10 +249,10 @@ impl DataPlane {
     /// the background) if needed. Requests queued on it are sent in order.
     fn conn(&self, peer: EvaluatorId) -> Arc<OutConn> {
         let mut conns = lock(&self.inner.conns);
-        if let Some(c) = conns.get(&peer) {
-            if !c.closed.load(Ordering::SeqCst) {
-                return Arc::clone(c);
-            }
+        if let Some(c) = conns.get(&peer)
+            && !c.closed.load(Ordering::SeqCst)
+        {
+            return Arc::clone(c);
         }
         let (tx, rx) = mpsc::unbounded_channel();
         let c = Arc::new(OutConn {
@@ -313,19 +313,20 @@ impl DataPlane {
                         }),
                     ),
                 };
-                if let Err(e) = &r {
-                    if e.retry && attempt < MAX_RETRIES {
-                        let backoff = Duration::from_micros(200 << attempt.min(12));
-                        tokio::select! {
-                            _ = tokio::time::sleep(backoff) => {}
-                            _ = this.inner.cancel.cancelled() => {
-                                return Err(RemoteError::fatal("the data plane is shutting down"));
-                            }
+                if let Err(e) = &r
+                    && e.retry
+                    && attempt < MAX_RETRIES
+                {
+                    let backoff = Duration::from_micros(200 << attempt.min(12));
+                    tokio::select! {
+                        _ = tokio::time::sleep(backoff) => {}
+                        _ = this.inner.cancel.cancelled() => {
+                            return Err(RemoteError::fatal("the data plane is shutting down"));
                         }
-                        let offs = store::value_offsets(&op.values);
-                        let retry = Arc::new(store::sub_op(&op, &positions, &offs));
-                        r = this.execute_shared(retry, attempt + 1).await;
                     }
+                    let offs = store::value_offsets(&op.values);
+                    let retry = Arc::new(store::sub_op(&op, &positions, &offs));
+                    r = this.execute_shared(retry, attempt + 1).await;
                 }
                 match r {
                     Ok(resp) => results.push((positions, resp)),
@@ -591,20 +592,17 @@ impl DataPlane {
                         break "connection closed by the peer".to_string();
                     }
                 },
-                m = rx.recv(), if !said_goodbye => match m {
-                    Some(m) => {
-                        let mut r = sink.feed(m).await;
-                        while r.is_ok() {
-                            match rx.try_recv() {
-                                Ok(m) => r = sink.feed(m).await,
-                                Err(_) => break,
-                            }
-                        }
-                        if let Err(e) = r.and(sink.flush().await) {
-                            break format!("write failed: {e}");
+                m = rx.recv(), if !said_goodbye => if let Some(m) = m {
+                    let mut r = sink.feed(m).await;
+                    while r.is_ok() {
+                        match rx.try_recv() {
+                            Ok(m) => r = sink.feed(m).await,
+                            Err(_) => break,
                         }
                     }
-                    None => {}
+                    if let Err(e) = r.and(sink.flush().await) {
+                        break format!("write failed: {e}");
+                    }
                 },
             }
         };
@@ -922,13 +920,13 @@ impl OutConn {
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         lock(&self.pending).insert(id, tx);
-        if self.tx.send(ToOwner::Request { id, req }).is_err() {
-            if let Some(tx) = lock(&self.pending).remove(&id) {
-                let _ = tx.send(Err(RemoteError::retry(format!(
-                    "connection to evaluator {} is closed",
-                    self.peer
-                ))));
-            }
+        if self.tx.send(ToOwner::Request { id, req }).is_err()
+            && let Some(tx) = lock(&self.pending).remove(&id)
+        {
+            let _ = tx.send(Err(RemoteError::retry(format!(
+                "connection to evaluator {} is closed",
+                self.peer
+            ))));
         }
         rx
     }

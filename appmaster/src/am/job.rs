@@ -284,13 +284,13 @@ impl Driver {
     }
 
     fn check_time(&mut self) -> Result<(), AmError> {
-        if let Some((id, reason, since)) = &self.pending_loss {
-            if since.elapsed() >= EXIT_STATUS_WAIT {
-                return Err(AmError::JobFailed(format!(
-                    "{} lost: {reason}; the resource manager has not reported its exit status",
-                    self.describe(*id)
-                )));
-            }
+        if let Some((id, reason, since)) = &self.pending_loss
+            && since.elapsed() >= EXIT_STATUS_WAIT
+        {
+            return Err(AmError::JobFailed(format!(
+                "{} lost: {reason}; the resource manager has not reported its exit status",
+                self.describe(*id)
+            )));
         }
         let timeout = Duration::from_millis(self.config.channel.heartbeat_timeout_ms);
         if self.phase != Phase::Finishing {
@@ -348,7 +348,7 @@ impl Driver {
                     None => String::new(),
                 };
                 return Err(AmError::JobFailed(format!(
-                    "{what} lost: {reason}process ended with {exit}{}",
+                    "{what} lost: {reason}its process ended: {exit}{}",
                     stderr_note(&diagnostics)
                 )));
             }
@@ -392,7 +392,7 @@ impl Driver {
                     self.containers.get(&container).and_then(|c| c.exit.clone())
                 {
                     return Err(AmError::JobFailed(format!(
-                        "{} lost: {reason}; process ended with {exit}{}",
+                        "{} lost: {reason}; its process ended: {exit}{}",
                         self.describe(eval),
                         stderr_note(&diag)
                     )));
@@ -472,10 +472,10 @@ impl Driver {
     }
 
     async fn send(&self, id: EvaluatorId, msg: AmToEval) {
-        if let Some(e) = self.evaluators.get(&id) {
-            if e.tx.send(msg).await.is_err() {
-                tracing::debug!("evaluator {id}: control channel closed");
-            }
+        if let Some(e) = self.evaluators.get(&id)
+            && e.tx.send(msg).await.is_err()
+        {
+            tracing::debug!("evaluator {id}: control channel closed");
         }
     }
 
@@ -620,11 +620,9 @@ impl Driver {
         self.phase(
             Phase::Loading,
             format!(
-                "loading: {} input blocks on {} workers, {} model blocks on {} servers",
-                ni,
-                workers.len(),
-                nm,
-                servers.len()
+                "loading: {ni} input blocks on {}, {nm} model blocks on {}",
+                plural(workers.len() as u32, "worker"),
+                plural(servers.len() as u32, "server"),
             ),
         );
         for &id in &ids {
@@ -673,8 +671,9 @@ impl Driver {
         self.phase(
             Phase::Training,
             format!(
-                "training: {} records per epoch, {w} workers, {s} servers, {}",
+                "training: {} records per epoch, {}, {}",
                 self.records_per_epoch,
+                split_text(w, s),
                 match self.config.job.sync {
                     SyncMode::Async => "async".to_string(),
                     SyncMode::Ssp => format!("ssp (staleness {})", self.config.job.staleness),
@@ -909,6 +908,20 @@ impl Driver {
                 .collect(),
         }
     }
+}
+
+/// "1 worker", "3 workers".
+pub fn plural(n: u32, word: &str) -> String {
+    if n == 1 {
+        format!("1 {word}")
+    } else {
+        format!("{n} {word}s")
+    }
+}
+
+/// "3 workers, 1 server".
+pub fn split_text(w: u32, s: u32) -> String {
+    format!("{}, {}", plural(w, "worker"), plural(s, "server"))
 }
 
 fn role_name(r: Role) -> &'static str {

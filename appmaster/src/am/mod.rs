@@ -11,6 +11,8 @@
 pub mod control;
 mod job;
 
+pub use job::{plural, split_text};
+
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;

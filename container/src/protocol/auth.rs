@@ -45,7 +45,7 @@ impl Secret {
     /// Parses the hex form.
     pub fn from_hex(s: &str) -> Result<Self, ProtocolError> {
         let s = s.trim();
-        if s.len() % 2 != 0 || s.len() < 32 {
+        if !s.len().is_multiple_of(2) || s.len() < 32 {
             return Err(ProtocolError::BadSecret(
                 "the job secret must be at least 16 bytes of hex".into(),
             ));
@@ -174,14 +174,21 @@ where
         };
         let t = transcript(job_id, peer, purpose, &cn, &sn);
         let parts: Vec<&[u8]> = t.iter().map(Vec::as_slice).collect();
-        secret
+        if secret
             .tag(SERVER_LABEL, &parts)
             .verify_slice(&proof)
-            .map_err(|_| {
-                ProtocolError::Handshake(
-                    "the other side does not know the job secret (its proof did not verify)".into(),
-                )
-            })?;
+            .is_err()
+        {
+            // Say why before leaving, so the other side can log it.
+            let _ = f
+                .send(Handshake::Rejected {
+                    reason: "job secret mismatch: the connecting side could not verify the accepting side's proof".into(),
+                })
+                .await;
+            return Err(ProtocolError::Handshake(
+                "the other side does not know the job secret (its proof did not verify)".into(),
+            ));
+        }
         let mine = secret
             .tag(CLIENT_LABEL, &parts)
             .finalize()
@@ -264,6 +271,11 @@ where
         f.send(Handshake::Challenge { nonce: sn, proof }).await?;
         let theirs = match next_frame(&mut f).await? {
             Handshake::Proof { proof } => proof,
+            Handshake::Rejected { reason } => {
+                return Err(ProtocolError::Rejected(format!(
+                    "{peer:?} gave up: {reason}"
+                )));
+            }
             other => {
                 return Err(ProtocolError::Handshake(format!(
                     "expected proof, got {}",
@@ -352,15 +364,11 @@ mod tests {
         let (c, s) = pair(&Secret::generate(), &Secret::generate()).await;
         let ce = c.unwrap_err();
         let se = s.unwrap_err();
-        // The client notices first: the server's proof does not verify.
+        // The client notices first: the server's proof does not verify; it
+        // tells the server why.
         assert!(ce.to_string().contains("job secret"), "{ce}");
-        assert!(
-            matches!(
-                se,
-                ProtocolError::Closed | ProtocolError::Io(_) | ProtocolError::Rejected(_)
-            ),
-            "{se}"
-        );
+        assert!(matches!(se, ProtocolError::Rejected(_)), "{se}");
+        assert!(se.to_string().contains("secret mismatch"), "{se}");
     }
 
     #[tokio::test]

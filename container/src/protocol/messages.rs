@@ -467,7 +467,7 @@ impl<'de> Deserialize<'de> for F32Bytes {
                 f.write_str("little-endian f32 bytes")
             }
             fn visit_bytes<E: serde::de::Error>(self, b: &[u8]) -> Result<F32Bytes, E> {
-                if b.len() % 4 != 0 {
+                if !b.len().is_multiple_of(4) {
                     return Err(E::custom("value bytes not a multiple of 4"));
                 }
                 Ok(F32Bytes(le_bytes_to_f32s(b)))

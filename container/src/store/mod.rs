@@ -265,10 +265,11 @@ pub fn assemble(
         return Ok(PeerResponse::Done);
     }
     let mut parts = parts;
-    if parts.len() == 1 && parts[0].0.iter().enumerate().all(|(i, &p)| i == p) {
-        if let Some((_, resp)) = parts.pop() {
-            return Ok(resp);
-        }
+    if parts.len() == 1
+        && parts[0].0.iter().enumerate().all(|(i, &p)| i == p)
+        && let Some((_, resp)) = parts.pop()
+    {
+        return Ok(resp);
     }
     let mut batches = Vec::with_capacity(parts.len());
     let mut at: Vec<(u32, u32)> = vec![(u32::MAX, 0); keys];
@@ -399,11 +400,7 @@ impl Store {
             .ok_or(StoreError::NoTable(MODEL_TABLE))
     }
 
-    fn slot<'a>(
-        t: &'a Table,
-        table: TableId,
-        block: BlockId,
-    ) -> Result<&'a Mutex<Slot>, StoreError> {
+    fn slot(t: &Table, table: TableId, block: BlockId) -> Result<&Mutex<Slot>, StoreError> {
         t.slots
             .get(block as usize)
             .ok_or(StoreError::NoBlock { table, block })

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Runs the whole test suite of cruise-rs. This is the README's test command
+# and what CI runs (.ci/run calls it after fmt, clippy and the build).
+#
+#   integration/test-all.sh            everything
+#   integration/test-all.sh --rust     only `cargo test --workspace`
+#
+# It installs what the tests need itself (a Python venv with the third-party
+# clients, Hadoop's Java client jars; cached in ${CRUISE_CACHE_DIR:-~/.cache/cruise-rs}).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+step() { printf '\n== %s\n' "$*" >&2; }
+T0=$(date +%s)
+
+step "cargo test --workspace (unit, property, in-process cluster, multi-process end-to-end, simulators)"
+# Tests run with a bounded number of threads: several start real clusters.
+cargo test --workspace -- --test-threads "${CRUISE_TEST_THREADS:-2}"
+
+if [ "${1:-}" = "--rust" ]; then
+    exit 0
+fi
+
+step "conformance: third-party WebHDFS clients (HdfsCLI, fsspec, Hadoop's Java client) against cruise-sim webhdfs"
+integration/conformance/webhdfs_conformance.sh
+
+step "conformance: yarn-api-client against cruise-sim yarn, pymesos against cruise-sim mesos"
+integration/conformance/yarn_mesos_conformance.sh
+
+step "all tests passed in $(( $(date +%s) - T0 )) s"

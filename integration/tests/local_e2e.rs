@@ -1,0 +1,362 @@
+//! Multi-process end-to-end tests on the local runtime: `cruise` and its
+//! evaluators are separate OS processes talking over real sockets.
+
+use std::time::Duration;
+
+use tokio::process::Command;
+
+use cruise_conf::CruiseConfig;
+use cruise_container::apps;
+use cruise_container::protocol::{
+    AmToEval, EvalToAm, INPUT_TABLE, JobSetup, MODEL_TABLE, OwnershipUpdate, STATE_TABLE, Secret,
+    TaskKind, WorkerTask,
+};
+use cruise_hdfs::Split;
+use cruise_integration::fake_am::FakeAm;
+use cruise_integration::{Spawned, await_status, binary, mlr_data};
+
+const WAIT: Duration = Duration::from_secs(120);
+
+fn cruise() -> Command {
+    let mut c = Command::new(binary("cruise").expect("cruise is built"));
+    c.env_remove("RUST_LOG");
+    c
+}
+
+/// The default job (generated data, 4 containers) reaches 90% training
+/// accuracy, and every evaluator is its own process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn default_run_trains_mlr_on_separate_processes() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = cruise();
+    c.args(["run", "--json", "--quiet", "--work-dir"])
+        .arg(dir.path());
+    let mut p = Spawned::spawn(c).unwrap();
+    let status = p.wait(WAIT).await.unwrap();
+    assert!(status.success(), "cruise run failed:\n{}", p.stderr());
+    let s: serde_json::Value = serde_json::from_str(&p.stdout()).expect("JSON summary on stdout");
+    let f = &s["final_stats"];
+    let acc = f["correct"].as_f64().unwrap() / f["records"].as_f64().unwrap();
+    assert!(acc >= 0.90, "training accuracy {acc}");
+    assert_eq!(s["epochs"].as_array().unwrap().len(), 5);
+    let pids: Vec<u64> = s["evaluators"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["pid"].as_u64().unwrap())
+        .collect();
+    assert_eq!(pids.len(), 4);
+    let mut distinct = pids.clone();
+    distinct.sort_unstable();
+    distinct.dedup();
+    assert_eq!(distinct.len(), 4, "one process per evaluator: {pids:?}");
+    let me = p.child.id().map(u64::from);
+    assert!(
+        pids.iter().all(|&pid| pid > 0 && Some(pid) != me),
+        "evaluators are not the AM: {pids:?}"
+    );
+}
+
+/// One evaluator process runs a worker task, then a server task, on the
+/// same connection and pid, driven by a fake AM over the real protocol.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn evaluator_is_reused_for_worker_then_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = mlr_data(dir.path(), 400, 20, 3, 5).unwrap();
+    let len = std::fs::metadata(&data).unwrap().len();
+    let am = FakeAm::bind().await.unwrap();
+    let mut c = cruise();
+    c.arg("evaluator")
+        .envs(am.env("container_reuse_000001").unwrap());
+    let mut p = Spawned::spawn(c).unwrap();
+    let child_pid = p.child.id().unwrap();
+
+    let mut conn = am.accept(WAIT).await.unwrap();
+    assert_eq!(conn.identity.peer, "container_reuse_000001");
+    let (pid, data_addr) = conn
+        .expect(WAIT, "registration", |m| match m {
+            EvalToAm::Register { pid, data_addr, .. } => Some((*pid, *data_addr)),
+            _ => None,
+        })
+        .await
+        .unwrap();
+    assert_eq!(pid, child_pid);
+
+    let mut config = CruiseConfig::default();
+    config.mlr.classes = 3;
+    config.mlr.features = 20;
+    config.job.mini_batch = 20;
+    config.store.model_blocks = 2;
+    let params = apps::params(&config).unwrap();
+    conn.send(AmToEval::Setup(Box::new(JobSetup {
+        evaluator: 1,
+        config,
+        app: params,
+        tables: vec![(MODEL_TABLE, 2), (INPUT_TABLE, 1), (STATE_TABLE, 1)],
+    })))
+    .await
+    .unwrap();
+    conn.send(AmToEval::Peers(vec![(1, data_addr)]))
+        .await
+        .unwrap();
+    conn.send(AmToEval::Ownership(OwnershipUpdate {
+        version: 1,
+        owners: vec![
+            (MODEL_TABLE, 0, 1),
+            (MODEL_TABLE, 1, 1),
+            (INPUT_TABLE, 0, 1),
+            (STATE_TABLE, 0, 1),
+        ],
+    }))
+    .await
+    .unwrap();
+    conn.send(AmToEval::CreateBlocks {
+        table: MODEL_TABLE,
+        blocks: vec![0, 1],
+    })
+    .await
+    .unwrap();
+    conn.expect(WAIT, "blocks created", |m| {
+        matches!(m, EvalToAm::BlocksCreated { .. }).then_some(())
+    })
+    .await
+    .unwrap();
+    let split = Split {
+        uri: data.display().to_string(),
+        start: 0,
+        end: len,
+    };
+    conn.send(AmToEval::LoadInput {
+        blocks: vec![(0, split)],
+    })
+    .await
+    .unwrap();
+    let loaded = conn
+        .expect(WAIT, "input loaded", |m| match m {
+            EvalToAm::InputLoaded { blocks } => Some(blocks.clone()),
+            _ => None,
+        })
+        .await
+        .unwrap();
+    assert_eq!(loaded[0].1, 400);
+
+    // Task 1: worker.
+    conn.send(AmToEval::StartWorker(WorkerTask {
+        start_clock: 0,
+        staleness: None,
+    }))
+    .await
+    .unwrap();
+    conn.expect(WAIT, "worker started", |m| {
+        matches!(
+            m,
+            EvalToAm::TaskStarted {
+                task: TaskKind::Worker
+            }
+        )
+        .then_some(())
+    })
+    .await
+    .unwrap();
+    let mut batches = 0;
+    conn.expect(WAIT, "two local epochs", |m| match m {
+        EvalToAm::MiniBatch(r) => {
+            assert!(r.stats.records > 0 && r.pull_bytes > 0 && r.push_bytes > 0);
+            batches += 1;
+            None
+        }
+        EvalToAm::ClockTick { clock } if *clock >= 2 => Some(()),
+        _ => None,
+    })
+    .await
+    .unwrap();
+    assert!(batches >= 40, "20 mini-batches per epoch: {batches}");
+    conn.send(AmToEval::StopWorker).await.unwrap();
+    conn.expect(WAIT, "worker stopped", |m| {
+        matches!(
+            m,
+            EvalToAm::TaskStopped {
+                task: TaskKind::Worker
+            }
+        )
+        .then_some(())
+    })
+    .await
+    .unwrap();
+
+    // Task 2: server, in the same process, on the same connection.
+    conn.send(AmToEval::StartServer).await.unwrap();
+    conn.expect(WAIT, "server started", |m| {
+        matches!(
+            m,
+            EvalToAm::TaskStarted {
+                task: TaskKind::Server
+            }
+        )
+        .then_some(())
+    })
+    .await
+    .unwrap();
+    // The model it trained as a worker is still there and still served.
+    conn.send(AmToEval::Evaluate).await.unwrap();
+    let stats = conn
+        .expect(WAIT, "evaluation", |m| match m {
+            EvalToAm::Evaluation(s) => Some(*s),
+            _ => None,
+        })
+        .await
+        .unwrap();
+    assert_eq!(stats.records, 400);
+    assert!(
+        stats.accuracy() > 0.5,
+        "the model survived the role change: {}",
+        stats.accuracy()
+    );
+    assert_eq!(p.child.id(), Some(child_pid), "same process");
+
+    conn.send(AmToEval::Shutdown {
+        reason: "test done".into(),
+    })
+    .await
+    .unwrap();
+    let status = p.wait(WAIT).await.unwrap();
+    assert!(
+        status.success(),
+        "evaluator exits 0 on shutdown:\n{}",
+        p.stderr()
+    );
+}
+
+/// Starts `cruise run` with a practically endless number of epochs and
+/// returns it with its status endpoint's address.
+async fn endless_job(work: &std::path::Path) -> (Spawned, String) {
+    let mut c = cruise();
+    c.args(["run", "--epochs", "100000", "--work-dir"])
+        .arg(work);
+    let job = Spawned::spawn(c).unwrap();
+    let line = job
+        .wait_for_stderr("status at http://", WAIT)
+        .await
+        .unwrap();
+    let addr = line
+        .split("http://")
+        .nth(1)
+        .unwrap()
+        .trim_end_matches("/status")
+        .to_string();
+    (job, addr)
+}
+
+/// An evaluator with the wrong job secret is refused: it exits non-zero, and
+/// the AM records the refusal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_secret_is_rejected_by_a_real_am() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut job, addr) = endless_job(dir.path()).await;
+    let st = await_status(&addr, WAIT, |s| s["phase"] == "training")
+        .await
+        .unwrap();
+    let am_addr = st["am_addr"].as_str().unwrap().to_string();
+    let job_id = st["job_id"].as_str().unwrap().to_string();
+
+    let mut rogue = cruise();
+    rogue
+        .arg("evaluator")
+        .env("CRUISE_AM_ADDR", &am_addr)
+        .env("CRUISE_JOB_ID", &job_id)
+        .env("CRUISE_JOB_SECRET", Secret::generate().to_hex())
+        .env("CRUISE_CONTAINER_ID", "container_rogue");
+    let mut rogue = Spawned::spawn(rogue).unwrap();
+    let rs = rogue.wait(WAIT).await.unwrap();
+    assert!(!rs.success(), "the rogue evaluator must fail");
+    assert!(rogue.stderr().contains("job secret"), "{}", rogue.stderr());
+    let st = await_status(&addr, WAIT, |s| {
+        s["refused"].as_array().is_some_and(|r| {
+            r.iter()
+                .any(|x| x.as_str().unwrap_or("").contains("secret mismatch"))
+        })
+    })
+    .await
+    .unwrap();
+    assert_eq!(st["phase"], "training", "the job goes on");
+
+    // Ctrl-C stops the job and its evaluators.
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(job.child.id().unwrap() as i32),
+        nix::sys::signal::Signal::SIGINT,
+    )
+    .unwrap();
+    let s = job.wait(WAIT).await.unwrap();
+    assert!(!s.success());
+    assert!(job.stderr().contains("cancelled"), "{}", job.stderr());
+}
+
+/// Killing an evaluator mid-epoch fails the job with a message naming the
+/// evaluator and its exit status; nothing hangs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_evaluator_fails_the_job() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut job, addr) = endless_job(dir.path()).await;
+    let st = await_status(&addr, WAIT, |s| {
+        s["phase"] == "training" && s["records_processed"].as_u64().unwrap_or(0) > 0
+    })
+    .await
+    .unwrap();
+    let worker = st["evaluators"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["role"] == "worker")
+        .unwrap()
+        .clone();
+    let pid = worker["pid"].as_u64().unwrap() as i32;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let s = job.wait(WAIT).await.unwrap();
+    assert!(!s.success(), "the job must fail");
+    let err = job.stderr();
+    let id = worker["id"].as_u64().unwrap();
+    assert!(err.contains(&format!("evaluator {id}")), "{err}");
+    assert!(err.contains(worker["container"].as_str().unwrap()), "{err}");
+    assert!(err.contains(&format!("pid {pid}")), "{err}");
+    assert!(err.contains("killed by signal 9"), "{err}");
+}
+
+#[tokio::test]
+async fn bad_configuration_is_named() {
+    let mut c = cruise();
+    c.args(["run", "--set", "job.epoch=3"]);
+    let mut p = Spawned::spawn(c).unwrap();
+    assert!(!p.wait(WAIT).await.unwrap().success());
+    assert!(
+        p.stderr().contains("job.epoch") && p.stderr().contains("job.epochs"),
+        "{}",
+        p.stderr()
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("job.toml");
+    std::fs::write(&f, "[job]\ncontainers = 3\n[mlr]\nclasses = \"ten\"\n").unwrap();
+    let mut c = cruise();
+    c.args(["run", "--config"]).arg(&f);
+    let mut p = Spawned::spawn(c).unwrap();
+    assert!(!p.wait(WAIT).await.unwrap().success());
+    assert!(
+        p.stderr().contains("mlr.classes") && p.stderr().contains(&f.display().to_string()),
+        "{}",
+        p.stderr()
+    );
+
+    let mut c = cruise();
+    c.args(["run", "--input", "/nonexistent/data.libsvm"]);
+    let mut p = Spawned::spawn(c).unwrap();
+    assert!(!p.wait(WAIT).await.unwrap().success());
+    assert!(
+        p.stderr().contains("/nonexistent/data.libsvm"),
+        "{}",
+        p.stderr()
+    );
+}
