@@ -48,6 +48,9 @@ pub const ENV_CONTAINER_ID: &str = "CRUISE_CONTAINER_ID";
 /// Container id variables set by other resource managers, tried in order.
 pub const CONTAINER_ID_FALLBACKS: [&str; 2] = ["CONTAINER_ID", "MESOS_TASK_ID"];
 
+/// Duration of the CPU calibration at start (several cgroup quota periods).
+const CALIBRATION: Duration = Duration::from_millis(300);
+
 /// Errors that end an evaluator.
 #[derive(Debug, thiserror::Error)]
 pub enum EvaluatorError {
@@ -213,11 +216,17 @@ pub async fn run(
         &tracker,
         "control channel to the AM".to_string(),
     );
+    // A short CPU calibration, so the optimizer can compare containers it
+    // has not yet seen compute.
+    let cpu_speed = tokio::task::spawn_blocking(|| os::cpu_speed(CALIBRATION))
+        .await
+        .unwrap_or(0.0);
     to_am
         .send(EvalToAm::Register {
             data_addr,
             pid: std::process::id(),
             host: os::hostname(),
+            cpu_speed,
         })
         .await
         .map_err(|_| EvaluatorError::AmLost("control channel closed".into()))?;

@@ -33,6 +33,27 @@ pub fn peak_rss_of(pid: u32) -> u64 {
         .map_or(0, |kb| kb * 1024)
 }
 
+/// Relative CPU speed of this process: units of a fixed integer mixing loop
+/// per microsecond, measured over `duration` of wall time. Long enough to
+/// span several CPU-quota periods (cgroups' default period is 100 ms), so a
+/// throttled container measures its share, not a burst.
+pub fn cpu_speed(duration: std::time::Duration) -> f64 {
+    let start = std::time::Instant::now();
+    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+    let mut rounds: u64 = 0;
+    while start.elapsed() < duration {
+        for _ in 0..10_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+        }
+        rounds += 1;
+    }
+    std::hint::black_box(x);
+    let secs = start.elapsed().as_secs_f64();
+    rounds as f64 * 10_000.0 / (secs * 1e6)
+}
+
 /// This machine's host name.
 pub fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
@@ -44,6 +65,14 @@ pub fn hostname() -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn cpu_speed_is_positive_and_stable_in_order_of_magnitude() {
+        let a = super::cpu_speed(std::time::Duration::from_millis(30));
+        let b = super::cpu_speed(std::time::Duration::from_millis(30));
+        assert!(a > 0.0 && b > 0.0);
+        assert!(a / b < 20.0 && b / a < 20.0, "{a} vs {b}");
+    }
+
     #[test]
     fn memory_is_reported_on_linux() {
         let (rss, peak) = super::memory();

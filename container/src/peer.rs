@@ -40,10 +40,10 @@ use tokio_util::task::TaskTracker;
 
 use crate::protocol::{
     self, BlockId, BulkToDest, BulkToSource, EvalToAm, EvaluatorId, Faults, FrameCodec,
-    FrameOptions, PeerRequest, PeerResponse, Purpose, RemoteError, Secret, TableId, ToClient,
-    ToOwner,
+    FrameOptions, LinkSample, PeerRequest, PeerResponse, Purpose, RemoteError, Secret, TableId,
+    ToClient, ToOwner,
 };
-use crate::store::{self, BlockData, PartResult, Pending, Store, StoreOp};
+use crate::store::{self, BlockData, OpKind, PartResult, Pending, Store, StoreOp};
 
 /// Most times a retryable part is sent again before the error is returned.
 const MAX_RETRIES: u32 = 30;
@@ -273,75 +273,108 @@ impl DataPlane {
 
     /// Executes a keyed store operation wherever its blocks live.
     pub fn execute(&self, op: StoreOp) -> BoxFuture<'static, PartResult> {
+        let fut = self.execute_traced(op);
+        async move { fut.await.0 }.boxed()
+    }
+
+    /// [`DataPlane::execute`], also returning what each remote part moved
+    /// and how long its answer took (for bandwidth measurement).
+    pub fn execute_traced(&self, op: StoreOp) -> BoxFuture<'static, (PartResult, Vec<LinkSample>)> {
         self.execute_shared(Arc::new(op), 0)
     }
 
-    fn execute_shared(&self, op: Arc<StoreOp>, attempt: u32) -> BoxFuture<'static, PartResult> {
+    fn execute_shared(
+        &self,
+        op: Arc<StoreOp>,
+        attempt: u32,
+    ) -> BoxFuture<'static, (PartResult, Vec<LinkSample>)> {
         let sub = match self.inner.store.submit(&op) {
             Ok(s) => s,
             Err(e) => {
-                return futures::future::ready(Err(RemoteError::fatal(e.to_string()))).boxed();
+                return futures::future::ready((
+                    Err(RemoteError::fatal(e.to_string())),
+                    Vec::new(),
+                ))
+                .boxed();
             }
         };
         let kind = sub.kind;
         let keys = sub.keys;
+        let sent = Instant::now();
         // Forward now, synchronously, to keep arrival order.
         let mut waits = Vec::with_capacity(sub.parts.len());
         for part in sub.parts {
             let w: Wait = match part.pending {
                 Pending::Ready(r) => Wait::Ready(r),
-                Pending::Queued(rx) => Wait::Rx(None, rx),
+                Pending::Queued(rx) => Wait::Rx(None, 0, rx),
                 Pending::Forward { to, op } => {
+                    let out_bytes = if op.kind == OpKind::Get {
+                        0
+                    } else {
+                        op.values.byte_len() as u64
+                    };
                     let rx = self.conn(to).request(op.into_request());
-                    Wait::Rx(Some(to), rx)
+                    Wait::Rx(Some(to), out_bytes, rx)
                 }
             };
             waits.push((part.positions, w));
         }
         let this = self.clone();
         async move {
-            let mut results = Vec::with_capacity(waits.len());
-            for (positions, w) in waits {
-                let (peer, mut r) = match w {
-                    Wait::Ready(r) => (None, r),
-                    Wait::Rx(peer, rx) => (
-                        peer,
-                        rx.await.unwrap_or_else(|_| {
-                            Err(RemoteError::fatal(
-                                "the request was dropped without an answer",
-                            ))
-                        }),
-                    ),
-                };
-                if let Err(e) = &r
-                    && e.retry
-                    && attempt < MAX_RETRIES
-                {
-                    let backoff = Duration::from_micros(200 << attempt.min(12));
-                    tokio::select! {
-                        _ = tokio::time::sleep(backoff) => {}
-                        _ = this.inner.cancel.cancelled() => {
-                            return Err(RemoteError::fatal("the data plane is shutting down"));
-                        }
+            // Wait for every part at once, noting when each answer came.
+            let answers = futures::future::join_all(waits.into_iter().map(|(positions, w)| async move {
+                match w {
+                    Wait::Ready(r) => (positions, None, r, 0.0),
+                    Wait::Rx(peer, out_bytes, rx) => {
+                        let r = rx.await.unwrap_or_else(|_| {
+                            Err(RemoteError::fatal("the request was dropped without an answer"))
+                        });
+                        (positions, peer.map(|p| (p, out_bytes)), r, sent.elapsed().as_secs_f64())
                     }
-                    let offs = store::value_offsets(&op.values);
-                    let retry = Arc::new(store::sub_op(&op, &positions, &offs));
-                    r = this.execute_shared(retry, attempt + 1).await;
+                }
+            }))
+            .await;
+            let mut links = Vec::new();
+            let mut results = Vec::with_capacity(answers.len());
+            for (positions, peer, mut r, secs) in answers {
+                if let (Some((p, out_bytes)), Ok(resp)) = (peer, &r) {
+                    let in_bytes = match resp {
+                        PeerResponse::Values(v) => v.byte_len() as u64,
+                        PeerResponse::Done => 0,
+                    };
+                    links.push(LinkSample { peer: p, bytes: out_bytes + in_bytes, secs });
+                }
+                if let Err(e) = &r {
+                    if e.retry && attempt < MAX_RETRIES {
+                        let backoff = Duration::from_micros(200 << attempt.min(12));
+                        tokio::select! {
+                            _ = tokio::time::sleep(backoff) => {}
+                            _ = this.inner.cancel.cancelled() => {
+                                return (Err(RemoteError::fatal("the data plane is shutting down")), links);
+                            }
+                        }
+                        let offs = store::value_offsets(&op.values);
+                        let retry = Arc::new(store::sub_op(&op, &positions, &offs));
+                        let (rr, more) = this.execute_shared(retry, attempt + 1).await;
+                        links.extend(more);
+                        r = rr;
+                    }
                 }
                 match r {
                     Ok(resp) => results.push((positions, resp)),
                     Err(e) => {
-                        return Err(match peer {
-                            Some(p) => RemoteError {
+                        let e = match peer {
+                            Some((p, _)) => RemoteError {
                                 retry: e.retry,
                                 message: format!("evaluator {p}: {}", e.message),
                             },
                             None => e,
-                        });
+                        };
+                        return (Err(e), links);
                     }
                 }
             }
-            store::assemble(kind, keys, results)
+            (store::assemble(kind, keys, results), links)
         }
         .boxed()
     }
@@ -895,7 +928,8 @@ impl DataPlane {
 
 enum Wait {
     Ready(PartResult),
-    Rx(Option<EvaluatorId>, oneshot::Receiver<PartResult>),
+    /// The peer it was forwarded to (if any), bytes sent with it, the answer.
+    Rx(Option<EvaluatorId>, u64, oneshot::Receiver<PartResult>),
 }
 
 /// One outbound request connection.

@@ -26,8 +26,8 @@ use cruise_hdfs::{FileSystem, Split, line_number_at, read_split};
 use crate::apps::{App, Step};
 use crate::peer::DataPlane;
 use crate::protocol::{
-    BlockId, EvalToAm, INPUT_TABLE, Key, MODEL_TABLE, MiniBatchReport, PeerResponse, STATE_TABLE,
-    ServerReport, Stats, TaskKind, ValueBatch, WorkerTask,
+    BlockId, EvalToAm, INPUT_TABLE, Key, LinkSample, MODEL_TABLE, MiniBatchReport, PeerResponse,
+    STATE_TABLE, ServerReport, Stats, TaskKind, ValueBatch, WorkerTask,
 };
 use crate::store::{BlockData, OpKind, Store, StoreOp};
 
@@ -139,14 +139,20 @@ fn batches(n: usize, size: usize) -> impl Iterator<Item = Range<usize>> {
     (0..n).step_by(size).map(move |s| s..(s + size).min(n))
 }
 
-async fn pull(dp: &DataPlane, keys: &[Key]) -> Result<ValueBatch, PsError> {
+async fn pull(
+    dp: &DataPlane,
+    keys: &[Key],
+    links: &mut Vec<LinkSample>,
+) -> Result<ValueBatch, PsError> {
     let op = StoreOp {
         kind: OpKind::Get,
         table: MODEL_TABLE,
         keys: keys.to_vec(),
         values: ValueBatch::default(),
     };
-    match dp.execute(op).await {
+    let (r, samples) = dp.execute_traced(op).await;
+    links.extend(samples);
+    match r {
         Ok(PeerResponse::Values(v)) => Ok(v),
         Ok(other) => Err(PsError::Remote {
             what: "pull",
@@ -159,20 +165,39 @@ async fn pull(dp: &DataPlane, keys: &[Key]) -> Result<ValueBatch, PsError> {
     }
 }
 
-async fn push(dp: &DataPlane, keys: Vec<Key>, deltas: ValueBatch) -> Result<(), PsError> {
+async fn push(
+    dp: &DataPlane,
+    keys: Vec<Key>,
+    deltas: ValueBatch,
+    links: &mut Vec<LinkSample>,
+) -> Result<(), PsError> {
     let op = StoreOp {
         kind: OpKind::Update,
         table: MODEL_TABLE,
         keys,
         values: deltas,
     };
-    dp.execute(op)
-        .await
-        .map(|_| ())
-        .map_err(|e| PsError::Remote {
-            what: "push",
-            message: e.message,
-        })
+    let (r, samples) = dp.execute_traced(op).await;
+    links.extend(samples);
+    r.map(|_| ()).map_err(|e| PsError::Remote {
+        what: "push",
+        message: e.message,
+    })
+}
+
+/// Sums the samples of each peer (a pull and a push to the same server).
+fn merge_links(samples: Vec<LinkSample>) -> Vec<LinkSample> {
+    let mut out: Vec<LinkSample> = Vec::new();
+    for s in samples {
+        match out.iter_mut().find(|o| o.peer == s.peer) {
+            Some(o) => {
+                o.bytes += s.bytes;
+                o.secs += s.secs;
+            }
+            None => out.push(s),
+        }
+    }
+    out
 }
 
 /// Runs the worker task until `stop` is cancelled (between mini-batches).
@@ -215,8 +240,9 @@ pub async fn run_worker(mut ctx: WorkerContext) -> Result<(), PsError> {
                     break 'epochs;
                 }
                 ctx.app.keys(&input, rows.clone(), &mut keys);
+                let mut links = Vec::new();
                 let t0 = Instant::now();
-                let values = pull(&ctx.dp, &keys).await?;
+                let values = pull(&ctx.dp, &keys, &mut links).await?;
                 let pull_secs = t0.elapsed().as_secs_f64();
                 let pull_bytes = values.byte_len() as u64;
 
@@ -254,7 +280,7 @@ pub async fn run_worker(mut ctx: WorkerContext) -> Result<(), PsError> {
                 let push_bytes = deltas.byte_len() as u64;
                 let t2 = Instant::now();
                 if !deltas.is_empty() {
-                    push(&ctx.dp, ks.clone(), deltas).await?;
+                    push(&ctx.dp, ks.clone(), deltas, &mut links).await?;
                 }
                 let push_secs = t2.elapsed().as_secs_f64();
                 keys = ks;
@@ -266,6 +292,7 @@ pub async fn run_worker(mut ctx: WorkerContext) -> Result<(), PsError> {
                     pull_bytes,
                     push_secs,
                     push_bytes,
+                    links: merge_links(links),
                 };
                 ctx.to_am
                     .send(EvalToAm::MiniBatch(report))
@@ -303,7 +330,7 @@ pub async fn evaluate(
         // Larger batches: no updates, so fewer round trips are fine.
         for rows in batches(input.len(), mini_batch.max(1000)) {
             app.keys(&input, rows.clone(), &mut keys);
-            let values = pull(dp, &keys).await?;
+            let values = pull(dp, &keys, &mut Vec::new()).await?;
             let (a, inp, st, ks) = (
                 Arc::clone(app),
                 Arc::clone(&input),

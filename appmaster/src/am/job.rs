@@ -489,6 +489,7 @@ impl Driver {
                 data_addr,
                 pid,
                 host,
+                cpu_speed: _,
             } => {
                 e.data_addr = Some(data_addr);
                 e.pid = pid;

@@ -208,6 +208,8 @@ pub enum EvalToAm {
         pid: u32,
         /// Host name.
         host: String,
+        /// Relative CPU speed from a short calibration (higher is faster).
+        cpu_speed: f64,
     },
     /// Liveness, with memory use.
     Heartbeat {
@@ -332,8 +334,20 @@ impl Stats {
     }
 }
 
-/// What a worker measured in one mini-batch.
+/// A transfer with one peer during a mini-batch: bytes moved and the time
+/// from sending the request to receiving its answer.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct LinkSample {
+    /// The other evaluator.
+    pub peer: EvaluatorId,
+    /// Bytes of values sent or received.
+    pub bytes: u64,
+    /// Seconds from request to answer.
+    pub secs: f64,
+}
+
+/// What a worker measured in one mini-batch.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct MiniBatchReport {
     /// The worker's local epoch.
     pub clock: u32,
@@ -349,6 +363,8 @@ pub struct MiniBatchReport {
     pub push_secs: f64,
     /// Bytes pushed (deltas sent).
     pub push_bytes: u64,
+    /// Per-peer transfers of the pull and the push (local parts excluded).
+    pub links: Vec<LinkSample>,
 }
 
 /// What a server measured over a period.

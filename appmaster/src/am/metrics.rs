@@ -1,0 +1,370 @@
+//! What the AM measures about a running job, for the optimizer.
+//!
+//! Owned by the job's event loop. Workers report every mini-batch (compute
+//! time and records, pull and push time and bytes, and per-peer transfer
+//! samples); servers report periodically (requests served, busy time, bytes);
+//! every evaluator reports its CPU speed (a calibration at start) and block
+//! moves report their bytes and time. Each figure is smoothed over a sliding
+//! window. A worker's first mini-batches (warm-up) and its first after each
+//! reconfiguration are not counted. Bandwidth between two evaluators is
+//! measured from their real transfers, never configured.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use serde::Serialize;
+
+use cruise_container::protocol::{EvaluatorId, LinkSample, MiniBatchReport, ServerReport};
+
+/// A sliding window of samples.
+#[derive(Debug, Clone, Default)]
+pub struct Window {
+    samples: VecDeque<f64>,
+    cap: usize,
+}
+
+impl Window {
+    /// A window of at most `cap` samples.
+    pub fn new(cap: usize) -> Self {
+        Window {
+            samples: VecDeque::with_capacity(cap),
+            cap: cap.max(1),
+        }
+    }
+
+    /// Adds a sample (non-finite ones are dropped).
+    pub fn push(&mut self, v: f64) {
+        if !v.is_finite() {
+            return;
+        }
+        if self.samples.len() == self.cap {
+            self.samples.pop_front();
+        }
+        self.samples.push_back(v);
+    }
+
+    /// The mean, if any samples.
+    pub fn mean(&self) -> Option<f64> {
+        if self.samples.is_empty() {
+            None
+        } else {
+            Some(self.samples.iter().sum::<f64>() / self.samples.len() as f64)
+        }
+    }
+
+    /// Number of samples.
+    pub fn len(&self) -> usize {
+        self.samples.len()
+    }
+
+    /// Whether there are no samples.
+    pub fn is_empty(&self) -> bool {
+        self.samples.is_empty()
+    }
+
+    /// Forgets all samples.
+    pub fn clear(&mut self) {
+        self.samples.clear();
+    }
+}
+
+/// Smoothed measurements of one evaluator.
+#[derive(Debug, Clone)]
+pub struct EvalMetrics {
+    /// Compute seconds per record (as a worker).
+    pub comp_per_record: Window,
+    /// Bytes pulled plus pushed per mini-batch.
+    pub bytes_per_batch: Window,
+    /// Seconds pulling plus pushing per mini-batch.
+    pub comm_secs_per_batch: Window,
+    /// Server busy seconds per byte served.
+    pub server_secs_per_byte: Window,
+    /// Mini-batches counted since the last reset.
+    pub batches: u32,
+    /// Mini-batches still to skip (warm-up, or after a reconfiguration).
+    pub skip: u32,
+    /// CPU speed from the calibration (arbitrary units; higher is faster).
+    pub cpu_speed: Option<f64>,
+}
+
+/// All of the job's measurements.
+#[derive(Debug, Clone)]
+pub struct Metrics {
+    window: usize,
+    warmup: u32,
+    evals: BTreeMap<EvaluatorId, EvalMetrics>,
+    /// Effective bandwidth per ordered pair (from, to), bytes per second.
+    links: BTreeMap<(EvaluatorId, EvaluatorId), Window>,
+    /// Bytes and seconds of input loads (for the reload-or-move choice).
+    load_bytes_per_sec: Window,
+}
+
+/// A JSON view of the measurements (status endpoint, snapshot files).
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct MetricsView {
+    /// Per evaluator.
+    pub evaluators: Vec<EvalMetricsView>,
+    /// Per measured link.
+    pub links: Vec<LinkView>,
+}
+
+/// One evaluator's smoothed figures.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct EvalMetricsView {
+    /// Evaluator id.
+    pub id: EvaluatorId,
+    /// Compute seconds per record.
+    pub comp_secs_per_record: Option<f64>,
+    /// Bytes exchanged per mini-batch.
+    pub bytes_per_mini_batch: Option<f64>,
+    /// Communication seconds per mini-batch.
+    pub comm_secs_per_mini_batch: Option<f64>,
+    /// Server seconds per byte.
+    pub server_secs_per_byte: Option<f64>,
+    /// Mini-batches counted.
+    pub mini_batches: u32,
+    /// CPU speed from the calibration.
+    pub cpu_speed: Option<f64>,
+}
+
+/// One link's measured bandwidth.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct LinkView {
+    /// Sender side of the measurement (the worker or the move source).
+    pub from: EvaluatorId,
+    /// The other side.
+    pub to: EvaluatorId,
+    /// Bytes per second.
+    pub bytes_per_sec: f64,
+}
+
+impl Metrics {
+    /// Empty metrics: windows of `window` samples, `warmup` mini-batches skipped.
+    pub fn new(window: usize, warmup: u32) -> Self {
+        Metrics {
+            window,
+            warmup,
+            evals: BTreeMap::new(),
+            links: BTreeMap::new(),
+            load_bytes_per_sec: Window::new(window),
+        }
+    }
+
+    fn eval(&mut self, id: EvaluatorId) -> &mut EvalMetrics {
+        let (w, warmup) = (self.window, self.warmup);
+        self.evals.entry(id).or_insert_with(|| EvalMetrics {
+            comp_per_record: Window::new(w),
+            bytes_per_batch: Window::new(w),
+            comm_secs_per_batch: Window::new(w),
+            server_secs_per_byte: Window::new(w),
+            batches: 0,
+            skip: warmup,
+            cpu_speed: None,
+        })
+    }
+
+    /// An evaluator's metrics, if any.
+    pub fn get(&self, id: EvaluatorId) -> Option<&EvalMetrics> {
+        self.evals.get(&id)
+    }
+
+    /// Records the CPU calibration of an evaluator.
+    pub fn cpu_speed(&mut self, id: EvaluatorId, speed: f64) {
+        if speed.is_finite() && speed > 0.0 {
+            self.eval(id).cpu_speed = Some(speed);
+        }
+    }
+
+    /// Records a worker's mini-batch.
+    pub fn mini_batch(&mut self, id: EvaluatorId, r: &MiniBatchReport, links: &[LinkSample]) {
+        let e = self.eval(id);
+        if e.skip > 0 {
+            e.skip -= 1;
+            return;
+        }
+        if r.stats.records > 0 {
+            e.comp_per_record.push(r.comp_secs / r.stats.records as f64);
+        }
+        e.bytes_per_batch.push((r.pull_bytes + r.push_bytes) as f64);
+        e.comm_secs_per_batch.push(r.pull_secs + r.push_secs);
+        e.batches += 1;
+        for l in links {
+            self.link(id, l.peer, l.bytes, l.secs);
+        }
+    }
+
+    /// Records a transfer of `bytes` in `secs` between two evaluators.
+    pub fn link(&mut self, from: EvaluatorId, to: EvaluatorId, bytes: u64, secs: f64) {
+        // Tiny transfers measure latency, not bandwidth.
+        if bytes < 4096 || secs <= 0.0 || from == to {
+            return;
+        }
+        let w = self.window;
+        self.links
+            .entry((from, to))
+            .or_insert_with(|| Window::new(w))
+            .push(bytes as f64 / secs);
+    }
+
+    /// Records a server's report.
+    pub fn server(&mut self, id: EvaluatorId, r: &ServerReport) {
+        let bytes = r.bytes_in + r.bytes_out;
+        if bytes > 0 && r.busy_secs > 0.0 {
+            self.eval(id).server_secs_per_byte.push(r.busy_secs / bytes as f64);
+        }
+    }
+
+    /// Records an input load.
+    pub fn load(&mut self, bytes: u64, secs: f64) {
+        if bytes > 0 && secs > 0.0 {
+            self.load_bytes_per_sec.push(bytes as f64 / secs);
+        }
+    }
+
+    /// Measured input-load throughput, bytes per second.
+    pub fn load_bandwidth(&self) -> Option<f64> {
+        self.load_bytes_per_sec.mean()
+    }
+
+    /// After a reconfiguration: every worker skips its next mini-batch and
+    /// its counts restart, so the optimizer waits for fresh measurements.
+    pub fn reset_after_reconfiguration(&mut self) {
+        for e in self.evals.values_mut() {
+            e.skip = e.skip.max(1);
+            e.batches = 0;
+        }
+    }
+
+    /// Forgets an evaluator that left.
+    pub fn forget(&mut self, id: EvaluatorId) {
+        self.evals.remove(&id);
+        self.links.retain(|&(a, b), _| a != id && b != id);
+    }
+
+    /// Measured bandwidth between two evaluators (either direction; the
+    /// slower when both are measured).
+    pub fn bandwidth(&self, a: EvaluatorId, b: EvaluatorId) -> Option<f64> {
+        let ab = self.links.get(&(a, b)).and_then(Window::mean);
+        let ba = self.links.get(&(b, a)).and_then(Window::mean);
+        match (ab, ba) {
+            (Some(x), Some(y)) => Some(x.min(y)),
+            (x, y) => x.or(y),
+        }
+    }
+
+    /// An evaluator's bandwidth: the best of its measured links (its NIC is
+    /// at least that fast).
+    pub fn node_bandwidth(&self, id: EvaluatorId) -> Option<f64> {
+        self.links
+            .iter()
+            .filter(|((a, b), _)| *a == id || *b == id)
+            .filter_map(|(_, w)| w.mean())
+            .fold(None, |acc: Option<f64>, v| Some(acc.map_or(v, |a| a.max(v))))
+    }
+
+    /// Mean of every measured link, bytes per second.
+    pub fn mean_bandwidth(&self) -> Option<f64> {
+        let v: Vec<f64> = self.links.values().filter_map(Window::mean).collect();
+        (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
+    }
+
+    /// Every measured link.
+    pub fn links(&self) -> impl Iterator<Item = (EvaluatorId, EvaluatorId, f64)> + '_ {
+        self.links
+            .iter()
+            .filter_map(|(&(a, b), w)| w.mean().map(|m| (a, b, m)))
+    }
+
+    /// The JSON view.
+    pub fn view(&self) -> MetricsView {
+        MetricsView {
+            evaluators: self
+                .evals
+                .iter()
+                .map(|(&id, e)| EvalMetricsView {
+                    id,
+                    comp_secs_per_record: e.comp_per_record.mean(),
+                    bytes_per_mini_batch: e.bytes_per_batch.mean(),
+                    comm_secs_per_mini_batch: e.comm_secs_per_batch.mean(),
+                    server_secs_per_byte: e.server_secs_per_byte.mean(),
+                    mini_batches: e.batches,
+                    cpu_speed: e.cpu_speed,
+                })
+                .collect(),
+            links: self
+                .links()
+                .map(|(from, to, bytes_per_sec)| LinkView {
+                    from,
+                    to,
+                    bytes_per_sec,
+                })
+                .collect(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cruise_container::protocol::Stats;
+
+    fn report(records: u64, comp: f64, bytes: u64) -> MiniBatchReport {
+        MiniBatchReport {
+            clock: 0,
+            stats: Stats {
+                records,
+                loss_sum: 0.0,
+                correct: 0,
+            },
+            comp_secs: comp,
+            pull_secs: 0.001,
+            pull_bytes: bytes,
+            push_secs: 0.001,
+            push_bytes: bytes,
+        }
+    }
+
+    #[test]
+    fn window_is_a_sliding_mean() {
+        let mut w = Window::new(3);
+        assert_eq!(w.mean(), None);
+        for v in [1.0, 2.0, 3.0, 4.0, f64::NAN] {
+            w.push(v);
+        }
+        assert_eq!(w.mean(), Some(3.0));
+        assert_eq!(w.len(), 3);
+    }
+
+    #[test]
+    fn warmup_and_reconfiguration_batches_are_skipped() {
+        let mut m = Metrics::new(10, 2);
+        let links = [LinkSample {
+            peer: 9,
+            bytes: 1 << 20,
+            secs: 0.01,
+        }];
+        m.mini_batch(1, &report(100, 100.0, 10), &links); // warm-up
+        m.mini_batch(1, &report(100, 100.0, 10), &links); // warm-up
+        m.mini_batch(1, &report(100, 0.1, 10), &links);
+        let e = m.get(1).unwrap();
+        assert_eq!(e.batches, 1);
+        assert!((e.comp_per_record.mean().unwrap() - 0.001).abs() < 1e-12);
+        assert!((m.bandwidth(1, 9).unwrap() - 104_857_600.0).abs() < 1.0);
+        m.reset_after_reconfiguration();
+        m.mini_batch(1, &report(100, 50.0, 10), &[]); // first after reconfiguration
+        assert_eq!(m.get(1).unwrap().batches, 0);
+        assert!((m.get(1).unwrap().comp_per_record.mean().unwrap() - 0.001).abs() < 1e-12);
+    }
+
+    #[test]
+    fn links_take_the_slower_direction_and_ignore_tiny_transfers() {
+        let mut m = Metrics::new(4, 0);
+        m.link(1, 2, 1_000_000, 0.01); // 100 MB/s
+        m.link(2, 1, 1_000_000, 0.02); // 50 MB/s
+        m.link(1, 3, 100, 0.5); // too small to say
+        assert_eq!(m.bandwidth(1, 2), Some(5e7));
+        assert_eq!(m.bandwidth(1, 3), None);
+        assert_eq!(m.node_bandwidth(1), Some(1e8));
+        m.forget(2);
+        assert_eq!(m.bandwidth(1, 2), None);
+    }
+}
