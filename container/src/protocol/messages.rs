@@ -295,12 +295,18 @@ pub enum TaskKind {
 }
 
 /// Per-app objective statistics, summed over records.
+///
+/// `records` counts input records (the AM counts epochs with it); the loss is
+/// a sum over `loss_terms` terms, which are records for MLR and Lasso,
+/// observed entries for NMF and tokens for LDA (each app documents its own).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct Stats {
     /// Records counted.
     pub records: u64,
-    /// Sum of the per-record loss.
+    /// Sum of the loss terms.
     pub loss_sum: f64,
+    /// Number of terms in `loss_sum`; 0 means one per record.
+    pub loss_terms: u64,
     /// Records predicted correctly (apps without accuracy leave 0).
     pub correct: u64,
 }
@@ -308,17 +314,28 @@ pub struct Stats {
 impl Stats {
     /// Adds another set of sums.
     pub fn add(&mut self, o: &Stats) {
+        self.loss_terms = self.terms() + o.terms();
         self.records += o.records;
         self.loss_sum += o.loss_sum;
         self.correct += o.correct;
     }
 
-    /// Mean loss per record.
+    /// Number of loss terms (`loss_terms`, or `records` when that is 0).
+    pub fn terms(&self) -> u64 {
+        if self.loss_terms == 0 {
+            self.records
+        } else {
+            self.loss_terms
+        }
+    }
+
+    /// Mean loss per term (per record unless the app counts terms).
     pub fn mean_loss(&self) -> f64 {
-        if self.records == 0 {
+        let n = self.terms();
+        if n == 0 {
             f64::NAN
         } else {
-            self.loss_sum / self.records as f64
+            self.loss_sum / n as f64
         }
     }
 
@@ -669,6 +686,29 @@ mod tests {
         assert_eq!(back, b);
         let vals: Vec<&[f32]> = back.iter().collect();
         assert_eq!(vals, vec![&[1.0, -2.5][..], &[][..], &[f32::MAX][..]]);
+    }
+
+    #[test]
+    fn stats_count_loss_terms() {
+        let per_record = Stats {
+            records: 2,
+            loss_sum: 4.0,
+            loss_terms: 0,
+            correct: 1,
+        };
+        assert_eq!(per_record.mean_loss(), 2.0);
+        let per_token = Stats {
+            records: 1,
+            loss_sum: 6.0,
+            loss_terms: 6,
+            correct: 0,
+        };
+        let mut sum = Stats::default();
+        sum.add(&per_record);
+        sum.add(&per_token);
+        assert_eq!((sum.records, sum.loss_terms, sum.correct), (3, 8, 1));
+        assert_eq!(sum.mean_loss(), 10.0 / 8.0);
+        assert!(Stats::default().mean_loss().is_nan());
     }
 
     #[test]
