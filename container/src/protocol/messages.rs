@@ -147,6 +147,16 @@ pub enum AmToEval {
     },
     /// Compute the objective over all local input with the current model (no updates).
     Evaluate,
+    /// Read and parse these splits of the held-out input (`job.eval_input`)
+    /// and compute the objective over them with the current model; nothing
+    /// is stored. Answered by [`EvalToAm::HeldOutEvaluation`].
+    EvaluateHeldOut {
+        /// The splits.
+        splits: Vec<Split>,
+    },
+    /// Send the model blocks owned here to the AM: [`EvalToAm::ModelPart`]s,
+    /// then [`EvalToAm::ModelDumped`].
+    DumpModel,
     /// Stop: release everything and exit with status 0.
     Shutdown {
         /// Why (logged).
@@ -256,6 +266,20 @@ pub enum EvalToAm {
     },
     /// The answer to [`AmToEval::Evaluate`].
     Evaluation(Stats),
+    /// The answer to [`AmToEval::EvaluateHeldOut`].
+    HeldOutEvaluation(Stats),
+    /// Part of the model blocks owned here (answering [`AmToEval::DumpModel`]).
+    ModelPart {
+        /// The keys.
+        keys: Vec<Key>,
+        /// Their values, in the order of `keys`.
+        values: ValueBatch,
+    },
+    /// All model blocks owned here were sent.
+    ModelDumped {
+        /// Keys sent in all parts.
+        keys: u64,
+    },
     /// One block of a move is installed at the destination (its new owner).
     BlockMoved {
         /// The move.
