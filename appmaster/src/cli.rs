@@ -325,11 +325,27 @@ pub struct ConfigArgs {
 
 /// Runs `cruise run`: returns the summary, or the error that ended the job.
 pub async fn run(args: RunArgs, cancel: CancellationToken) -> anyhow::Result<JobSummary> {
-    let config = args.conf.load()?;
+    let mut config = args.conf.load()?;
+    // Evaluators run in their own directories: relative local paths are
+    // meant relative to where `cruise run` was started.
+    for path in [&mut config.job.input, &mut config.job.eval_input] {
+        *path = absolute_local(path)?;
+    }
     let work = datagen::work_dir(&config);
     let input = datagen::prepare_input(&config, &work)?;
     let summary = run_local(config, input, work, cancel, !args.quiet).await?;
     Ok(summary)
+}
+
+/// A relative local path made absolute against the current directory; URIs
+/// (`scheme://...`), absolute paths and the empty string are kept.
+pub fn absolute_local(path: &str) -> anyhow::Result<String> {
+    if path.is_empty() || path.contains("://") || std::path::Path::new(path).is_absolute() {
+        return Ok(path.to_string());
+    }
+    let cwd = std::env::current_dir()
+        .map_err(|e| anyhow::anyhow!("cannot resolve the relative path {path:?}: {e}"))?;
+    Ok(cwd.join(path).display().to_string())
 }
 
 /// Runs a job on the local runtime with progress drawn on stderr.

@@ -39,7 +39,8 @@
 //! `q = Σ_{n_wk>0} (α+n_dk)/(Vβ+n_k)·n_wk` (the word's topics), all kept up to
 //! date incrementally, so a draw costs the number of non-zero topics of the
 //! word and the document, not the number of topics. The first sweep over a
-//! token samples it from the counts so far (online initialisation). The
+//! token assigns it a topic uniformly at random (the usual initialisation;
+//! drawing from the counts so far merges topics early more often). The
 //! mini-batch pushes the change of every pulled count.
 //!
 //! # Statistics
@@ -524,10 +525,12 @@ impl App for Lda {
                 };
                 for _ in 0..c as u32 {
                     let old = z_all[ti];
-                    if old != UNASSIGNED && (old as usize) < k {
+                    let new = if old != UNASSIGNED && (old as usize) < k {
                         sm.change(ndk, p, old as usize, -1);
-                    }
-                    let new = sm.draw(ndk, p, rng.random::<f64>());
+                        sm.draw(ndk, p, rng.random::<f64>())
+                    } else {
+                        rng.random_range(0..k)
+                    };
                     sm.change(ndk, p, new, 1);
                     z_all[ti] = new as u32;
                     ti += 1;
