@@ -371,7 +371,7 @@ impl Default for NmfConfig {
         NmfConfig {
             columns: 500,
             rank: 8,
-            step_size: 0.02,
+            step_size: 0.05,
             decay: 0.05,
             l2: 1e-3,
             init_scale: 0.5,
