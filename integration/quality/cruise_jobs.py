@@ -93,6 +93,22 @@ def read_model(path):
     return header, values
 
 
+def int32_indices(x):
+    """A CSR matrix with 32-bit indices (some scikit-learn estimators accept
+    nothing else, and readers may produce 64-bit ones)."""
+    x.indices = x.indices.astype(np.int32)
+    x.indptr = x.indptr.astype(np.int32)
+    return x
+
+
+def read_libsvm(path, n_features):
+    """A 1-based libsvm file as (CSR matrix with column j-1 for index j, targets)."""
+    from sklearn.datasets import load_svmlight_file
+
+    x, y = load_svmlight_file(path, n_features=n_features, zero_based=False)
+    return int32_indices(x), y
+
+
 def read_bag_of_words(path, vocab):
     """An LDA input file (`doc word:count ...`) as a sparse doc × word matrix."""
     rows, cols, vals = [], [], []
@@ -108,7 +124,10 @@ def read_bag_of_words(path, vocab):
                 cols.append(int(w))
                 vals.append(int(c))
             n += 1
-    return csr_matrix((vals, (rows, cols)), shape=(n, vocab), dtype=np.float64)
+    x = csr_matrix((np.array(vals, dtype=np.float64),
+                    (np.array(rows, dtype=np.int32), np.array(cols, dtype=np.int32))),
+                   shape=(n, vocab))
+    return int32_indices(x)
 
 
 def read_nmf_rows(path):

@@ -27,7 +27,7 @@ import time
 import numpy as np
 
 from cruise_jobs import (Cruise, Report, accuracy, mean_loss, read_bag_of_words,
-                         read_model)
+                         read_libsvm, read_model)
 
 
 def check_mlr(c, rep):
@@ -62,15 +62,13 @@ def check_mlr(c, rep):
 
 
 def check_lasso(c, rep):
-    from sklearn.datasets import load_svmlight_file
     from sklearn.linear_model import Lasso
 
     features, lam = 50, 0.1
     data = c.path("lasso.libsvm")
     truth = c.datagen("lasso", data, truth=c.path("lasso.truth.json"), samples=5000,
                       features=features, support=8, noise=0.2, seed=1)
-    # libsvm indices 1..=features: column j - 1 holds feature j.
-    X, y = load_svmlight_file(data, n_features=features, zero_based=False)
+    X, y = read_libsvm(data, features)  # column j - 1 holds feature j
     X = X.toarray()
     t0 = time.monotonic()
     sk = Lasso(alpha=lam, tol=1e-10, max_iter=100_000).fit(X, y)

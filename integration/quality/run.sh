@@ -2,6 +2,10 @@
 # Quality of the cruise-rs apps against scikit-learn and known ground truths.
 #
 #   integration/quality/run.sh [mlr] [lasso] [nmf] [lda]     (default: all)
+#   integration/quality/run.sh bench [--scale S] [mlr] [lasso] [nmf] [lda]
+#
+# The second form runs bench_throughput.py instead: single-core training
+# throughput against scikit-learn (wants a quiet machine).
 #
 # Installs/reuses scikit-learn (setup.sh), builds the release `cruise` binary
 # (or uses $CRUISE_BIN), and runs quality.py: real `cruise run` jobs on the
@@ -40,7 +44,12 @@ else
     trap 'rm -rf "$WORK"' EXIT
 fi
 
+SCRIPT="$HERE/quality.py"
+if [ "${1:-}" = bench ]; then
+    shift
+    SCRIPT="$HERE/bench_throughput.py"
+fi
 status=0
-"$VENV/bin/python" "$HERE/quality.py" --cruise "$BIN" --work "$WORK" "$@" || status=$?
+"$VENV/bin/python" "$SCRIPT" --cruise "$BIN" --work "$WORK" "$@" || status=$?
 log "done in $(( $(date +%s) - T0 )) s (status $status)"
 exit $status
