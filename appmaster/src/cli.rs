@@ -7,7 +7,9 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
-use cruise_conf::{CruiseConfig, Layers};
+use std::io::Write as _;
+
+use cruise_conf::{CruiseConfig, LassoConfig, Layers, LdaConfig, NmfConfig};
 use cruise_rm::ResourceManager;
 use cruise_rm::local::{LocalConfig, LocalRm};
 
@@ -66,6 +68,13 @@ pub struct ConfFlags {
     /// Default: generate a data set into the work directory.
     #[arg(short, long, value_name = "PATH")]
     pub input: Option<String>,
+    /// Held-out input (same format): the final model is also evaluated over
+    /// it and reported as eval_stats (mlr and lasso).
+    #[arg(long, value_name = "PATH")]
+    pub eval_input: Option<String>,
+    /// Write the final model to this file (text: `key v1 v2 ...` per line).
+    #[arg(long, value_name = "FILE")]
+    pub model_out: Option<PathBuf>,
     /// Containers (evaluators) to start with.
     #[arg(short = 'n', long, value_name = "N")]
     pub containers: Option<u32>,
@@ -97,6 +106,12 @@ pub struct ConfFlags {
 pub enum AppArg {
     /// Multinomial logistic regression.
     Mlr,
+    /// Non-negative matrix factorisation.
+    Nmf,
+    /// Latent Dirichlet allocation.
+    Lda,
+    /// Lasso regression.
+    Lasso,
 }
 
 /// Synchronisation modes.
@@ -117,6 +132,12 @@ impl ConfFlags {
         }
         if let Some(v) = &self.input {
             l.set("job.input", v, "--input");
+        }
+        if let Some(v) = &self.eval_input {
+            l.set("job.eval_input", v, "--eval-input");
+        }
+        if let Some(v) = &self.model_out {
+            l.set("job.model_out", v.display(), "--model-out");
         }
         if let Some(v) = self.containers {
             l.set("job.containers", v, "--containers");
@@ -167,8 +188,43 @@ pub struct RunArgs {
 #[derive(Args, Debug)]
 pub struct DatagenArgs {
     /// The app whose data to generate.
-    #[arg(value_enum)]
-    pub app: AppArg,
+    #[command(subcommand)]
+    pub app: DatagenApp,
+}
+
+/// Data sets `cruise datagen` makes, one per app.
+#[derive(Subcommand, Debug)]
+pub enum DatagenApp {
+    /// libsvm records labelled by a random linear model (`label idx:val ...`).
+    Mlr(MlrGenArgs),
+    /// A low-rank non-negative matrix plus Gaussian noise (`row: col,val ...`),
+    /// or a conversion of `row col value` triplets to that format.
+    Nmf(NmfGenArgs),
+    /// A corpus drawn from known topics (`doc_id word:count ...`).
+    Lda(LdaGenArgs),
+    /// Regression data with sparse true coefficients plus noise (libsvm
+    /// `target idx:val ...`).
+    Lasso(LassoGenArgs),
+}
+
+/// Options every generator has.
+#[derive(Args, Debug, Clone)]
+pub struct GenOut {
+    /// Seed (the same seed gives the same file).
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
+    /// Output file.
+    #[arg(short, long, value_name = "PATH")]
+    pub out: PathBuf,
+    /// Also write the ground truth here, as JSON (true coefficients, topics,
+    /// noise level).
+    #[arg(long, value_name = "PATH")]
+    pub truth: Option<PathBuf>,
+}
+
+/// `cruise datagen mlr`.
+#[derive(Args, Debug)]
+pub struct MlrGenArgs {
     /// Records.
     #[arg(long, default_value_t = 20_000)]
     pub samples: u64,
@@ -181,12 +237,82 @@ pub struct DatagenArgs {
     /// Non-zero features per record.
     #[arg(long, default_value_t = 40)]
     pub nnz: u32,
-    /// Seed (the same seed gives the same file).
-    #[arg(long, default_value_t = 42)]
-    pub seed: u64,
-    /// Output file.
-    #[arg(short, long, value_name = "PATH")]
-    pub out: PathBuf,
+    /// Output.
+    #[command(flatten)]
+    pub gen_out: GenOut,
+}
+
+/// `cruise datagen nmf`.
+#[derive(Args, Debug)]
+pub struct NmfGenArgs {
+    /// Rows.
+    #[arg(long, default_value_t = NmfConfig::default().generate_rows)]
+    pub rows: u64,
+    /// Columns.
+    #[arg(long, default_value_t = NmfConfig::default().columns)]
+    pub columns: u32,
+    /// Rank of the true factors.
+    #[arg(long, default_value_t = NmfConfig::default().rank)]
+    pub rank: u32,
+    /// Fraction of entries observed.
+    #[arg(long, default_value_t = NmfConfig::default().generate_density)]
+    pub density: f64,
+    /// Standard deviation of the noise.
+    #[arg(long, default_value_t = NmfConfig::default().generate_noise)]
+    pub noise: f64,
+    /// Instead of generating, convert this file of `row col value` triplets
+    /// (one entry per line) to the row format.
+    #[arg(long, value_name = "PATH")]
+    pub from_triplets: Option<PathBuf>,
+    /// Output.
+    #[command(flatten)]
+    pub gen_out: GenOut,
+}
+
+/// `cruise datagen lda`.
+#[derive(Args, Debug)]
+pub struct LdaGenArgs {
+    /// Documents.
+    #[arg(long, default_value_t = LdaConfig::default().generate_docs)]
+    pub docs: u64,
+    /// Vocabulary size (word ids 0..V-1).
+    #[arg(long, default_value_t = LdaConfig::default().vocab)]
+    pub vocab: u32,
+    /// Topics.
+    #[arg(long, default_value_t = LdaConfig::default().topics)]
+    pub topics: u32,
+    /// Mean tokens per document.
+    #[arg(long, default_value_t = LdaConfig::default().generate_doc_len)]
+    pub doc_len: u32,
+    /// Dirichlet prior of the document-topic mixtures.
+    #[arg(long, default_value_t = LdaConfig::default().alpha)]
+    pub alpha: f64,
+    /// Dirichlet prior of the topics' word distributions.
+    #[arg(long, default_value_t = LdaConfig::default().beta)]
+    pub beta: f64,
+    /// Output.
+    #[command(flatten)]
+    pub gen_out: GenOut,
+}
+
+/// `cruise datagen lasso`.
+#[derive(Args, Debug)]
+pub struct LassoGenArgs {
+    /// Records.
+    #[arg(long, default_value_t = LassoConfig::default().generate_samples)]
+    pub samples: u64,
+    /// Features (libsvm indices 1..=F; every record has all of them).
+    #[arg(long, default_value_t = LassoConfig::default().features)]
+    pub features: u32,
+    /// Non-zero true coefficients.
+    #[arg(long, default_value_t = LassoConfig::default().generate_support)]
+    pub support: u32,
+    /// Standard deviation of the noise on the targets.
+    #[arg(long, default_value_t = LassoConfig::default().generate_noise)]
+    pub noise: f64,
+    /// Output.
+    #[command(flatten)]
+    pub gen_out: GenOut,
 }
 
 /// `cruise config`.
@@ -199,11 +325,27 @@ pub struct ConfigArgs {
 
 /// Runs `cruise run`: returns the summary, or the error that ended the job.
 pub async fn run(args: RunArgs, cancel: CancellationToken) -> anyhow::Result<JobSummary> {
-    let config = args.conf.load()?;
+    let mut config = args.conf.load()?;
+    // Evaluators run in their own directories: relative local paths are
+    // meant relative to where `cruise run` was started.
+    for path in [&mut config.job.input, &mut config.job.eval_input] {
+        *path = absolute_local(path)?;
+    }
     let work = datagen::work_dir(&config);
     let input = datagen::prepare_input(&config, &work)?;
     let summary = run_local(config, input, work, cancel, !args.quiet).await?;
     Ok(summary)
+}
+
+/// A relative local path made absolute against the current directory; URIs
+/// (`scheme://...`), absolute paths and the empty string are kept.
+pub fn absolute_local(path: &str) -> anyhow::Result<String> {
+    if path.is_empty() || path.contains("://") || std::path::Path::new(path).is_absolute() {
+        return Ok(path.to_string());
+    }
+    let cwd = std::env::current_dir()
+        .map_err(|e| anyhow::anyhow!("cannot resolve the relative path {path:?}: {e}"))?;
+    Ok(cwd.join(path).display().to_string())
 }
 
 /// Runs a job on the local runtime with progress drawn on stderr.
@@ -249,28 +391,89 @@ pub async fn run_local(
     result
 }
 
-/// Runs `cruise datagen`.
-pub fn datagen(args: DatagenArgs) -> anyhow::Result<u64> {
-    match args.app {
-        AppArg::Mlr => {
-            let p = cruise_container::apps::mlr::GenParams {
-                samples: args.samples,
-                features: args.features,
-                classes: args.classes,
-                nnz: args.nnz,
-                seed: args.seed,
-            };
-            if p.features == 0 || p.classes < 2 || p.nnz == 0 {
-                anyhow::bail!("--features must be >= 1, --classes >= 2 and --nnz >= 1");
+/// Runs `cruise datagen`: returns the bytes written and the output file.
+pub fn datagen(args: DatagenArgs) -> anyhow::Result<(u64, PathBuf)> {
+    use cruise_container::apps::{lasso, lda, mlr, nmf};
+    let (spec, out) = match args.app {
+        DatagenApp::Mlr(a) => (
+            datagen::GenSpec::Mlr(mlr::GenParams {
+                samples: a.samples,
+                features: a.features,
+                classes: a.classes,
+                nnz: a.nnz,
+                seed: a.gen_out.seed,
+            }),
+            a.gen_out,
+        ),
+        DatagenApp::Nmf(a) => {
+            if let Some(src) = &a.from_triplets {
+                return convert_triplets(src, &a.gen_out.out);
             }
-            let mut bytes = 0;
-            datagen::write_atomically(&args.out, |w| {
-                bytes = cruise_container::apps::mlr::generate(&p, w)?;
-                Ok(())
-            })?;
-            Ok(bytes)
+            (
+                datagen::GenSpec::Nmf(nmf::GenParams {
+                    rows: a.rows,
+                    columns: a.columns,
+                    rank: a.rank,
+                    density: a.density,
+                    noise: a.noise,
+                    seed: a.gen_out.seed,
+                }),
+                a.gen_out,
+            )
         }
+        DatagenApp::Lda(a) => (
+            datagen::GenSpec::Lda(lda::GenParams {
+                docs: a.docs,
+                vocab: a.vocab,
+                topics: a.topics,
+                doc_len: a.doc_len,
+                alpha: a.alpha,
+                beta: a.beta,
+                seed: a.gen_out.seed,
+            }),
+            a.gen_out,
+        ),
+        DatagenApp::Lasso(a) => (
+            datagen::GenSpec::Lasso(lasso::GenParams {
+                samples: a.samples,
+                features: a.features,
+                support: a.support,
+                noise: a.noise,
+                seed: a.gen_out.seed,
+            }),
+            a.gen_out,
+        ),
+    };
+    spec.check().map_err(anyhow::Error::msg)?;
+    let mut bytes = 0;
+    let mut truth = serde_json::Value::Null;
+    datagen::write_atomically(&out.out, |w| {
+        (bytes, truth) = spec.write(w)?;
+        Ok(())
+    })?;
+    if let Some(path) = &out.truth {
+        let text = serde_json::to_string(&truth)?;
+        datagen::write_atomically(path, |w| w.write_all(text.as_bytes()))?;
     }
+    Ok((bytes, out.out))
+}
+
+/// `cruise datagen nmf --from-triplets`: triplets to the row format.
+fn convert_triplets(
+    src: &std::path::Path,
+    out: &std::path::Path,
+) -> anyhow::Result<(u64, PathBuf)> {
+    let text =
+        std::fs::read(src).map_err(|e| anyhow::anyhow!("cannot read {}: {e}", src.display()))?;
+    let rows = cruise_container::apps::nmf::triplets_to_rows(&text).map_err(|e| {
+        let line = 1 + text[..e.offset.min(text.len())]
+            .iter()
+            .filter(|&&b| b == b'\n')
+            .count();
+        anyhow::anyhow!("{}:{line}: {}", src.display(), e.message)
+    })?;
+    datagen::write_atomically(out, |w| w.write_all(rows.as_bytes()))?;
+    Ok((rows.len() as u64, out.to_path_buf()))
 }
 
 /// Formats a summary for people.
@@ -281,18 +484,24 @@ pub fn summary_text(s: &JobSummary, config: &CruiseConfig) -> String {
     let _ = writeln!(out, "  app            {}", s.app);
     let _ = writeln!(out, "  epochs         {}", s.epochs.len());
     let _ = writeln!(out, "  records        {}", s.records);
-    let _ = writeln!(
-        out,
-        "  final {:<8} {:.4}",
-        s.loss_name,
-        s.final_stats.mean_loss()
-    );
-    if s.has_accuracy {
-        let _ = writeln!(
-            out,
-            "  accuracy       {:.2}%",
-            100.0 * s.final_stats.accuracy()
-        );
+    let app = cruise_container::apps::params(config)
+        .ok()
+        .and_then(|p| cruise_container::apps::build(config, &p).ok());
+    let mut figures = |what: &str, stats: &cruise_container::protocol::Stats| {
+        let _ = writeln!(out, "  {what} {:<9} {:.4}", s.loss_name, stats.mean_loss());
+        if let Some((name, v)) = app.as_ref().and_then(|a| a.derived_metric(stats)) {
+            let _ = writeln!(out, "  {what} {name:<9} {v:.4}");
+        }
+        if s.has_accuracy {
+            let _ = writeln!(out, "  {what} accuracy  {:.2}%", 100.0 * stats.accuracy());
+        }
+    };
+    figures("final", &s.final_stats);
+    if let Some(e) = &s.eval_stats {
+        figures("eval ", e);
+    }
+    if let Some(path) = &s.model_out {
+        let _ = writeln!(out, "  model          {path}");
     }
     let _ = writeln!(
         out,

@@ -108,9 +108,8 @@ fn main() -> ExitCode {
         }
         Command::Datagen(args) => {
             init_logging(cli.verbose, "warn");
-            let out = args.out.clone();
             match cli::datagen(args) {
-                Ok(bytes) => {
+                Ok((bytes, out)) => {
                     eprintln!("cruise: wrote {bytes} bytes to {}", out.display());
                     ExitCode::SUCCESS
                 }

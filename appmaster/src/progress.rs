@@ -14,8 +14,11 @@ use cruise_container::protocol::Stats;
 
 use crate::am::Progress;
 
-fn metrics(stats: &Stats, loss_name: &str, accuracy: bool) -> String {
+fn metrics(stats: &Stats, app: Option<&dyn apps::App>, loss_name: &str, accuracy: bool) -> String {
     let mut s = format!("{loss_name} {:.4}", stats.mean_loss());
+    if let Some((name, v)) = app.and_then(|a| a.derived_metric(stats)) {
+        s.push_str(&format!("  {name} {v:.4}"));
+    }
     if accuracy {
         s.push_str(&format!("  acc {:.2}%", 100.0 * stats.accuracy()));
     }
@@ -24,10 +27,13 @@ fn metrics(stats: &Stats, loss_name: &str, accuracy: bool) -> String {
 
 /// Renders progress events until the sender is dropped.
 pub async fn render(mut rx: mpsc::UnboundedReceiver<Progress>, config: CruiseConfig, show: bool) {
-    let (loss_name, accuracy) = apps::params(&config)
+    let app = apps::params(&config)
         .ok()
-        .and_then(|p| apps::build(&config, &p).ok())
+        .and_then(|p| apps::build(&config, &p).ok());
+    let (loss_name, accuracy) = app
+        .as_ref()
         .map_or(("loss", false), |a| (a.loss_name(), a.has_accuracy()));
+    let app = app.as_deref();
     let tty = std::io::stderr().is_terminal();
     let style = ProgressStyle::with_template(
         "{prefix:>10} [{bar:30.cyan/blue}] {percent:>3}% {elapsed:>4} {msg}",
@@ -83,14 +89,14 @@ pub async fn render(mut rx: mpsc::UnboundedReceiver<Progress>, config: CruiseCon
                 b.set_position(done);
                 b.set_message(format!(
                     "{}  W{workers} S{servers}",
-                    metrics(&stats, loss_name, accuracy)
+                    metrics(&stats, app, loss_name, accuracy)
                 ));
             }
             Progress::Epoch(e) => {
                 let line = format!(
                     "epoch {}/{epochs}  {}  {:.2} s  ({})",
                     e.epoch,
-                    metrics(&e.stats, loss_name, accuracy),
+                    metrics(&e.stats, app, loss_name, accuracy),
                     e.secs,
                     crate::am::split_text(e.workers, e.servers),
                 );

@@ -446,6 +446,44 @@ mod tests {
     }
 
     #[test]
+    fn app_sections_validated() {
+        let mut layers = Layers::default();
+        layers.set("job.app", "lda", "--app");
+        layers.set("lda.topics", 1, "--set lda.topics=1");
+        let err = layers.load().unwrap_err().to_string();
+        assert!(err.contains("lda.topics"), "{err}");
+
+        let mut layers = Layers::default();
+        layers.set("nmf.generate_density", 1.5, "--set");
+        let err = layers.load().unwrap_err().to_string();
+        assert!(err.contains("nmf.generate_density"), "{err}");
+
+        let mut layers = Layers::default();
+        layers.set("lasso.generate_support", 1000, "--set");
+        let err = layers.load().unwrap_err().to_string();
+        assert!(err.contains("lasso.generate_support"), "{err}");
+    }
+
+    #[test]
+    fn eval_input_only_for_stateless_apps() {
+        let mut layers = Layers::default();
+        layers.set("job.app", "nmf", "--app");
+        layers.set("job.eval_input", "/tmp/x", "--eval-input");
+        let err = layers.load().unwrap_err().to_string();
+        assert!(
+            err.contains("job.eval_input") && err.contains("nmf"),
+            "{err}"
+        );
+
+        let mut layers = Layers::default();
+        layers.set("job.app", "lasso", "--app");
+        layers.set("job.eval_input", "/tmp/x", "--eval-input");
+        let cfg = layers.load().unwrap();
+        assert_eq!(cfg.job.app, crate::AppKind::Lasso);
+        assert_eq!(cfg.job.eval_input, "/tmp/x");
+    }
+
+    #[test]
     fn malformed_set_rejected() {
         let mut layers = Layers::default();
         assert!(layers.set_text("job.epochs").is_err());

@@ -24,6 +24,12 @@ pub struct CruiseConfig {
     pub status: StatusConfig,
     /// Multinomial logistic regression.
     pub mlr: MlrConfig,
+    /// Non-negative matrix factorisation.
+    pub nmf: NmfConfig,
+    /// Latent Dirichlet allocation.
+    pub lda: LdaConfig,
+    /// Lasso regression.
+    pub lasso: LassoConfig,
 }
 
 /// The ML application to run.
@@ -33,6 +39,12 @@ pub enum AppKind {
     /// Multinomial logistic regression (sparse, SGD).
     #[default]
     Mlr,
+    /// Non-negative matrix factorisation (SGD, row factors on workers).
+    Nmf,
+    /// Latent Dirichlet allocation (collapsed Gibbs sampling, sparse sampler).
+    Lda,
+    /// Lasso regression (proximal SGD with soft-thresholding).
+    Lasso,
 }
 
 impl AppKind {
@@ -40,7 +52,17 @@ impl AppKind {
     pub fn as_str(self) -> &'static str {
         match self {
             AppKind::Mlr => "mlr",
+            AppKind::Nmf => "nmf",
+            AppKind::Lda => "lda",
+            AppKind::Lasso => "lasso",
         }
+    }
+
+    /// Whether the app keeps worker-local state learned from its training
+    /// input (NMF's row factors, LDA's document topics), so that the model
+    /// alone cannot score other input.
+    pub fn keeps_worker_state(self) -> bool {
+        matches!(self, AppKind::Nmf | AppKind::Lda)
     }
 }
 
@@ -68,11 +90,18 @@ pub enum SyncMode {
 pub struct JobConfig {
     /// Human-readable job name (shown in logs and status).
     pub name: String,
-    /// Application: `mlr`.
+    /// Application: `mlr`, `nmf`, `lda` or `lasso`.
     pub app: AppKind,
     /// Input path or URI (file, directory, `file://`, `hdfs://`, `webhdfs://`).
     /// Empty: generate a data set for the app into the work directory.
     pub input: String,
+    /// Held-out input, in the app's input format: after training, the final
+    /// model is also evaluated over it (reported as `eval_stats`). Only for
+    /// apps without worker-local state (`mlr`, `lasso`). Empty: none.
+    pub eval_input: String,
+    /// File the AM writes the final model to after training (text: one line
+    /// per key, `key v1 v2 ...`, after `#` header lines). Empty: not written.
+    pub model_out: String,
     /// Work directory for generated data and evaluator logs. Empty: a
     /// `cruise` folder in the system's temporary directory.
     pub work_dir: String,
@@ -99,6 +128,8 @@ impl Default for JobConfig {
             name: "cruise-job".to_string(),
             app: AppKind::Mlr,
             input: String::new(),
+            eval_input: String::new(),
+            model_out: String::new(),
             work_dir: String::new(),
             containers: 4,
             workers: 0,
@@ -311,6 +342,115 @@ impl Default for MlrConfig {
     }
 }
 
+/// `[nmf]`: non-negative matrix factorisation `X ≈ L·R` by SGD.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct NmfConfig {
+    /// Number of columns; column indices are 0..columns-1.
+    pub columns: u32,
+    /// Rank of the factorisation (floats per row and per column factor).
+    pub rank: u32,
+    /// Initial SGD step size.
+    pub step_size: f64,
+    /// Step size decay per epoch: step = step_size / (1 + decay * epoch).
+    pub decay: f64,
+    /// L2 regularisation of both factors, applied per observed entry.
+    pub l2: f64,
+    /// Initial factor values are uniform in [0, init_scale).
+    pub init_scale: f64,
+    /// Rows of the generated matrix (used when `job.input` is empty).
+    pub generate_rows: u64,
+    /// Fraction of entries observed in the generated matrix.
+    pub generate_density: f64,
+    /// Standard deviation of the Gaussian noise added to generated entries.
+    pub generate_noise: f64,
+}
+
+impl Default for NmfConfig {
+    fn default() -> Self {
+        NmfConfig {
+            columns: 500,
+            rank: 8,
+            step_size: 0.05,
+            decay: 0.05,
+            l2: 1e-3,
+            init_scale: 0.5,
+            generate_rows: 2_000,
+            generate_density: 0.2,
+            generate_noise: 0.1,
+        }
+    }
+}
+
+/// `[lda]`: latent Dirichlet allocation by collapsed Gibbs sampling.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LdaConfig {
+    /// Number of topics.
+    pub topics: u32,
+    /// Vocabulary size; word ids are 0..vocab-1.
+    pub vocab: u32,
+    /// Symmetric Dirichlet prior of document-topic distributions.
+    pub alpha: f64,
+    /// Symmetric Dirichlet prior of topic-word distributions.
+    pub beta: f64,
+    /// Documents in the generated corpus (used when `job.input` is empty).
+    pub generate_docs: u64,
+    /// Mean tokens per generated document.
+    pub generate_doc_len: u32,
+}
+
+impl Default for LdaConfig {
+    fn default() -> Self {
+        LdaConfig {
+            topics: 20,
+            vocab: 2_000,
+            alpha: 0.1,
+            beta: 0.01,
+            generate_docs: 5_000,
+            generate_doc_len: 100,
+        }
+    }
+}
+
+/// `[lasso]`: L1-regularised least squares by proximal SGD.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LassoConfig {
+    /// Number of features; libsvm indices are 1..=features (0 is accepted too).
+    pub features: u32,
+    /// L1 penalty λ of the objective 0.5·mean squared error + λ·‖w‖₁
+    /// (scikit-learn's `alpha`).
+    pub lambda: f64,
+    /// Initial SGD step size.
+    pub step_size: f64,
+    /// Step size decay per epoch: step = step_size / (1 + decay * epoch).
+    pub decay: f64,
+    /// Features per model key. 0: choose automatically.
+    pub features_per_key: u32,
+    /// Samples in the generated data set (used when `job.input` is empty).
+    pub generate_samples: u64,
+    /// Non-zero coefficients of the generated ground truth.
+    pub generate_support: u32,
+    /// Standard deviation of the Gaussian noise added to generated targets.
+    pub generate_noise: f64,
+}
+
+impl Default for LassoConfig {
+    fn default() -> Self {
+        LassoConfig {
+            features: 100,
+            lambda: 0.05,
+            step_size: 0.05,
+            decay: 0.1,
+            features_per_key: 0,
+            generate_samples: 5_000,
+            generate_support: 10,
+            generate_noise: 0.5,
+        }
+    }
+}
+
 impl CruiseConfig {
     /// Check the configuration as a whole. Errors name the key at fault.
     pub fn validate(&self) -> Result<(), ConfError> {
@@ -474,6 +614,95 @@ impl CruiseConfig {
                 ),
             );
         }
+        self.validate_apps()?;
+        if !job.eval_input.is_empty() && job.app.keeps_worker_state() {
+            return bad(
+                "job.eval_input",
+                format!(
+                    "is set, but app {} keeps per-record state learned in training \
+                     (row factors or document topics), so its model cannot score other \
+                     input; held-out evaluation is supported for mlr and lasso",
+                    job.app
+                ),
+            );
+        }
+        Ok(())
+    }
+
+    fn validate_apps(&self) -> Result<(), ConfError> {
+        let bad = |key: &str, reason: String| {
+            Err(ConfError::Invalid {
+                key: key.to_string(),
+                reason,
+            })
+        };
+        let positive = |key: &str, v: f64| {
+            if v > 0.0 && v.is_finite() {
+                Ok(())
+            } else {
+                bad(key, format!("is {v}, must be positive"))
+            }
+        };
+        let non_negative = |key: &str, v: f64| {
+            if v >= 0.0 && v.is_finite() {
+                Ok(())
+            } else {
+                bad(key, format!("is {v}, must be >= 0"))
+            }
+        };
+        let at_least_1 = |key: &str, v: u64| {
+            if v >= 1 {
+                Ok(())
+            } else {
+                bad(key, "must be at least 1".to_string())
+            }
+        };
+
+        let n = &self.nmf;
+        at_least_1("nmf.columns", u64::from(n.columns))?;
+        at_least_1("nmf.rank", u64::from(n.rank))?;
+        if n.rank > 4096 {
+            return bad("nmf.rank", format!("is {}, must be at most 4096", n.rank));
+        }
+        positive("nmf.step_size", n.step_size)?;
+        non_negative("nmf.decay", n.decay)?;
+        non_negative("nmf.l2", n.l2)?;
+        positive("nmf.init_scale", n.init_scale)?;
+        if !(n.generate_density > 0.0 && n.generate_density <= 1.0) {
+            return bad(
+                "nmf.generate_density",
+                format!("is {}, must be in (0, 1]", n.generate_density),
+            );
+        }
+        non_negative("nmf.generate_noise", n.generate_noise)?;
+
+        let l = &self.lda;
+        if !(2..=65_535).contains(&l.topics) {
+            return bad(
+                "lda.topics",
+                format!("is {}, must be between 2 and 65535", l.topics),
+            );
+        }
+        at_least_1("lda.vocab", u64::from(l.vocab))?;
+        positive("lda.alpha", l.alpha)?;
+        positive("lda.beta", l.beta)?;
+        at_least_1("lda.generate_doc_len", u64::from(l.generate_doc_len))?;
+
+        let a = &self.lasso;
+        at_least_1("lasso.features", u64::from(a.features))?;
+        non_negative("lasso.lambda", a.lambda)?;
+        positive("lasso.step_size", a.step_size)?;
+        non_negative("lasso.decay", a.decay)?;
+        if a.generate_support > a.features {
+            return bad(
+                "lasso.generate_support",
+                format!(
+                    "is {}, must be at most lasso.features = {}",
+                    a.generate_support, a.features
+                ),
+            );
+        }
+        non_negative("lasso.generate_noise", a.generate_noise)?;
         Ok(())
     }
 }

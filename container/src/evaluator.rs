@@ -555,6 +555,36 @@ async fn handle(
                 }
             });
         }
+        AmToEval::EvaluateHeldOut { splits } => {
+            let (fs, dp, app, tx, fail) = (
+                job.fs.clone(),
+                job.dp.clone(),
+                Arc::clone(&job.app),
+                to_am.clone(),
+                fail.clone(),
+            );
+            let mb = job.config.job.mini_batch as usize;
+            tracker.spawn(async move {
+                match ps::evaluate_held_out(&fs, &dp, &app, &splits, mb).await {
+                    Ok(stats) => {
+                        let _ = tx.send(EvalToAm::HeldOutEvaluation(stats)).await;
+                    }
+                    Err(e) => {
+                        let _ = fail.send(format!("held-out evaluation: {e}")).await;
+                    }
+                }
+            });
+        }
+        AmToEval::DumpModel => {
+            let (tx, fail) = (to_am.clone(), fail.clone());
+            // Parts well below the control channel's frame limit.
+            let part_bytes = (job.config.channel.control_max_frame_bytes / 4) as usize;
+            tracker.spawn(async move {
+                if let Err(e) = ps::dump_model(&store, &tx, part_bytes).await {
+                    let _ = fail.send(format!("sending the model: {e}")).await;
+                }
+            });
+        }
         AmToEval::Heartbeat | AmToEval::Setup(_) | AmToEval::Shutdown { .. } => {}
     }
     Ok(())

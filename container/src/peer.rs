@@ -344,8 +344,8 @@ impl DataPlane {
                     };
                     links.push(LinkSample { peer: p, bytes: out_bytes + in_bytes, secs });
                 }
-                if let Err(e) = &r {
-                    if e.retry && attempt < MAX_RETRIES {
+                if let Err(e) = &r
+                    && e.retry && attempt < MAX_RETRIES {
                         let backoff = Duration::from_micros(200 << attempt.min(12));
                         tokio::select! {
                             _ = tokio::time::sleep(backoff) => {}
@@ -359,7 +359,6 @@ impl DataPlane {
                         links.extend(more);
                         r = rr;
                     }
-                }
                 match r {
                     Ok(resp) => results.push((positions, resp)),
                     Err(e) => {

@@ -7,7 +7,9 @@
 //!   push the deltas, report what it measured. Between local epochs it ticks
 //!   its clock and, under SSP, waits until the slowest worker is within the
 //!   staleness bound.
-//! - [`evaluate`]: the objective over all local input with the current model.
+//! - [`evaluate`]: the objective over all local input with the current model;
+//!   [`evaluate_held_out`]: the same over held-out splits, read and dropped.
+//! - [`dump_model`]: send the model blocks held here to the AM.
 //! - [`run_server`]: the server task: blocks are served by the data plane
 //!   whatever the role; this task reports serving metrics periodically.
 //!
@@ -29,7 +31,7 @@ use crate::protocol::{
     BlockId, EvalToAm, INPUT_TABLE, Key, LinkSample, MODEL_TABLE, MiniBatchReport, PeerResponse,
     STATE_TABLE, ServerReport, Stats, TaskKind, ValueBatch, WorkerTask,
 };
-use crate::store::{BlockData, OpKind, Store, StoreOp};
+use crate::store::{BlockData, InputBlock, OpKind, Store, StoreOp};
 
 /// Errors of the PS roles.
 #[derive(Debug, thiserror::Error)]
@@ -69,6 +71,43 @@ pub enum PsError {
     ChannelClosed,
 }
 
+/// Reads one split and parses it with the app; returns the records and the
+/// bytes they came from. Parse errors name the file and line.
+pub async fn read_input(
+    fs: &FileSystem,
+    app: &Arc<dyn App>,
+    split: &Split,
+) -> Result<(InputBlock, u64), PsError> {
+    let data = read_split(fs, split)
+        .await
+        .map_err(|source| PsError::Read {
+            uri: split.uri.clone(),
+            source,
+        })?;
+    let bytes = data.bytes.len() as u64;
+    let text = data.bytes.clone();
+    let parser = Arc::clone(app);
+    let parsed = tokio::task::spawn_blocking(move || parser.parse(&text))
+        .await
+        .map_err(|e| PsError::Parse {
+            uri: split.uri.clone(),
+            line: 0,
+            message: format!("parser crashed: {e}"),
+        })?;
+    match parsed {
+        Ok(b) => Ok((b, bytes)),
+        Err(e) => {
+            let at = data.start_offset + e.offset as u64;
+            let line = line_number_at(fs, &split.uri, at).await.unwrap_or(0);
+            Err(PsError::Parse {
+                uri: split.uri.clone(),
+                line,
+                message: e.message,
+            })
+        }
+    }
+}
+
 /// Loads input blocks from their splits. Returns `(block, records, bytes)` per block.
 pub async fn load_input(
     fs: FileSystem,
@@ -78,34 +117,7 @@ pub async fn load_input(
 ) -> Result<Vec<(BlockId, u64, u64)>, PsError> {
     let mut loaded = Vec::with_capacity(blocks.len());
     for (block, split) in blocks {
-        let data = read_split(&fs, &split)
-            .await
-            .map_err(|source| PsError::Read {
-                uri: split.uri.clone(),
-                source,
-            })?;
-        let bytes = data.bytes.len() as u64;
-        let text = data.bytes.clone();
-        let parser = Arc::clone(&app);
-        let parsed = tokio::task::spawn_blocking(move || parser.parse(&text))
-            .await
-            .map_err(|e| PsError::Parse {
-                uri: split.uri.clone(),
-                line: 0,
-                message: format!("parser crashed: {e}"),
-            })?;
-        let input = match parsed {
-            Ok(b) => b,
-            Err(e) => {
-                let at = data.start_offset + e.offset as u64;
-                let line = line_number_at(&fs, &split.uri, at).await.unwrap_or(0);
-                return Err(PsError::Parse {
-                    uri: split.uri.clone(),
-                    line,
-                    message: e.message,
-                });
-            }
-        };
+        let (input, bytes) = read_input(&fs, &app, &split).await?;
         let records = input.len() as u64;
         if let Some(state) = app.init_state(block, &input) {
             store.put_block(STATE_TABLE, block, BlockData::State(state))?;
@@ -314,6 +326,50 @@ pub async fn run_worker(mut ctx: WorkerContext) -> Result<(), PsError> {
         .map_err(|_| PsError::ChannelClosed)
 }
 
+/// Rows per evaluation batch: no updates, so fewer round trips are fine.
+fn eval_batch(mini_batch: usize) -> usize {
+    mini_batch.max(1000)
+}
+
+/// The objective over one input block with the current model; `state_of`
+/// names the block whose worker-local state to use (if the app keeps any).
+async fn evaluate_block(
+    dp: &DataPlane,
+    app: &Arc<dyn App>,
+    input: &Arc<InputBlock>,
+    state_of: Option<BlockId>,
+    mini_batch: usize,
+) -> Result<Stats, PsError> {
+    let store = dp.store().clone();
+    let mut total = Stats::default();
+    let mut keys = Vec::new();
+    for rows in batches(input.len(), eval_batch(mini_batch)) {
+        app.keys(input, rows.clone(), &mut keys);
+        let values = pull(dp, &keys, &mut Vec::new()).await?;
+        let (a, inp, st, ks) = (
+            Arc::clone(app),
+            Arc::clone(input),
+            store.clone(),
+            keys.clone(),
+        );
+        let s = tokio::task::spawn_blocking(move || match state_of {
+            Some(block) if a.has_state() => st
+                .with_state(block, |s| {
+                    a.evaluate(&inp, rows.clone(), &ks, &values, Some(s))
+                })
+                .unwrap_or_default(),
+            _ => a.evaluate(&inp, rows, &ks, &values, None),
+        })
+        .await
+        .map_err(|e| PsError::Remote {
+            what: "evaluate",
+            message: format!("evaluation task failed: {e}"),
+        })?;
+        total.add(&s);
+    }
+    Ok(total)
+}
+
 /// The objective over all local input blocks with the current model.
 pub async fn evaluate(
     dp: &DataPlane,
@@ -322,34 +378,71 @@ pub async fn evaluate(
 ) -> Result<Stats, PsError> {
     let store = dp.store().clone();
     let mut total = Stats::default();
-    let mut keys = Vec::new();
     for block in store.local_blocks(INPUT_TABLE) {
         let Some(input) = store.input_block(block) else {
             continue;
         };
-        // Larger batches: no updates, so fewer round trips are fine.
-        for rows in batches(input.len(), mini_batch.max(1000)) {
-            app.keys(&input, rows.clone(), &mut keys);
-            let values = pull(dp, &keys, &mut Vec::new()).await?;
-            let (a, inp, st, ks) = (
-                Arc::clone(app),
-                Arc::clone(&input),
-                store.clone(),
-                keys.clone(),
-            );
-            let s = tokio::task::spawn_blocking(move || {
-                let state = st.with_state(block, |s| s.clone());
-                a.evaluate(&inp, rows, &ks, &values, state.as_ref())
-            })
-            .await
-            .map_err(|e| PsError::Remote {
-                what: "evaluate",
-                message: format!("evaluation task failed: {e}"),
-            })?;
-            total.add(&s);
-        }
+        total.add(&evaluate_block(dp, app, &input, Some(block), mini_batch).await?);
     }
     Ok(total)
+}
+
+/// The objective over held-out splits with the current model: each split is
+/// read, parsed and evaluated, and nothing is stored. Only for apps without
+/// worker-local state (the configuration checks it).
+pub async fn evaluate_held_out(
+    fs: &FileSystem,
+    dp: &DataPlane,
+    app: &Arc<dyn App>,
+    splits: &[Split],
+    mini_batch: usize,
+) -> Result<Stats, PsError> {
+    let mut total = Stats::default();
+    for split in splits {
+        let input = Arc::new(read_input(fs, app, split).await?.0);
+        total.add(&evaluate_block(dp, app, &input, None, mini_batch).await?);
+    }
+    Ok(total)
+}
+
+/// Sends every model block owned here to the AM in parts of at most about
+/// `part_bytes` of values, keys in increasing order within a block. Returns
+/// the number of keys sent. Keys never read or written are not in any block:
+/// they hold the app's initial value.
+pub async fn dump_model(
+    store: &Store,
+    to_am: &mpsc::Sender<EvalToAm>,
+    part_bytes: usize,
+) -> Result<u64, PsError> {
+    let mut sent = 0u64;
+    for block in store.local_blocks(MODEL_TABLE) {
+        let Some(b) = store.keyed_snapshot(block) else {
+            continue;
+        };
+        let mut keys: Vec<Key> = b.values.keys().copied().collect();
+        keys.sort_unstable();
+        let mut part_keys = Vec::new();
+        let mut part = ValueBatch::default();
+        for (i, k) in keys.iter().enumerate() {
+            part_keys.push(*k);
+            part.push(&b.values[k]);
+            if part.byte_len() + part_keys.len() * 8 >= part_bytes || i + 1 == keys.len() {
+                sent += part_keys.len() as u64;
+                to_am
+                    .send(EvalToAm::ModelPart {
+                        keys: std::mem::take(&mut part_keys),
+                        values: std::mem::take(&mut part),
+                    })
+                    .await
+                    .map_err(|_| PsError::ChannelClosed)?;
+            }
+        }
+    }
+    to_am
+        .send(EvalToAm::ModelDumped { keys: sent })
+        .await
+        .map_err(|_| PsError::ChannelClosed)?;
+    Ok(sent)
 }
 
 /// Runs the server task: reports serving metrics every `period` until `stop`.

@@ -5,6 +5,8 @@
 //! load input splits) → `training` (workers run; the AM counts records into
 //! epochs and, under SSP, releases clocks) → `stopping` (workers finish their
 //! mini-batch) → `evaluating` (the objective with the final model) →
+//! `evaluating held-out` (only with `job.eval_input`) → `saving model` (only
+//! with `job.model_out`: servers send their blocks, the AM writes the file) →
 //! `finishing` (evaluators shut down, containers end). Any lost evaluator,
 //! fatal report or missed heartbeat fails the job with a message that names
 //! the evaluator, its container, its process and — when the resource manager
@@ -30,6 +32,7 @@ use cruise_container::protocol::{
 use cruise_hdfs::Split;
 use cruise_rm::{ContainerId, ContainerRequest, ExitStatus, ResourceManager, RmEvent};
 
+use super::outputs::Outputs;
 use super::{
     AmError, EpochSummary, EvaluatorStatus, EvaluatorSummary, Event, JobSummary, Progress, Role,
     Status, control,
@@ -46,6 +49,8 @@ enum Phase {
     Training,
     Stopping,
     Evaluating,
+    EvaluatingHeldOut,
+    SavingModel,
     Finishing,
 }
 
@@ -57,6 +62,8 @@ impl Phase {
             Phase::Training => "training",
             Phase::Stopping => "stopping",
             Phase::Evaluating => "evaluating",
+            Phase::EvaluatingHeldOut => "evaluating held-out",
+            Phase::SavingModel => "saving model",
             Phase::Finishing => "finishing",
         }
     }
@@ -122,6 +129,8 @@ pub(super) struct Driver {
     last_batch_progress: Instant,
     min_clock_sent: u32,
     final_stats: Stats,
+    /// Held-out evaluation and the model file.
+    outputs: Outputs,
     initial_split: (u32, u32),
     /// A lost evaluator whose exit status we are waiting for.
     pending_loss: Option<(EvaluatorId, String, Instant)>,
@@ -140,6 +149,7 @@ impl Driver {
         tracker: TaskTracker,
         events: mpsc::Sender<Event>,
         cancel: CancellationToken,
+        outputs: Outputs,
     ) -> Self {
         let now = Instant::now();
         let initial_split = config.job.initial_split();
@@ -179,6 +189,7 @@ impl Driver {
             last_batch_progress: now,
             min_clock_sent: 0,
             final_stats: Stats::default(),
+            outputs,
             initial_split,
             pending_loss: None,
         }
@@ -560,6 +571,34 @@ impl Driver {
                     e.awaiting = false;
                     self.final_stats.add(&stats);
                     if self.evaluators.values().all(|e| !e.awaiting) {
+                        self.after_evaluation().await?;
+                    }
+                }
+            }
+            EvalToAm::HeldOutEvaluation(stats) => {
+                if self.phase == Phase::EvaluatingHeldOut && e.awaiting {
+                    e.awaiting = false;
+                    self.outputs.add_eval(&stats);
+                    if self.evaluators.values().all(|e| !e.awaiting) {
+                        self.after_held_out().await?;
+                    }
+                }
+            }
+            EvalToAm::ModelPart { keys, values } => {
+                if self.phase == Phase::SavingModel {
+                    let from = self.describe(id);
+                    self.outputs.add_part(&from, keys, values)?;
+                }
+            }
+            EvalToAm::ModelDumped { .. } => {
+                if self.phase == Phase::SavingModel && e.awaiting {
+                    e.awaiting = false;
+                    if self.evaluators.values().all(|e| !e.awaiting) {
+                        let keys = self
+                            .outputs
+                            .write_model(self.config.job.app, &self.params)
+                            .await?;
+                        tracing::info!(keys, path = %self.config.job.model_out, "model written");
                         self.finish().await;
                     }
                 }
@@ -809,6 +848,60 @@ impl Driver {
         }
     }
 
+    /// After the final evaluation: the held-out input, if any, else what
+    /// follows it.
+    async fn after_evaluation(&mut self) -> Result<(), AmError> {
+        if !self.outputs.has_held_out() {
+            return self.after_held_out().await;
+        }
+        self.phase(
+            Phase::EvaluatingHeldOut,
+            format!("evaluating held-out input {}", self.config.job.eval_input),
+        );
+        let workers: Vec<EvaluatorId> = self
+            .evaluators
+            .values()
+            .filter(|e| e.role == Role::Worker)
+            .map(|e| e.id)
+            .collect();
+        for (id, splits) in self.outputs.assign(&workers) {
+            if let Some(e) = self.evaluators.get_mut(&id) {
+                e.awaiting = true;
+            }
+            self.send(id, AmToEval::EvaluateHeldOut { splits }).await;
+        }
+        Ok(())
+    }
+
+    /// After the held-out evaluation: the model dump, if asked for, else the end.
+    async fn after_held_out(&mut self) -> Result<(), AmError> {
+        if !self.outputs.wants_model() {
+            self.finish().await;
+            return Ok(());
+        }
+        self.phase(
+            Phase::SavingModel,
+            format!("saving the model to {}", self.config.job.model_out),
+        );
+        let mut owners: Vec<EvaluatorId> =
+            self.owners.get(&MODEL_TABLE).cloned().unwrap_or_default();
+        owners.sort_unstable();
+        owners.dedup();
+        for id in owners {
+            if let Some(e) = self.evaluators.get_mut(&id) {
+                e.awaiting = true;
+            }
+            self.send(id, AmToEval::DumpModel).await;
+        }
+        if self.evaluators.values().all(|e| !e.awaiting) {
+            self.outputs
+                .write_model(self.config.job.app, &self.params)
+                .await?;
+            self.finish().await;
+        }
+        Ok(())
+    }
+
     async fn finish(&mut self) {
         self.phase(Phase::Finishing, "shutting down evaluators".into());
         let ids: Vec<EvaluatorId> = self.evaluators.keys().copied().collect();
@@ -889,6 +982,8 @@ impl Driver {
             records: self.records_per_epoch,
             epochs: self.epochs.clone(),
             final_stats: self.final_stats,
+            eval_stats: self.outputs.eval_stats(),
+            model_out: self.outputs.written(),
             wall_secs: self.started.elapsed().as_secs_f64(),
             train_secs: self.train_secs,
             containers: self.config.job.containers,

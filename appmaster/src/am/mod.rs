@@ -10,6 +10,7 @@
 
 pub mod control;
 mod job;
+mod outputs;
 
 pub use job::{plural, split_text};
 
@@ -127,6 +128,11 @@ pub struct JobSummary {
     pub epochs: Vec<EpochSummary>,
     /// The objective over all input with the final model.
     pub final_stats: Stats,
+    /// The objective over the held-out input (`job.eval_input`) with the
+    /// final model, if there is held-out input.
+    pub eval_stats: Option<Stats>,
+    /// The file the final model was written to (`job.model_out`), if any.
+    pub model_out: Option<String>,
     /// Wall time from start to finish, seconds.
     pub wall_secs: f64,
     /// Time spent training, seconds.
@@ -327,6 +333,16 @@ pub async fn run_job(opts: JobOptions) -> Result<JobSummary, AmError> {
         config.store.input_blocks_for(config.runtime.max_containers),
     )
     .await?;
+    let held_out = if config.job.eval_input.is_empty() {
+        Vec::new()
+    } else {
+        // One split per initial worker: they evaluate in parallel.
+        let workers = config.job.initial_split().0.max(1);
+        plan_input(&fs, &config.job.eval_input, workers).await?
+    };
+    let model_out =
+        (!config.job.model_out.is_empty()).then(|| PathBuf::from(&config.job.model_out));
+    let outputs = outputs::Outputs::new(held_out, model_out);
 
     let io = |context: &str| {
         let context = context.to_string();
@@ -416,6 +432,7 @@ pub async fn run_job(opts: JobOptions) -> Result<JobSummary, AmError> {
         tracker.clone(),
         ev_tx,
         cancel.clone(),
+        outputs,
     );
     let result = driver.run(ev_rx, rm_rx).await;
 

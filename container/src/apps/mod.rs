@@ -5,10 +5,20 @@
 //! values, the update function servers apply, and its objective. The PS roles
 //! ([`crate::ps`]) drive it; apps never touch sockets.
 //!
+//! | app | input record | model (servers) | worker-local state | loss term |
+//! |---|---|---|---|---|
+//! | [`mlr`] | libsvm `label idx:val ...` | weights, keyed by feature group | — | log-loss per record |
+//! | [`lasso`] | libsvm `target idx:val ...` | coefficients, keyed by feature group | — | objective per record |
+//! | [`nmf`] | `row: col,val col,val ...` | column factors, keyed by column | row factors | squared error per entry |
+//! | [`lda`] | `doc word:count ...` | word-topic counts by word, plus topic totals | document topics, assignments | −log-likelihood per token |
+//!
 //! Each app also ships a seeded data generator with a known ground truth
 //! (used by `cruise datagen` and when a job has no input).
 
+pub mod lasso;
+pub mod lda;
 pub mod mlr;
+pub mod nmf;
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -104,18 +114,174 @@ pub trait App: Send + Sync + 'static {
     fn has_accuracy(&self) -> bool {
         false
     }
+
+    /// A figure derived from the statistics, shown beside the loss (e.g. the
+    /// RMSE when the loss is the mean squared error), if the app has one.
+    fn derived_metric(&self, _stats: &Stats) -> Option<(&'static str, f64)> {
+        None
+    }
 }
 
 /// The model parameters of the job's app, derived from the configuration.
 pub fn params(config: &CruiseConfig) -> Result<AppParams, AppError> {
+    let blocks = config.store.model_blocks;
     match config.job.app {
-        AppKind::Mlr => mlr::params(&config.mlr, config.store.model_blocks),
+        AppKind::Mlr => mlr::params(&config.mlr, blocks),
+        AppKind::Nmf => nmf::params(&config.nmf),
+        AppKind::Lda => lda::params(&config.lda),
+        AppKind::Lasso => lasso::params(&config.lasso, blocks),
     }
 }
 
 /// Builds the job's app.
 pub fn build(config: &CruiseConfig, params: &AppParams) -> Result<Arc<dyn App>, AppError> {
-    match config.job.app {
-        AppKind::Mlr => Ok(Arc::new(mlr::Mlr::new(&config.mlr, params)?)),
+    let seed = config.job.seed;
+    Ok(match config.job.app {
+        AppKind::Mlr => Arc::new(mlr::Mlr::new(&config.mlr, params)?),
+        AppKind::Nmf => Arc::new(nmf::Nmf::new(&config.nmf, params, seed)?),
+        AppKind::Lda => Arc::new(lda::Lda::new(&config.lda, params, seed)?),
+        AppKind::Lasso => Arc::new(lasso::Lasso::new(&config.lasso, params)?),
+    })
+}
+
+/// Rows (features) per model key when the configuration leaves it to us:
+/// about four keys per model block, so blocks balance and moves are
+/// fine-grained.
+pub(crate) fn auto_rows_per_key(rows: u64, model_blocks: u32) -> u64 {
+    let target_keys = u64::from(model_blocks.max(1)) * 4;
+    rows.div_ceil(target_keys).max(1)
+}
+
+/// Calls `f` for every line of `text` (without its line ending) with a
+/// function that makes a [`ParseError`] at the line's offset. Stops at the
+/// first error. Lines that are not UTF-8 are errors.
+pub(crate) fn for_each_line(
+    text: &[u8],
+    mut f: impl FnMut(&str, &dyn Fn(String) -> ParseError) -> Result<(), ParseError>,
+) -> Result<(), ParseError> {
+    let mut offset = 0usize;
+    for raw in text.split_inclusive(|&b| b == b'\n') {
+        let line_at = offset;
+        offset += raw.len();
+        let err = move |message: String| ParseError {
+            offset: line_at,
+            message,
+        };
+        let line = std::str::from_utf8(raw).map_err(|_| err("not UTF-8 text".into()))?;
+        f(line, &err)?;
+    }
+    Ok(())
+}
+
+/// A standard normal variate (Box-Muller: reproducible across platforms).
+pub(crate) fn normal(rng: &mut impl rand::Rng) -> f64 {
+    let u1: f64 = rng.random::<f64>().max(1e-300);
+    let u2: f64 = rng.random();
+    (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()
+}
+
+/// Mixes a seed with two numbers into a new seed (SplitMix64 finaliser), for
+/// per-key and per-row random streams that do not depend on who draws them.
+pub(crate) fn mix(seed: u64, a: u64, b: u64) -> u64 {
+    let mut x = seed
+        ^ a.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        ^ b.wrapping_mul(0xC2B2_AE3D_27D4_EB4F).rotate_left(17);
+    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    x ^ (x >> 31)
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    //! Single-process training helpers shared by the apps' tests: a model in
+    //! a hash map, updated with the app's own update function, driven like
+    //! the worker loop drives it.
+
+    use std::collections::HashMap;
+
+    use super::*;
+    use crate::store::StateBlock;
+
+    /// The model of a single-process run.
+    pub type Model = HashMap<Key, Vec<f32>>;
+
+    fn pull(app: &dyn App, model: &mut Model, keys: &[Key]) -> ValueBatch {
+        let f = app.model();
+        let mut values = ValueBatch::default();
+        for k in keys {
+            values.push(model.entry(*k).or_insert_with(|| f.init(*k)));
+        }
+        values
+    }
+
+    /// Trains `epochs` passes over `input` in mini-batches of `batch`,
+    /// returning the model; `state` is the block's state (if the app keeps
+    /// any). Returns the per-epoch training statistics too.
+    pub fn train_with_state(
+        app: &dyn App,
+        input: &InputBlock,
+        state: &mut Option<StateBlock>,
+        epochs: u32,
+        batch: usize,
+        model: &mut Model,
+    ) -> Vec<Stats> {
+        let f = app.model();
+        let mut keys = Vec::new();
+        let mut per_epoch = Vec::new();
+        for epoch in 0..epochs {
+            let mut total = Stats::default();
+            for start in (0..input.len()).step_by(batch) {
+                let rows = start..(start + batch).min(input.len());
+                app.keys(input, rows.clone(), &mut keys);
+                let values = pull(app, model, &keys);
+                let (d, s) = app.compute(
+                    input,
+                    rows,
+                    &keys,
+                    &values,
+                    state.as_mut(),
+                    Step { clock: epoch },
+                );
+                total.add(&s);
+                for (k, dv) in keys.iter().zip(d.iter()) {
+                    if let Some(v) = model.get_mut(k) {
+                        f.update(*k, v, dv);
+                    }
+                }
+            }
+            per_epoch.push(total);
+        }
+        per_epoch
+    }
+
+    /// Trains a stateless app; returns the model.
+    pub fn train_single_process(
+        app: &dyn App,
+        input: &InputBlock,
+        epochs: u32,
+        batch: usize,
+    ) -> Model {
+        let mut model = Model::new();
+        train_with_state(app, input, &mut None, epochs, batch, &mut model);
+        model
+    }
+
+    /// Evaluates the whole block with the model.
+    pub fn eval_with_state(
+        app: &dyn App,
+        input: &InputBlock,
+        state: Option<&StateBlock>,
+        model: &mut Model,
+    ) -> Stats {
+        let mut keys = Vec::new();
+        let all = 0..input.len();
+        app.keys(input, all.clone(), &mut keys);
+        let values = pull(app, model, &keys);
+        app.evaluate(input, all, &keys, &values, state)
+    }
+
+    /// Evaluates a stateless app over the whole block.
+    pub fn eval_all(app: &dyn App, input: &InputBlock, model: &mut Model) -> Stats {
+        eval_with_state(app, input, None, model)
     }
 }

@@ -147,6 +147,16 @@ pub enum AmToEval {
     },
     /// Compute the objective over all local input with the current model (no updates).
     Evaluate,
+    /// Read and parse these splits of the held-out input (`job.eval_input`)
+    /// and compute the objective over them with the current model; nothing
+    /// is stored. Answered by [`EvalToAm::HeldOutEvaluation`].
+    EvaluateHeldOut {
+        /// The splits.
+        splits: Vec<Split>,
+    },
+    /// Send the model blocks owned here to the AM: [`EvalToAm::ModelPart`]s,
+    /// then [`EvalToAm::ModelDumped`].
+    DumpModel,
     /// Stop: release everything and exit with status 0.
     Shutdown {
         /// Why (logged).
@@ -258,6 +268,20 @@ pub enum EvalToAm {
     },
     /// The answer to [`AmToEval::Evaluate`].
     Evaluation(Stats),
+    /// The answer to [`AmToEval::EvaluateHeldOut`].
+    HeldOutEvaluation(Stats),
+    /// Part of the model blocks owned here (answering [`AmToEval::DumpModel`]).
+    ModelPart {
+        /// The keys.
+        keys: Vec<Key>,
+        /// Their values, in the order of `keys`.
+        values: ValueBatch,
+    },
+    /// All model blocks owned here were sent.
+    ModelDumped {
+        /// Keys sent in all parts.
+        keys: u64,
+    },
     /// One block of a move is installed at the destination (its new owner).
     BlockMoved {
         /// The move.
@@ -297,12 +321,18 @@ pub enum TaskKind {
 }
 
 /// Per-app objective statistics, summed over records.
+///
+/// `records` counts input records (the AM counts epochs with it); the loss is
+/// a sum over `loss_terms` terms, which are records for MLR and Lasso,
+/// observed entries for NMF and tokens for LDA (each app documents its own).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct Stats {
     /// Records counted.
     pub records: u64,
-    /// Sum of the per-record loss.
+    /// Sum of the loss terms.
     pub loss_sum: f64,
+    /// Number of terms in `loss_sum`; 0 means one per record.
+    pub loss_terms: u64,
     /// Records predicted correctly (apps without accuracy leave 0).
     pub correct: u64,
 }
@@ -310,17 +340,28 @@ pub struct Stats {
 impl Stats {
     /// Adds another set of sums.
     pub fn add(&mut self, o: &Stats) {
+        self.loss_terms = self.terms() + o.terms();
         self.records += o.records;
         self.loss_sum += o.loss_sum;
         self.correct += o.correct;
     }
 
-    /// Mean loss per record.
+    /// Number of loss terms (`loss_terms`, or `records` when that is 0).
+    pub fn terms(&self) -> u64 {
+        if self.loss_terms == 0 {
+            self.records
+        } else {
+            self.loss_terms
+        }
+    }
+
+    /// Mean loss per term (per record unless the app counts terms).
     pub fn mean_loss(&self) -> f64 {
-        if self.records == 0 {
+        let n = self.terms();
+        if n == 0 {
             f64::NAN
         } else {
-            self.loss_sum / self.records as f64
+            self.loss_sum / n as f64
         }
     }
 
@@ -685,6 +726,29 @@ mod tests {
         assert_eq!(back, b);
         let vals: Vec<&[f32]> = back.iter().collect();
         assert_eq!(vals, vec![&[1.0, -2.5][..], &[][..], &[f32::MAX][..]]);
+    }
+
+    #[test]
+    fn stats_count_loss_terms() {
+        let per_record = Stats {
+            records: 2,
+            loss_sum: 4.0,
+            loss_terms: 0,
+            correct: 1,
+        };
+        assert_eq!(per_record.mean_loss(), 2.0);
+        let per_token = Stats {
+            records: 1,
+            loss_sum: 6.0,
+            loss_terms: 6,
+            correct: 0,
+        };
+        let mut sum = Stats::default();
+        sum.add(&per_record);
+        sum.add(&per_token);
+        assert_eq!((sum.records, sum.loss_terms, sum.correct), (3, 8, 1));
+        assert_eq!(sum.mean_loss(), 10.0 / 8.0);
+        assert!(Stats::default().mean_loss().is_nan());
     }
 
     #[test]
