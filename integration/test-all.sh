@@ -27,4 +27,7 @@ integration/conformance/webhdfs_conformance.sh
 step "conformance: yarn-api-client against cruise-sim yarn, pymesos against cruise-sim mesos"
 integration/conformance/yarn_mesos_conformance.sh
 
+step "quality: every app against scikit-learn and its ground truth (real cruise jobs)"
+CRUISE_BIN="$PWD/target/debug/cruise" integration/quality/run.sh
+
 step "all tests passed in $(( $(date +%s) - T0 )) s"
