@@ -50,6 +50,10 @@ pub enum Command {
     Datagen(DatagenArgs),
     /// Print the effective configuration (after file, environment and flags).
     Config(ConfigArgs),
+    /// What-if: from a metrics snapshot a job wrote (optimizer.snapshot_file),
+    /// print the predicted epoch time of every workers/servers split and the
+    /// plan the optimizer would run.
+    Plan(PlanArgs),
     /// Run an evaluator (started by a resource manager, not by hand).
     #[command(hide = true)]
     Evaluator,
@@ -315,6 +319,20 @@ pub struct LassoGenArgs {
     pub gen_out: GenOut,
 }
 
+/// `cruise plan`.
+#[derive(Args, Debug)]
+pub struct PlanArgs {
+    /// The snapshot (JSON; `--set optimizer.snapshot_file=FILE` makes a job write one).
+    #[arg(value_name = "SNAPSHOT.json")]
+    pub snapshot: PathBuf,
+    /// Plan for this many containers instead (more: offered; fewer: reclaimed).
+    #[arg(short = 'n', long, value_name = "N")]
+    pub containers: Option<usize>,
+    /// Least predicted gain worth a reconfiguration.
+    #[arg(long, default_value_t = 0.05)]
+    pub min_gain: f64,
+}
+
 /// `cruise config`.
 #[derive(Args, Debug)]
 pub struct ConfigArgs {
@@ -360,6 +378,10 @@ pub async fn run_local(
     let (status_tx, _) = watch::channel(Status::default());
     let renderer = tokio::spawn(progress::render(prx, config.clone(), show_progress));
     let rt = config.runtime.clone();
+    let max_containers = rt.effective_max_containers(&config.job);
+    let schedule = rt
+        .capacity_schedule()
+        .map_err(|e| AmError::Config(e.to_string()))?;
     let evaluator_command = rt.evaluator_command.clone();
     let job_work = work.join("jobs");
     let opts = JobOptions {
@@ -372,9 +394,11 @@ pub async fn run_local(
                     .unwrap_or(0)
             );
             let cfg = LocalConfig {
-                max_containers: rt.max_containers,
+                max_containers,
                 release_grace: std::time::Duration::from_millis(rt.release_grace_ms),
                 id_prefix,
+                capacity_schedule: schedule,
+                reclaim_deadline: std::time::Duration::from_millis(rt.reclaim_deadline_ms),
             };
             Ok(Arc::new(LocalRm::start(cfg, launch, events)) as Arc<dyn ResourceManager>)
         }),

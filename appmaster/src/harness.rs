@@ -276,7 +276,7 @@ impl Cluster {
         let cancel = CancellationToken::new();
         let slot: Arc<Mutex<Option<Arc<InProcessRm>>>> = Arc::new(Mutex::new(None));
         let s = Arc::clone(&slot);
-        let max = config.runtime.max_containers;
+        let max = config.runtime.effective_max_containers(&config.job);
         let opts = JobOptions {
             rm: Box::new(move |launch, events| {
                 let rm = Arc::new(InProcessRm::new(launch, events, max));

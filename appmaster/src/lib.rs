@@ -7,6 +7,7 @@
 //! - [`datagen`]: input preparation (generated data cached in the work dir).
 //! - [`cli`]: argument definitions and commands of `cruise`.
 //! - [`progress`]: drawing progress on stderr.
+//! - [`whatif`]: `cruise plan`, the optimizer as a what-if tool.
 //! - [`harness`]: an in-process cluster (AM and evaluators in one process)
 //!   with fault verbs, for tests.
 
@@ -16,3 +17,4 @@ pub mod datagen;
 pub mod harness;
 pub mod progress;
 pub mod status;
+pub mod whatif;

@@ -116,6 +116,15 @@ fn main() -> ExitCode {
                 Err(e) => fail(format!("{e:#}")),
             }
         }
+        Command::Plan(args) => {
+            match cruise_appmaster::whatif::report(&args.snapshot, args.containers, args.min_gain) {
+                Ok(text) => {
+                    print!("{text}");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => fail(e),
+            }
+        }
         Command::Config(args) => match args.conf.load() {
             Ok(c) => match toml::to_string_pretty(&c) {
                 Ok(s) => {

@@ -432,6 +432,7 @@ mod tests {
     #[test]
     fn validation_names_key() {
         let mut layers = Layers::default();
+        layers.set("runtime.max_containers", 8, "--set");
         layers.set("job.containers", 20, "--containers");
         let err = layers.load().unwrap_err().to_string();
         assert!(
@@ -481,6 +482,25 @@ mod tests {
         let cfg = layers.load().unwrap();
         assert_eq!(cfg.job.app, crate::AppKind::Lasso);
         assert_eq!(cfg.job.eval_input, "/tmp/x");
+    }
+
+    #[test]
+    fn capacity_schedule_parsed_and_checked() {
+        let mut layers = Layers::default();
+        layers.set("runtime.capacity_schedule", "2:6, 10.5:4", "--set");
+        let cfg = layers.load().unwrap();
+        let s = cfg.runtime.capacity_schedule().unwrap();
+        assert_eq!(s, vec![
+            (std::time::Duration::from_secs(2), 6),
+            (std::time::Duration::from_millis(10_500), 4)
+        ]);
+        assert_eq!(cfg.runtime.capacity_ceiling(&cfg.job), 6);
+        for bad in ["5", "a:3", "3:x", "3:1", "5:4,2:3"] {
+            let mut layers = Layers::default();
+            layers.set("runtime.capacity_schedule", bad, "--set");
+            let err = layers.load().unwrap_err().to_string();
+            assert!(err.contains("runtime.capacity_schedule"), "{bad}: {err}");
+        }
     }
 
     #[test]

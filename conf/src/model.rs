@@ -30,6 +30,8 @@ pub struct CruiseConfig {
     pub lda: LdaConfig,
     /// Lasso regression.
     pub lasso: LassoConfig,
+    /// The self-configuring optimizer.
+    pub optimizer: OptimizerConfig,
 }
 
 /// The ML application to run.
@@ -170,8 +172,17 @@ pub enum RuntimeKind {
 pub struct RuntimeConfig {
     /// `local`.
     pub kind: RuntimeKind,
-    /// Most containers the local runtime runs at once (its capacity).
+    /// Most containers the job may hold (the local runtime's capacity).
+    /// 0: `job.containers` (the job never grows unless the capacity schedule
+    /// offers more).
     pub max_containers: u32,
+    /// Local runtime: capacity over time, `SECS:CONTAINERS,...` (e.g.
+    /// `20:8,60:4`: 8 containers from 20 s after the start, 4 from 60 s), to
+    /// exercise opportunistic resources. Empty: constant.
+    pub capacity_schedule: String,
+    /// When the capacity shrinks, how long the job has to give containers
+    /// back before the resource manager kills the newest ones.
+    pub reclaim_deadline_ms: u64,
     /// Memory asked for per container, in MiB.
     pub container_memory_mb: u32,
     /// Cores asked for per container.
@@ -191,13 +202,128 @@ impl Default for RuntimeConfig {
     fn default() -> Self {
         RuntimeConfig {
             kind: RuntimeKind::Local,
-            max_containers: 8,
+            max_containers: 0,
+            capacity_schedule: String::new(),
+            reclaim_deadline_ms: 30_000,
             container_memory_mb: 1024,
             container_cores: 1,
             release_grace_ms: 5_000,
             allocation_timeout_ms: 60_000,
             evaluator_command: Vec::new(),
             am_bind: "127.0.0.1:0".to_string(),
+        }
+    }
+}
+
+impl RuntimeConfig {
+    /// Most containers the job may hold at the start.
+    pub fn effective_max_containers(&self, job: &JobConfig) -> u32 {
+        if self.max_containers == 0 {
+            job.containers
+        } else {
+            self.max_containers
+        }
+    }
+
+    /// The capacity schedule: `(time after the start, containers)`, in order.
+    pub fn capacity_schedule(&self) -> Result<Vec<(std::time::Duration, u32)>, ConfError> {
+        let bad = |reason: String| ConfError::Invalid {
+            key: "runtime.capacity_schedule".into(),
+            reason,
+        };
+        let mut out: Vec<(std::time::Duration, u32)> = Vec::new();
+        for item in self
+            .capacity_schedule
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+        {
+            let (t, n) = item
+                .split_once(':')
+                .ok_or_else(|| bad(format!("entry {item:?} is not SECS:CONTAINERS")))?;
+            let secs: f64 = t
+                .trim()
+                .parse()
+                .ok()
+                .filter(|v: &f64| v.is_finite() && *v >= 0.0)
+                .ok_or_else(|| bad(format!("time {t:?} in {item:?} is not a number of seconds")))?;
+            let n: u32 = n.trim().parse().map_err(|_| {
+                bad(format!(
+                    "container count {n:?} in {item:?} is not a whole number"
+                ))
+            })?;
+            if n < 2 {
+                return Err(bad(format!("{item:?}: a job needs at least 2 containers")));
+            }
+            let at = std::time::Duration::from_secs_f64(secs);
+            if out.last().is_some_and(|(prev, _)| *prev >= at) {
+                return Err(bad(format!("times must increase; {item:?} does not")));
+            }
+            out.push((at, n));
+        }
+        Ok(out)
+    }
+
+    /// The most containers the job may ever hold (for sizing block counts).
+    pub fn capacity_ceiling(&self, job: &JobConfig) -> u32 {
+        let scheduled = self
+            .capacity_schedule()
+            .map(|s| s.iter().map(|x| x.1).max().unwrap_or(0))
+            .unwrap_or(0);
+        self.effective_max_containers(job).max(scheduled)
+    }
+}
+
+/// `[optimizer]`: when and how the job reconfigures itself.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct OptimizerConfig {
+    /// Whether the job measures itself and reconfigures.
+    pub enabled: bool,
+    /// How often the optimizer looks at the metrics, milliseconds.
+    pub interval_ms: u64,
+    /// Least predicted relative gain in epoch time worth a reconfiguration.
+    pub min_gain: f64,
+    /// Mini-batches each worker must report (after warm-up) before planning.
+    pub min_mini_batches: u32,
+    /// Mini-batches of each worker not counted at its start (warm-up).
+    pub warmup_mini_batches: u32,
+    /// Samples in each moving average.
+    pub window: u32,
+    /// Operations of a plan run at once, at most.
+    pub max_parallel: u32,
+    /// Measurements of different containers within this relative spread of
+    /// each other count as equal (noise, not heterogeneity).
+    pub noise_tolerance: f64,
+    /// The same for bandwidth measurements (bulk probes on shared hosts vary
+    /// more than CPU calibrations).
+    pub bandwidth_noise_tolerance: f64,
+    /// A reconfiguration runs only after this many consecutive looks propose
+    /// the same split (1: at once). Forced plans (capacity reclaimed) run at once.
+    pub confirmations: u32,
+    /// Bytes of each bulk transfer that measures link capacity when training
+    /// starts and when a container joins. 0: do not probe.
+    pub probe_bytes: u64,
+    /// Write the optimizer's input (a snapshot for `cruise plan`) to this file
+    /// at every look. Empty: do not write.
+    pub snapshot_file: String,
+}
+
+impl Default for OptimizerConfig {
+    fn default() -> Self {
+        OptimizerConfig {
+            enabled: true,
+            interval_ms: 2_000,
+            min_gain: 0.05,
+            min_mini_batches: 5,
+            warmup_mini_batches: 3,
+            window: 20,
+            max_parallel: 4,
+            noise_tolerance: 0.25,
+            bandwidth_noise_tolerance: 1.0,
+            confirmations: 2,
+            probe_bytes: 4 << 20,
+            snapshot_file: String::new(),
         }
     }
 }
@@ -276,7 +402,8 @@ impl Default for StoreConfig {
 }
 
 impl StoreConfig {
-    /// The number of input blocks to use with `max_containers` containers.
+    /// The number of input blocks to use when the job may hold up to
+    /// `max_containers` containers.
     pub fn input_blocks_for(&self, max_containers: u32) -> u32 {
         if self.input_blocks == 0 {
             (max_containers * 8).max(8)
@@ -470,7 +597,7 @@ impl CruiseConfig {
                 ),
             );
         }
-        if job.containers > self.runtime.max_containers {
+        if self.runtime.max_containers != 0 && job.containers > self.runtime.max_containers {
             return bad(
                 "job.containers",
                 format!(
@@ -478,6 +605,38 @@ impl CruiseConfig {
                     job.containers, self.runtime.max_containers
                 ),
             );
+        }
+        self.runtime.capacity_schedule()?;
+        let o = &self.optimizer;
+        if !(o.min_gain >= 0.0 && o.min_gain < 1.0) {
+            return bad(
+                "optimizer.min_gain",
+                format!("is {}, must be in [0, 1)", o.min_gain),
+            );
+        }
+        if o.interval_ms == 0 {
+            return bad("optimizer.interval_ms", "must be at least 1".to_string());
+        }
+        if o.window == 0 {
+            return bad("optimizer.window", "must be at least 1".to_string());
+        }
+        if !(o.noise_tolerance >= 0.0 && o.noise_tolerance.is_finite()) {
+            return bad(
+                "optimizer.noise_tolerance",
+                format!("is {}, must be >= 0", o.noise_tolerance),
+            );
+        }
+        if !(o.bandwidth_noise_tolerance >= 0.0 && o.bandwidth_noise_tolerance.is_finite()) {
+            return bad(
+                "optimizer.bandwidth_noise_tolerance",
+                format!("is {}, must be >= 0", o.bandwidth_noise_tolerance),
+            );
+        }
+        if o.confirmations == 0 {
+            return bad("optimizer.confirmations", "must be at least 1".to_string());
+        }
+        if o.max_parallel == 0 {
+            return bad("optimizer.max_parallel", "must be at least 1".to_string());
         }
         let (w, s) = job.initial_split();
         if w == 0 || s == 0 {
@@ -544,9 +703,6 @@ impl CruiseConfig {
                     self.store.move_chunk_bytes
                 ),
             );
-        }
-        if self.runtime.max_containers == 0 {
-            return bad("runtime.max_containers", "must be at least 1".to_string());
         }
         if self
             .runtime

@@ -533,6 +533,18 @@ async fn handle(
                     .await;
             });
         }
+        AmToEval::ProbeBandwidth { to, bytes } => {
+            let (dp, tx) = (job.dp.clone(), to_am.clone());
+            tracker.spawn(async move {
+                match dp.probe(to, bytes, 3).await {
+                    Ok(secs) => {
+                        let _ = tx.send(EvalToAm::BandwidthProbe { to, bytes, secs }).await;
+                    }
+                    // A failed probe only costs the optimizer a measurement.
+                    Err(e) => tracing::warn!("bandwidth probe to evaluator {to}: {e}"),
+                }
+            });
+        }
         AmToEval::Clock { min_clock: c } => {
             min_clock.send_replace(c);
         }

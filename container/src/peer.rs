@@ -40,8 +40,8 @@ use tokio_util::task::TaskTracker;
 
 use crate::protocol::{
     self, BlockId, BulkToDest, BulkToSource, EvalToAm, EvaluatorId, Faults, FrameCodec,
-    FrameOptions, LinkSample, PeerRequest, PeerResponse, Purpose, RemoteError, Secret, TableId,
-    ToClient, ToOwner,
+    FrameOptions, INPUT_TABLE, LinkSample, PeerRequest, PeerResponse, Purpose, RemoteError,
+    STATE_TABLE, Secret, TableId, ToClient, ToOwner,
 };
 use crate::store::{self, BlockData, OpKind, PartResult, Pending, Store, StoreOp};
 
@@ -341,6 +341,7 @@ impl DataPlane {
                     let in_bytes = match resp {
                         PeerResponse::Values(v) => v.byte_len() as u64,
                         PeerResponse::Done => 0,
+                        PeerResponse::Blob(b) => b.len() as u64,
                     };
                     links.push(LinkSample { peer: p, bytes: out_bytes + in_bytes, secs });
                 }
@@ -395,14 +396,42 @@ impl DataPlane {
             .map_err(|error| PeerError::Remote { peer, error })
     }
 
+    /// Measures the bandwidth to `peer`: the fastest of `tries` transfers of
+    /// `bytes` of incompressible data. Returns seconds per transfer.
+    pub async fn probe(&self, peer: EvaluatorId, bytes: u64, tries: u32) -> Result<f64, PeerError> {
+        let mut best = f64::INFINITY;
+        for _ in 0..tries.max(1) {
+            let t0 = Instant::now();
+            match self.request(peer, PeerRequest::Probe { bytes }).await? {
+                PeerResponse::Blob(b) if b.len() as u64 == bytes => {}
+                other => {
+                    return Err(PeerError::Connection {
+                        peer,
+                        message: format!(
+                            "bad probe answer ({} bytes)",
+                            match &other {
+                                PeerResponse::Blob(b) => b.len(),
+                                _ => 0,
+                            }
+                        ),
+                    });
+                }
+            }
+            best = best.min(t0.elapsed().as_secs_f64());
+        }
+        Ok(best)
+    }
+
     // ------------------------------------------------------------------
     // Moves, source side
     // ------------------------------------------------------------------
 
     /// Moves `blocks` of `table` to `to`, one block at a time over one bulk
     /// connection. Reports each installed block with [`EvalToAm::BlockMoved`]
-    /// on `report`. On failure the block in flight returns to this evaluator
-    /// and the error is returned; blocks already moved stay moved.
+    /// on `report`. An input block's worker-local state (if it has any here)
+    /// moves with it, first: a destination that owns the input then always
+    /// owns its state. On failure the block in flight returns to this
+    /// evaluator and the error is returned; blocks already moved stay moved.
     pub async fn move_blocks(
         &self,
         move_id: u64,
@@ -416,59 +445,79 @@ impl DataPlane {
             self.open(to, addr, Purpose::Bulk).await?;
         let mut total = 0u64;
         for &block in blocks {
-            self.request(
-                to,
-                PeerRequest::Handover {
-                    table,
-                    block,
-                    move_id,
-                },
-            )
-            .await?;
-            let data = match self.inner.store.take_for_move(table, block, to) {
-                Ok(d) => d,
-                Err(e) => {
-                    let _ = self
-                        .request(to, PeerRequest::AbortHandover { table, block })
-                        .await;
-                    return Err(e.into());
-                }
-            };
-            match self
-                .stream_block(&mut bulk, move_id, table, block, &data, to)
-                .await
-            {
-                Ok(bytes) => {
-                    self.inner.store.finish_move(table, block)?;
-                    total += bytes;
-                    let _ = report
-                        .send(EvalToAm::BlockMoved {
-                            move_id,
-                            table,
-                            block,
-                            to,
-                            bytes,
-                        })
-                        .await;
-                }
-                Err(e) => {
-                    // Take the block back first, then let the destination
-                    // release what it queued (nothing of it was applied).
-                    self.inner.store.restore(table, block, data)?;
-                    if let Err(abort) = self
-                        .request(to, PeerRequest::AbortHandover { table, block })
-                        .await
-                    {
-                        tracing::warn!(
-                            "abort of block {block} of table {table} at evaluator {to}: {abort}"
-                        );
-                    }
-                    return Err(e);
-                }
+            let mut tables = Vec::with_capacity(2);
+            if table == INPUT_TABLE && self.inner.store.is_owned(STATE_TABLE, block) {
+                tables.push(STATE_TABLE);
+            }
+            tables.push(table);
+            for t in tables {
+                let bytes = self.move_one(&mut bulk, move_id, t, block, to).await?;
+                total += bytes;
+                let _ = report
+                    .send(EvalToAm::BlockMoved {
+                        move_id,
+                        table: t,
+                        block,
+                        to,
+                        bytes,
+                    })
+                    .await;
             }
         }
         let _ = bulk.close().await;
         Ok(total)
+    }
+
+    /// Hands one block over to `to` and streams it (see the module docs).
+    async fn move_one(
+        &self,
+        bulk: &mut Framed<TcpStream, FrameCodec<BulkToDest, BulkToSource>>,
+        move_id: u64,
+        table: TableId,
+        block: BlockId,
+        to: EvaluatorId,
+    ) -> Result<u64, PeerError> {
+        self.request(
+            to,
+            PeerRequest::Handover {
+                table,
+                block,
+                move_id,
+            },
+        )
+        .await?;
+        let data = match self.inner.store.take_for_move(table, block, to) {
+            Ok(d) => d,
+            Err(e) => {
+                let _ = self
+                    .request(to, PeerRequest::AbortHandover { table, block })
+                    .await;
+                return Err(e.into());
+            }
+        };
+        match self
+            .stream_block(bulk, move_id, table, block, &data, to)
+            .await
+        {
+            Ok(bytes) => {
+                self.inner.store.finish_move(table, block)?;
+                Ok(bytes)
+            }
+            Err(e) => {
+                // Take the block back first, then let the destination
+                // release what it queued (nothing of it was applied).
+                self.inner.store.restore(table, block, data)?;
+                if let Err(abort) = self
+                    .request(to, PeerRequest::AbortHandover { table, block })
+                    .await
+                {
+                    tracing::warn!(
+                        "abort of block {block} of table {table} at evaluator {to}: {abort}"
+                    );
+                }
+                Err(e)
+            }
+        }
     }
 
     async fn stream_block(
@@ -806,6 +855,15 @@ impl DataPlane {
                     .map(|()| PeerResponse::Done)
                     .map_err(|e| RemoteError::fatal(e.to_string()));
                 futures::future::ready(r).boxed()
+            }
+            PeerRequest::Probe { bytes } => {
+                // Random bytes, so compression cannot shortcut the transfer.
+                let n = usize::try_from(bytes)
+                    .unwrap_or(usize::MAX)
+                    .min(self.inner.settings.frames.max_frame / 2);
+                let mut blob = vec![0u8; n];
+                rand::RngCore::fill_bytes(&mut rand::rng(), &mut blob);
+                futures::future::ready(Ok(PeerResponse::Blob(blob))).boxed()
             }
             PeerRequest::AbortHandover { table, block } => {
                 let r = self

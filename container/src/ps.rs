@@ -251,6 +251,10 @@ pub async fn run_worker(mut ctx: WorkerContext) -> Result<(), PsError> {
                 if ctx.stop.is_cancelled() {
                     break 'epochs;
                 }
+                if !store.is_owned(INPUT_TABLE, block) {
+                    // Moved away mid-pass: its new owner trains on it now.
+                    break;
+                }
                 ctx.app.keys(&input, rows.clone(), &mut keys);
                 let mut links = Vec::new();
                 let t0 = Instant::now();

@@ -17,6 +17,7 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::{
@@ -38,6 +39,11 @@ pub struct LocalConfig {
     pub release_grace: Duration,
     /// Prefix of container ids (e.g. derived from the job id).
     pub id_prefix: String,
+    /// Capacity over time: `(time after start, containers)`.
+    pub capacity_schedule: Vec<(Duration, u32)>,
+    /// After the capacity shrinks, how long before the newest containers
+    /// beyond it are killed.
+    pub reclaim_deadline: Duration,
 }
 
 enum Cmd {
@@ -54,6 +60,10 @@ enum Internal {
     },
     KillDeadline {
         id: ContainerId,
+    },
+    Capacity(u32),
+    ReclaimDeadline {
+        generation: u64,
     },
 }
 
@@ -79,6 +89,8 @@ impl LocalRm {
             pending: 0,
             seq: 0,
             tracker: TaskTracker::new(),
+            timers: CancellationToken::new(),
+            generation: 0,
         };
         let handle = tokio::spawn(actor.run(cmd_rx));
         LocalRm {
@@ -133,6 +145,7 @@ struct Proc {
     pid: Option<u32>,
     dir: PathBuf,
     released: bool,
+    preempted: bool,
 }
 
 struct Actor {
@@ -143,12 +156,36 @@ struct Actor {
     pending: u32,
     seq: u64,
     tracker: TaskTracker,
+    /// Cancels the schedule and deadline timers at shutdown.
+    timers: CancellationToken,
+    /// Bumped at every capacity change; a reclaim deadline of an older
+    /// change is ignored.
+    generation: u64,
 }
 
 impl Actor {
     async fn run(mut self, mut cmds: mpsc::Receiver<Cmd>) {
         let (int_tx, mut int_rx) = mpsc::unbounded_channel::<Internal>();
         let mut shutting_down: Option<oneshot::Sender<()>> = None;
+        if !self.config.capacity_schedule.is_empty() {
+            let (steps, tx, cancel) = (
+                self.config.capacity_schedule.clone(),
+                int_tx.clone(),
+                self.timers.clone(),
+            );
+            self.tracker.spawn(async move {
+                let start = tokio::time::Instant::now();
+                for (at, n) in steps {
+                    tokio::select! {
+                        _ = cancel.cancelled() => return,
+                        _ = tokio::time::sleep_until(start + at) => {}
+                    }
+                    if tx.send(Internal::Capacity(n)).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
         loop {
             if shutting_down.is_some() && self.running.is_empty() {
                 break;
@@ -169,6 +206,7 @@ impl Actor {
                         });
                     }
                     Some(Cmd::Shutdown(reply)) => {
+                        self.timers.cancel();
                         self.pending = 0;
                         let ids: Vec<ContainerId> = self.running.keys().cloned().collect();
                         for id in ids {
@@ -178,6 +216,7 @@ impl Actor {
                     }
                     None => {
                         // Every handle is gone: stop everything.
+                        self.timers.cancel();
                         self.pending = 0;
                         let ids: Vec<ContainerId> = self.running.keys().cloned().collect();
                         for id in ids {
@@ -192,6 +231,13 @@ impl Actor {
                 },
                 Some(ev) = int_rx.recv() => match ev {
                     Internal::Exited { id, status } => self.exited(id, status, &int_tx),
+                    Internal::Capacity(n) if shutting_down.is_none() => self.set_capacity(n, &int_tx),
+                    Internal::Capacity(_) => {}
+                    Internal::ReclaimDeadline { generation } => {
+                        if generation == self.generation {
+                            self.preempt();
+                        }
+                    }
                     Internal::KillDeadline { id } => {
                         if let Some(p) = self.running.get(&id)
                             && let Some(pid) = p.pid {
@@ -206,6 +252,60 @@ impl Actor {
         self.tracker.wait().await;
         if let Some(reply) = shutting_down {
             let _ = reply.send(());
+        }
+    }
+
+    fn set_capacity(&mut self, n: u32, int_tx: &mpsc::UnboundedSender<Internal>) {
+        self.config.max_containers = n;
+        self.generation += 1;
+        tracing::info!(
+            capacity = n,
+            running = self.running.len(),
+            "local runtime capacity changed"
+        );
+        let _ = self
+            .events
+            .send(RmEvent::CapacityChanged { max_containers: n });
+        if self.held() > n {
+            let (tx, generation, cancel) = (int_tx.clone(), self.generation, self.timers.clone());
+            let deadline = self.config.reclaim_deadline;
+            self.tracker.spawn(async move {
+                tokio::select! {
+                    _ = cancel.cancelled() => {}
+                    _ = tokio::time::sleep(deadline) => {
+                        let _ = tx.send(Internal::ReclaimDeadline { generation });
+                    }
+                }
+            });
+        }
+        self.launch_pending(int_tx);
+    }
+
+    /// Containers counted against the capacity (released ones are leaving).
+    fn held(&self) -> u32 {
+        self.running.values().filter(|p| !p.released).count() as u32
+    }
+
+    /// Kills the newest containers beyond the capacity (the job did not give
+    /// them back in time).
+    fn preempt(&mut self) {
+        let excess = self.held().saturating_sub(self.config.max_containers) as usize;
+        let victims: Vec<ContainerId> = self
+            .running
+            .iter()
+            .rev()
+            .filter(|(_, p)| !p.released)
+            .take(excess)
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in victims {
+            if let Some(p) = self.running.get_mut(&id) {
+                tracing::warn!(container = %id, "preempting: capacity is {} and the job did not give it back in time", self.config.max_containers);
+                p.preempted = true;
+                if let Some(pid) = p.pid {
+                    let _ = kill(Pid::from_raw(pid as i32), Signal::SIGKILL);
+                }
+            }
         }
     }
 
@@ -224,6 +324,7 @@ impl Actor {
 
     fn launch_pending(&mut self, int_tx: &mpsc::UnboundedSender<Internal>) {
         while self.pending > 0 && (self.running.len() as u32) < self.config.max_containers {
+            // (released containers still count until they are gone)
             self.pending -= 1;
             self.seq += 1;
             let id = format!("{}_{:06}", self.config.id_prefix, self.seq);
@@ -246,6 +347,7 @@ impl Actor {
                         pid,
                         dir,
                         released: false,
+                        preempted: false,
                     },
                 );
                 let _ = self.events.send(RmEvent::Running {
@@ -315,7 +417,13 @@ impl Actor {
             }
             Err(_) => ExitStatus::Unknown,
         };
-        let diagnostics = stderr_tail(&p.dir.join("stderr"));
+        let mut diagnostics = stderr_tail(&p.dir.join("stderr"));
+        if p.preempted {
+            diagnostics = format!(
+                "preempted: the capacity shrank to {} containers and the job did not release this one within {:?}\n{diagnostics}",
+                self.config.max_containers, self.config.reclaim_deadline
+            );
+        }
         let _ = self.events.send(RmEvent::Completed {
             container: id,
             exit,
@@ -396,6 +504,8 @@ mod tests {
             max_containers: max,
             release_grace: Duration::from_millis(300),
             id_prefix: "container_test".into(),
+            capacity_schedule: Vec::new(),
+            reclaim_deadline: Duration::from_secs(30),
         };
         (LocalRm::start(cfg, spec(dir, program, args), tx), rx)
     }
@@ -587,6 +697,81 @@ mod tests {
             .await
             .is_err()
         );
+    }
+
+    #[tokio::test]
+    async fn capacity_schedule_grows_then_preempts_the_newest() {
+        let dir = tempfile::tempdir().unwrap();
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let cfg = LocalConfig {
+            max_containers: 1,
+            release_grace: Duration::from_millis(300),
+            id_prefix: "c".into(),
+            capacity_schedule: vec![
+                (Duration::from_millis(50), 3),
+                (Duration::from_millis(400), 1),
+            ],
+            reclaim_deadline: Duration::from_millis(200),
+        };
+        let rm = LocalRm::start(
+            cfg,
+            spec(
+                dir.path(),
+                "/bin/sh",
+                &["-c", "while true; do sleep 0.05; done"],
+            ),
+            tx,
+        );
+        rm.request(ContainerRequest {
+            count: 3,
+            memory_mb: 64,
+            cores: 1,
+            hosts: vec![],
+        })
+        .await
+        .unwrap();
+        let mut seen = Vec::new();
+        let mut running = 0;
+        let mut max_running = 0;
+        let mut preempted = Vec::new();
+        while preempted.len() < 2 {
+            match tokio::time::timeout(Duration::from_secs(20), rx.recv())
+                .await
+                .unwrap()
+                .unwrap()
+            {
+                RmEvent::CapacityChanged { max_containers } => seen.push(max_containers),
+                RmEvent::Running { .. } => {
+                    running += 1;
+                    max_running = max_running.max(running);
+                }
+                RmEvent::Completed {
+                    container,
+                    diagnostics,
+                    released,
+                    exit,
+                } => {
+                    running -= 1;
+                    assert!(!released);
+                    assert_eq!(exit, ExitStatus::Signal(9));
+                    assert!(
+                        diagnostics.starts_with("preempted: the capacity shrank to 1"),
+                        "{diagnostics}"
+                    );
+                    preempted.push(container);
+                }
+                _ => {}
+            }
+        }
+        assert_eq!(seen, vec![3, 1]);
+        assert_eq!(max_running, 3, "growth launched the queued requests");
+        preempted.sort();
+        assert_eq!(
+            preempted,
+            vec!["c_000002".to_string(), "c_000003".to_string()],
+            "the newest go first"
+        );
+        rm.shutdown().await.unwrap();
     }
 
     #[test]

@@ -92,8 +92,11 @@ pub struct Metrics {
     window: usize,
     warmup: u32,
     evals: BTreeMap<EvaluatorId, EvalMetrics>,
-    /// Effective bandwidth per ordered pair (from, to), bytes per second.
+    /// Effective bandwidth per ordered pair (from, to), bytes per second,
+    /// from mini-batch transfers (small, often latency-bound).
     links: BTreeMap<(EvaluatorId, EvaluatorId), Window>,
+    /// Capacity per ordered pair from bulk transfers (probes and block moves).
+    bulk: BTreeMap<(EvaluatorId, EvaluatorId), Window>,
     /// Bytes and seconds of input loads (for the reload-or-move choice).
     load_bytes_per_sec: Window,
 }
@@ -103,8 +106,10 @@ pub struct Metrics {
 pub struct MetricsView {
     /// Per evaluator.
     pub evaluators: Vec<EvalMetricsView>,
-    /// Per measured link.
+    /// Per measured link (mini-batch transfers).
     pub links: Vec<LinkView>,
+    /// Per link measured by bulk transfers (probes and block moves).
+    pub capacity: Vec<LinkView>,
 }
 
 /// One evaluator's smoothed figures.
@@ -145,6 +150,7 @@ impl Metrics {
             warmup,
             evals: BTreeMap::new(),
             links: BTreeMap::new(),
+            bulk: BTreeMap::new(),
             load_bytes_per_sec: Window::new(window),
         }
     }
@@ -205,11 +211,41 @@ impl Metrics {
             .push(bytes as f64 / secs);
     }
 
+    /// Records a bulk transfer (a probe or a block move): a measure of the
+    /// link's capacity rather than of request latency.
+    pub fn bulk(&mut self, from: EvaluatorId, to: EvaluatorId, bytes: u64, secs: f64) {
+        if bytes < 64 * 1024 || secs <= 0.0 || from == to {
+            return;
+        }
+        let w = self.window;
+        self.bulk
+            .entry((from, to))
+            .or_insert_with(|| Window::new(w))
+            .push(bytes as f64 / secs);
+    }
+
+    /// An evaluator's capacity: the fastest bulk transfer it took part in.
+    pub fn capacity(&self, id: EvaluatorId) -> Option<f64> {
+        self.bulk
+            .iter()
+            .filter(|((a, b), _)| *a == id || *b == id)
+            .filter_map(|(_, w)| w.mean())
+            .reduce(f64::max)
+    }
+
+    /// Mean capacity over every bulk-measured link.
+    pub fn mean_capacity(&self) -> Option<f64> {
+        let v: Vec<f64> = self.bulk.values().filter_map(Window::mean).collect();
+        (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
+    }
+
     /// Records a server's report.
     pub fn server(&mut self, id: EvaluatorId, r: &ServerReport) {
         let bytes = r.bytes_in + r.bytes_out;
         if bytes > 0 && r.busy_secs > 0.0 {
-            self.eval(id).server_secs_per_byte.push(r.busy_secs / bytes as f64);
+            self.eval(id)
+                .server_secs_per_byte
+                .push(r.busy_secs / bytes as f64);
         }
     }
 
@@ -238,6 +274,7 @@ impl Metrics {
     pub fn forget(&mut self, id: EvaluatorId) {
         self.evals.remove(&id);
         self.links.retain(|&(a, b), _| a != id && b != id);
+        self.bulk.retain(|&(a, b), _| a != id && b != id);
     }
 
     /// Measured bandwidth between two evaluators (either direction; the
@@ -251,14 +288,17 @@ impl Metrics {
         }
     }
 
-    /// An evaluator's bandwidth: the best of its measured links (its NIC is
-    /// at least that fast).
+    /// An evaluator's effective bandwidth in mini-batch transfers: the best
+    /// of its measured links (small transfers measure latency as much as
+    /// bandwidth; see [`Metrics::capacity`] for bulk measurements).
     pub fn node_bandwidth(&self, id: EvaluatorId) -> Option<f64> {
         self.links
             .iter()
             .filter(|((a, b), _)| *a == id || *b == id)
             .filter_map(|(_, w)| w.mean())
-            .fold(None, |acc: Option<f64>, v| Some(acc.map_or(v, |a| a.max(v))))
+            .fold(None, |acc: Option<f64>, v| {
+                Some(acc.map_or(v, |a| a.max(v)))
+            })
     }
 
     /// Mean of every measured link, bytes per second.
@@ -298,6 +338,17 @@ impl Metrics {
                     bytes_per_sec,
                 })
                 .collect(),
+            capacity: self
+                .bulk
+                .iter()
+                .filter_map(|(&(from, to), w)| {
+                    w.mean().map(|bytes_per_sec| LinkView {
+                        from,
+                        to,
+                        bytes_per_sec,
+                    })
+                })
+                .collect(),
         }
     }
 }
@@ -312,14 +363,14 @@ mod tests {
             clock: 0,
             stats: Stats {
                 records,
-                loss_sum: 0.0,
-                correct: 0,
+                ..Stats::default()
             },
             comp_secs: comp,
             pull_secs: 0.001,
             pull_bytes: bytes,
             push_secs: 0.001,
             push_bytes: bytes,
+            links: Vec::new(),
         }
     }
 
@@ -353,6 +404,20 @@ mod tests {
         m.mini_batch(1, &report(100, 50.0, 10), &[]); // first after reconfiguration
         assert_eq!(m.get(1).unwrap().batches, 0);
         assert!((m.get(1).unwrap().comp_per_record.mean().unwrap() - 0.001).abs() < 1e-12);
+    }
+
+    #[test]
+    fn capacity_comes_from_bulk_transfers_only() {
+        let mut m = Metrics::new(4, 0);
+        m.link(1, 2, 1 << 20, 0.1);
+        assert_eq!(m.capacity(1), None, "mini-batch transfers are not capacity");
+        m.bulk(1, 2, 4 << 20, 0.004);
+        m.bulk(3, 1, 4 << 20, 0.008);
+        m.bulk(3, 4, 1000, 0.1); // too small
+        assert!((m.capacity(1).unwrap() - 1_048_576_000.0).abs() < 1.0);
+        assert!((m.capacity(3).unwrap() - 524_288_000.0).abs() < 1.0);
+        assert_eq!(m.capacity(4), None);
+        assert_eq!(m.view().capacity.len(), 2);
     }
 
     #[test]

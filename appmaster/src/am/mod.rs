@@ -10,9 +10,11 @@
 
 pub mod control;
 mod job;
+pub mod metrics;
 mod outputs;
+pub mod reconfig;
 
-pub use job::{plural, split_text};
+pub use job::{PlanRecord, plural, split_text};
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -147,6 +149,8 @@ pub struct JobSummary {
     pub am_peak_rss_bytes: u64,
     /// The evaluators.
     pub evaluators: Vec<EvaluatorSummary>,
+    /// Reconfigurations the optimizer made.
+    pub reconfigurations: Vec<PlanRecord>,
 }
 
 /// Progress of a job, for the command line.
@@ -207,6 +211,14 @@ pub struct Status {
     pub failure: Option<String>,
     /// Connections refused (e.g. a wrong job secret), most recent last: `address: reason`.
     pub refused: Vec<String>,
+    /// Containers the job may hold now.
+    pub capacity: u32,
+    /// The optimizer's last decision, in words.
+    pub optimizer: Option<String>,
+    /// The smoothed measurements the optimizer works from.
+    pub metrics: metrics::MetricsView,
+    /// Reconfigurations so far.
+    pub reconfigurations: Vec<PlanRecord>,
 }
 
 /// One evaluator in the status.
@@ -263,6 +275,20 @@ pub enum Event {
         eval: EvaluatorId,
         /// Why.
         reason: String,
+    },
+    /// The plan executor asks for an operation to be carried out.
+    PlanOp {
+        /// The operation.
+        op: cruise_optimizer::Operation,
+        /// Where to answer when it has taken effect or failed.
+        reply: tokio::sync::oneshot::Sender<
+            Result<cruise_optimizer::OpReport, cruise_optimizer::OpError>,
+        >,
+    },
+    /// The plan executor finished (or could not run the plan).
+    PlanDone {
+        /// The outcome of every operation.
+        result: Result<cruise_optimizer::ExecutionReport, String>,
     },
 }
 
@@ -330,7 +356,9 @@ pub async fn run_job(opts: JobOptions) -> Result<JobSummary, AmError> {
     let splits = plan_input(
         &fs,
         &opts.input,
-        config.store.input_blocks_for(config.runtime.max_containers),
+        config
+            .store
+            .input_blocks_for(config.runtime.capacity_ceiling(&config.job)),
     )
     .await?;
     let held_out = if config.job.eval_input.is_empty() {

@@ -9,13 +9,13 @@
 //!   effect or failed. The executor itself runs in its own task and reports
 //!   with [`Event::PlanDone`].
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 
 use tokio::sync::{mpsc, oneshot};
 
 use cruise_container::protocol::EvaluatorId;
 use cruise_optimizer::{
-    Configuration, ContainerMetrics, Holding, Job, Link, OpError, OpReport, Operation,
+    Configuration, ContainerMetrics, CostModel, Holding, Job, OpError, OpReport, Operation,
     OperationRunner, Role as ORole, Snapshot,
 };
 
@@ -74,6 +74,30 @@ pub struct JobFacts {
     pub model_bytes: u64,
     /// Containers the job may add (capacity not used yet).
     pub spare: usize,
+    /// Relative spread under which measurements of different containers are
+    /// treated as equal (noise, not heterogeneity).
+    pub noise_tolerance: f64,
+    /// The same for bandwidth (bulk probes on shared hosts vary more).
+    pub bandwidth_noise_tolerance: f64,
+}
+
+/// Replaces the values by their mean when they all lie within `tol` of each
+/// other (max/min ≤ 1 + tol): differences that small are measurement noise,
+/// and treating them as real would move blocks back and forth for nothing.
+fn snap(values: &mut [Option<f64>], tol: f64) {
+    let present: Vec<f64> = values.iter().flatten().copied().collect();
+    let (Some(min), Some(max)) = (
+        present.iter().copied().reduce(f64::min),
+        present.iter().copied().reduce(f64::max),
+    ) else {
+        return;
+    };
+    if min > 0.0 && max / min <= 1.0 + tol {
+        let mean = present.iter().sum::<f64>() / present.len() as f64;
+        for v in values.iter_mut().flatten() {
+            *v = mean;
+        }
+    }
 }
 
 fn orole(r: Role) -> ORole {
@@ -85,7 +109,11 @@ fn orole(r: Role) -> ORole {
 }
 
 /// Builds the optimizer's inputs from the AM's state.
-pub fn build_snapshot(job: JobFacts, evals: &[EvalFacts], m: &Metrics) -> (Snapshot, Configuration) {
+pub fn build_snapshot(
+    job: JobFacts,
+    evals: &[EvalFacts],
+    m: &Metrics,
+) -> (Snapshot, Configuration) {
     let workers: Vec<&EvalFacts> = evals.iter().filter(|e| e.role == Role::Worker).collect();
     let bytes: Vec<f64> = workers
         .iter()
@@ -96,23 +124,130 @@ pub fn build_snapshot(job: JobFacts, evals: &[EvalFacts], m: &Metrics) -> (Snaps
     } else {
         bytes.iter().sum::<f64>() / bytes.len() as f64
     };
-    let mean_bw = m.mean_bandwidth().unwrap_or(UNMEASURED_BANDWIDTH);
-    let speeds: Vec<f64> = evals
+    let tol = job.noise_tolerance;
+    // Bandwidth is each container's capacity, measured by bulk transfers;
+    // before any, the effective rate of its mini-batch transfers.
+    let mut bw: Vec<Option<f64>> = evals
         .iter()
-        .filter_map(|e| m.get(e.id).and_then(|x| x.cpu_speed))
+        .map(|e| m.capacity(e.id).or_else(|| m.node_bandwidth(e.id)))
         .collect();
+    snap(&mut bw, job.bandwidth_noise_tolerance);
+    let measured_bw: Vec<f64> = bw.iter().flatten().copied().collect();
+    let mean_bw = if measured_bw.is_empty() {
+        m.mean_capacity()
+            .or_else(|| m.mean_bandwidth())
+            .unwrap_or(UNMEASURED_BANDWIDTH)
+    } else {
+        measured_bw.iter().sum::<f64>() / measured_bw.len() as f64
+    };
+    // CPU: the workers' measured compute cost per record, per unit of
+    // calibrated CPU speed, scaled back by each container's speed. Per-worker
+    // differences in training come from who shares a core with whom at the
+    // moment; the calibration is what tells containers apart.
+    let mut speed: Vec<Option<f64>> = evals
+        .iter()
+        .map(|e| m.get(e.id).and_then(|x| x.cpu_speed))
+        .collect();
+    snap(&mut speed, tol);
+    let raw: Vec<Option<f64>> = evals
+        .iter()
+        .map(|e| m.get(e.id).and_then(|x| x.comp_per_record.mean()))
+        .collect();
+    let unit: Vec<f64> = raw
+        .iter()
+        .zip(&speed)
+        .filter_map(|(c, s)| Some((*c)? * s.unwrap_or(1.0)))
+        .collect();
+    let unit_cost = (!unit.is_empty()).then(|| unit.iter().sum::<f64>() / unit.len() as f64);
+    let mut comp: Vec<Option<f64>> = raw
+        .iter()
+        .zip(&speed)
+        .map(|(c, s)| c.and(unit_cost).map(|k| k / s.unwrap_or(1.0)))
+        .collect();
+    let mut serve: Vec<Option<f64>> = evals
+        .iter()
+        .map(|e| m.get(e.id).and_then(|x| x.server_secs_per_byte.mean()))
+        .collect();
+    snap(&mut serve, tol);
+    // Latency: the communication time the cost model does not explain for
+    // the running configuration (request round trips, which do not shrink
+    // when the model is spread over more servers) is added to every worker's
+    // cost per record, so the running configuration is predicted as measured.
+    let latency = {
+        let probe = assemble(
+            &job,
+            evals,
+            m,
+            &comp,
+            &speed,
+            &bw,
+            &serve,
+            mean_bw,
+            bytes_per_mini_batch,
+        );
+        let mut residuals = Vec::new();
+        if let Ok(b) = CostModel::including_reclaimed(&probe.0)
+            .and_then(|model| model.evaluate(&probe.1.counts()))
+        {
+            for w in &b.workers {
+                let Some(id) = id_of(&w.container) else {
+                    continue;
+                };
+                let Some(measured) = m.get(id).and_then(|x| x.comm_secs_per_batch.mean()) else {
+                    continue;
+                };
+                if w.mini_batches > 0 {
+                    residuals.push((measured - w.comm_secs / w.mini_batches as f64).max(0.0));
+                }
+            }
+        }
+        if residuals.is_empty() {
+            0.0
+        } else {
+            residuals.iter().sum::<f64>() / residuals.len() as f64
+        }
+    };
+    for c in comp.iter_mut().flatten() {
+        *c += latency / f64::from(job.mini_batch.max(1));
+    }
+    assemble(
+        &job,
+        evals,
+        m,
+        &comp,
+        &speed,
+        &bw,
+        &serve,
+        mean_bw,
+        bytes_per_mini_batch,
+    )
+}
+
+#[allow(clippy::too_many_arguments)]
+fn assemble(
+    job: &JobFacts,
+    evals: &[EvalFacts],
+    m: &Metrics,
+    comp: &[Option<f64>],
+    speed: &[Option<f64>],
+    bw: &[Option<f64>],
+    serve: &[Option<f64>],
+    mean_bw: f64,
+    bytes_per_mini_batch: f64,
+) -> (Snapshot, Configuration) {
+    let speeds: Vec<f64> = speed.iter().flatten().copied().collect();
     let mean_speed = (!speeds.is_empty()).then(|| speeds.iter().sum::<f64>() / speeds.len() as f64);
     let mut containers = Vec::new();
     let mut config = Configuration::default();
-    for e in evals {
+    for (i, e) in evals.iter().enumerate() {
         let em = m.get(e.id);
         containers.push(ContainerMetrics {
             id: name_of(e.id),
             role: orole(e.role),
-            compute_secs_per_record: em.and_then(|x| x.comp_per_record.mean()),
-            cpu_speed: em.and_then(|x| x.cpu_speed),
-            bandwidth_bytes_per_sec: m.node_bandwidth(e.id).unwrap_or(mean_bw),
-            server_secs_per_byte: em.and_then(|x| x.server_secs_per_byte.mean()),
+            compute_secs_per_record: comp[i],
+            cpu_speed: speed[i],
+            bandwidth_bytes_per_sec: bw[i].unwrap_or(mean_bw),
+            server_secs_per_byte: serve[i],
             input_blocks: e.input.len() as u32,
             model_blocks: e.model.len() as u32,
             mini_batches: em.map_or(0, |x| x.batches),
@@ -149,16 +284,10 @@ pub fn build_snapshot(job: JobFacts, evals: &[EvalFacts], m: &Metrics) -> (Snaps
             },
         );
     }
-    let known: BTreeMap<EvaluatorId, ()> = evals.iter().map(|e| (e.id, ())).collect();
-    let links = m
-        .links()
-        .filter(|(a, b, _)| known.contains_key(a) && known.contains_key(b))
-        .map(|(a, b, bps)| Link {
-            from: name_of(a),
-            to: name_of(b),
-            bytes_per_sec: bps,
-        })
-        .collect();
+    // Pairwise links are left out: the per-server samples of a mini-batch
+    // overlap in time, so each understates its link; the per-node figures
+    // above carry what was measured.
+    let links = Vec::new();
     let snapshot = Snapshot {
         job: Job {
             total_records: job.records,
@@ -208,6 +337,16 @@ mod tests {
     use super::*;
 
     #[test]
+    fn snap_evens_out_noise_only() {
+        let mut v = vec![Some(1.0), None, Some(1.2)];
+        snap(&mut v, 0.25);
+        assert_eq!(v, vec![Some(1.1), None, Some(1.1)]);
+        let mut v = vec![Some(1.0), Some(2.0)];
+        snap(&mut v, 0.25);
+        assert_eq!(v, vec![Some(1.0), Some(2.0)], "a real difference stays");
+    }
+
+    #[test]
     fn names_round_trip() {
         assert_eq!(id_of(&name_of(12)), Some(12));
         assert_eq!(id_of(&new_name(0)), None);
@@ -245,18 +384,35 @@ mod tests {
             input_bytes: 1000,
             model_bytes: 2000,
             spare: 1,
+            noise_tolerance: 0.25,
+            bandwidth_noise_tolerance: 1.0,
         };
         let (s, c) = build_snapshot(job, &evals, &m);
         assert_eq!(s.containers.len(), 3);
         assert_eq!(c.containers.len(), 3);
         let new = &s.containers[2];
         assert_eq!((new.id.as_str(), new.role), ("new0", ORole::Idle));
-        assert_eq!(new.cpu_speed, Some(3.0), "new containers get the mean speed");
+        assert_eq!(
+            new.cpu_speed,
+            Some(3.0),
+            "new containers get the mean speed"
+        );
+        assert_eq!(
+            s.containers[0].cpu_speed,
+            Some(2.0),
+            "2 and 4 differ by more than noise"
+        );
         assert!(s.containers[1].reclaimed);
-        assert_eq!(s.links.len(), 1);
+        assert!(
+            s.links.is_empty(),
+            "overlapping per-server samples are not links"
+        );
         for (name, h) in &c.containers {
             let cm = s.containers.iter().find(|x| &x.id == name).unwrap();
-            assert_eq!((cm.role, cm.input_blocks, cm.model_blocks), (h.role, h.input.len() as u32, h.model.len() as u32));
+            assert_eq!(
+                (cm.role, cm.input_blocks, cm.model_blocks),
+                (h.role, h.input.len() as u32, h.model.len() as u32)
+            );
         }
     }
 }

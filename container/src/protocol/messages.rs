@@ -147,6 +147,13 @@ pub enum AmToEval {
     },
     /// Compute the objective over all local input with the current model (no updates).
     Evaluate,
+    /// Measure the bandwidth to another evaluator with a bulk transfer.
+    ProbeBandwidth {
+        /// The other evaluator.
+        to: EvaluatorId,
+        /// Bytes to transfer.
+        bytes: u64,
+    },
     /// Read and parse these splits of the held-out input (`job.eval_input`)
     /// and compute the objective over them with the current model; nothing
     /// is stored. Answered by [`EvalToAm::HeldOutEvaluation`].
@@ -302,6 +309,15 @@ pub enum EvalToAm {
         /// `Err` names what failed.
         result: Result<(), String>,
         /// Seconds taken.
+        secs: f64,
+    },
+    /// The answer to [`AmToEval::ProbeBandwidth`] (the fastest of a few tries).
+    BandwidthProbe {
+        /// The other evaluator.
+        to: EvaluatorId,
+        /// Bytes transferred.
+        bytes: u64,
+        /// Seconds from request to the last byte.
         secs: f64,
     },
     /// Something failed that the evaluator cannot recover from; it will exit.
@@ -592,6 +608,12 @@ pub enum PeerRequest {
         /// The move it belongs to.
         move_id: u64,
     },
+    /// Bandwidth probe: answer with `bytes` of incompressible data. Answered
+    /// by [`PeerResponse::Blob`].
+    Probe {
+        /// How many bytes.
+        bytes: u64,
+    },
     /// Migration failed after handover: the source owns the block again. The
     /// destination stops queueing, answers every operation it queued with a
     /// retryable error (none of them was applied), forwards later ones to the
@@ -611,6 +633,8 @@ pub enum PeerResponse {
     Values(ValueBatch),
     /// Done.
     Done,
+    /// Opaque bytes (the answer to a probe).
+    Blob(#[serde(with = "serde_bytes")] Vec<u8>),
 }
 
 /// An error answered to a request.

@@ -272,6 +272,12 @@ pub fn assemble(
         return Ok(resp);
     }
     let mut batches = Vec::with_capacity(parts.len());
+    if parts
+        .iter()
+        .any(|(_, r)| !matches!(r, PeerResponse::Values(_)))
+    {
+        return Err(RemoteError::fatal("a read answered without values"));
+    }
     let mut at: Vec<(u32, u32)> = vec![(u32::MAX, 0); keys];
     for (pi, (positions, resp)) in parts.into_iter().enumerate() {
         let PeerResponse::Values(batch) = resp else {
@@ -641,6 +647,16 @@ impl Store {
             .filter(|(_, s)| matches!(&*lock(s), Slot::Owned(_)))
             .map(|(i, _)| i as BlockId)
             .collect()
+    }
+
+    /// Whether this evaluator owns the block now.
+    pub fn is_owned(&self, table: TableId, block: BlockId) -> bool {
+        let Ok(t) = self.table(table) else {
+            return false;
+        };
+        t.slots
+            .get(block as usize)
+            .is_some_and(|s| matches!(&*lock(s), Slot::Owned(_)))
     }
 
     /// An input block owned here (shared, read-only).

@@ -38,6 +38,11 @@ use super::{
     Status, control,
 };
 
+mod reconfigure;
+
+pub use reconfigure::PlanRecord;
+use reconfigure::Reconfig;
+
 /// How long to wait for the resource manager to report the exit status of a
 /// lost evaluator before failing the job without it.
 const EXIT_STATUS_WAIT: Duration = Duration::from_secs(3);
@@ -86,6 +91,10 @@ struct Evaluator {
     /// Waiting for: blocks created / input loaded / worker stopped / evaluation.
     awaiting: bool,
     connected: bool,
+    /// Left the job (deleted by a reconfiguration).
+    gone: bool,
+    /// Newest ownership version it has applied.
+    acked_version: u64,
 }
 
 #[derive(Default)]
@@ -134,6 +143,8 @@ pub(super) struct Driver {
     initial_split: (u32, u32),
     /// A lost evaluator whose exit status we are waiting for.
     pending_loss: Option<(EvaluatorId, String, Instant)>,
+    /// Measurements and live reconfiguration.
+    rc: Reconfig,
 }
 
 impl Driver {
@@ -153,6 +164,7 @@ impl Driver {
     ) -> Self {
         let now = Instant::now();
         let initial_split = config.job.initial_split();
+        let config_for_rc = config.clone();
         Driver {
             params: AppParams {
                 value_len: 0,
@@ -192,6 +204,7 @@ impl Driver {
             outputs,
             initial_split,
             pending_loss: None,
+            rc: Reconfig::new(&config_for_rc),
         }
     }
 
@@ -242,7 +255,7 @@ impl Driver {
         loop {
             tokio::select! {
                 _ = self.cancel.cancelled() => return Err(AmError::Cancelled),
-                Some(ev) = rm_events.recv() => self.on_rm(ev)?,
+                Some(ev) = rm_events.recv() => self.on_rm(ev).await?,
                 Some(ev) = events.recv() => self.on_event(ev).await?,
                 _ = tick.tick() => {
                     if last_hb_sent.elapsed() >= hb {
@@ -252,6 +265,8 @@ impl Driver {
                         }
                     }
                     self.check_time()?;
+                    self.expire_adds();
+                    self.maybe_reconfigure().await;
                     self.publish_status(None);
                 }
             }
@@ -330,7 +345,7 @@ impl Driver {
         Ok(())
     }
 
-    fn on_rm(&mut self, ev: RmEvent) -> Result<(), AmError> {
+    async fn on_rm(&mut self, ev: RmEvent) -> Result<(), AmError> {
         match ev {
             RmEvent::Allocated { container, host } => {
                 tracing::debug!(%container, %host, "container allocated");
@@ -345,11 +360,12 @@ impl Driver {
                 diagnostics,
                 released,
             } => {
-                let c = self.containers.entry(container.clone()).or_default();
-                c.exit = Some((exit, diagnostics.clone(), released));
-                if self.phase == Phase::Finishing || released {
+                self.containers.entry(container.clone()).or_default().exit =
+                    Some((exit, diagnostics.clone(), released));
+                if self.phase == Phase::Finishing || self.on_container_ended(&container).await {
                     return Ok(());
                 }
+                let c = self.containers.entry(container.clone()).or_default();
                 let what = match c.evaluator {
                     Some(id) => self.describe(id),
                     None => format!("container {container} (before its evaluator registered)"),
@@ -364,13 +380,13 @@ impl Driver {
                 )));
             }
             RmEvent::AllocationFailed { reason } => {
-                return Err(AmError::JobFailed(format!(
-                    "container allocation failed: {reason}"
-                )));
+                if !self.on_allocation_failed(&reason) {
+                    return Err(AmError::JobFailed(format!(
+                        "container allocation failed: {reason}"
+                    )));
+                }
             }
-            RmEvent::CapacityChanged { max_containers } => {
-                tracing::info!(max_containers, "resource manager capacity changed");
-            }
+            RmEvent::CapacityChanged { max_containers } => self.on_capacity(max_containers),
         }
         Ok(())
     }
@@ -395,7 +411,7 @@ impl Driver {
                     return Ok(());
                 };
                 e.connected = false;
-                if self.phase == Phase::Finishing {
+                if self.phase == Phase::Finishing || e.gone || self.rc.is_leaving(eval) {
                     return Ok(());
                 }
                 let container = e.container.clone();
@@ -412,6 +428,8 @@ impl Driver {
                 self.pending_loss = Some((eval, reason, Instant::now()));
             }
             Event::Message { eval, msg } => self.on_message(eval, msg).await?,
+            Event::PlanOp { op, reply } => self.on_plan_op(op, reply).await,
+            Event::PlanDone { result } => self.on_plan_done(result).await?,
         }
         Ok(())
     }
@@ -477,6 +495,8 @@ impl Driver {
                 clock: 0,
                 awaiting: false,
                 connected: true,
+                gone: false,
+                acked_version: 0,
             },
         );
         Ok(())
@@ -500,9 +520,14 @@ impl Driver {
                 data_addr,
                 pid,
                 host,
-                cpu_speed: _,
+                cpu_speed,
             } => {
                 e.data_addr = Some(data_addr);
+                self.rc.metrics.cpu_speed(id, cpu_speed);
+                let e = self
+                    .evaluators
+                    .get_mut(&id)
+                    .ok_or_else(|| AmError::JobFailed(format!("evaluator {id} vanished")))?;
                 e.pid = pid;
                 tracing::info!(evaluator = id, container = %e.container, pid, %host, %data_addr, "evaluator registered");
                 let setup = JobSetup {
@@ -521,8 +546,30 @@ impl Driver {
                     .values()
                     .filter(|e| e.data_addr.is_some())
                     .count() as u32;
-                if self.phase == Phase::Allocating && registered >= self.config.job.containers {
-                    self.start_loading().await;
+                if self.phase == Phase::Allocating {
+                    if registered >= self.config.job.containers {
+                        self.start_loading().await;
+                    }
+                } else if !(self.phase == Phase::Training && self.on_late_registration(id).await) {
+                    // Nobody asked for it (e.g. an add that timed out): give it back.
+                    tracing::warn!(
+                        "{} registered unexpectedly; releasing it",
+                        self.describe(id)
+                    );
+                    self.send(
+                        id,
+                        AmToEval::Shutdown {
+                            reason: "not needed".into(),
+                        },
+                    )
+                    .await;
+                    if let Some(e) = self.evaluators.get_mut(&id) {
+                        e.gone = true;
+                    }
+                    let c = self.evaluators[&id].container.clone();
+                    if let Err(e) = self.rm.release(&c).await {
+                        tracing::warn!("releasing container {c}: {e}");
+                    }
                 }
             }
             EvalToAm::Heartbeat {
@@ -535,13 +582,16 @@ impl Driver {
                 e.store_bytes = store_bytes;
                 e.max_store_bytes = e.max_store_bytes.max(store_bytes);
             }
-            EvalToAm::OwnershipApplied { .. } => {}
+            EvalToAm::OwnershipApplied { version } => self.on_ownership_applied(id, version).await,
             EvalToAm::BlocksCreated { .. } => {
                 e.awaiting = false;
                 self.maybe_start_training().await?;
             }
             EvalToAm::InputLoaded { blocks } => {
                 e.awaiting = false;
+                for &(b, _, bytes) in &blocks {
+                    self.rc.input_bytes.insert(b, bytes);
+                }
                 self.records_per_epoch += blocks.iter().map(|b| b.1).sum::<u64>();
                 self.maybe_start_training().await?;
             }
@@ -549,7 +599,9 @@ impl Driver {
                 tracing::debug!(evaluator = id, ?task, "task started");
             }
             EvalToAm::TaskStopped { task } => {
-                if task == TaskKind::Worker && self.phase == Phase::Stopping {
+                if self.phase == Phase::Training {
+                    self.on_task_stopped_in_training(id, task).await;
+                } else if task == TaskKind::Worker && self.phase == Phase::Stopping {
                     e.awaiting = false;
                     if self.evaluators.values().all(|e| !e.awaiting) {
                         self.start_evaluating().await;
@@ -558,10 +610,11 @@ impl Driver {
             }
             EvalToAm::MiniBatch(r) => {
                 if self.phase == Phase::Training {
+                    self.rc.metrics.mini_batch(id, &r, &r.links);
                     self.on_minibatch(r.stats).await;
                 }
             }
-            EvalToAm::ServerReport(_) => {}
+            EvalToAm::ServerReport(r) => self.rc.metrics.server(id, &r),
             EvalToAm::ClockTick { clock } => {
                 e.clock = clock;
                 self.release_clocks().await;
@@ -603,7 +656,22 @@ impl Driver {
                     }
                 }
             }
-            EvalToAm::BlockMoved { .. } | EvalToAm::MoveFinished { .. } => {}
+            EvalToAm::BlockMoved {
+                move_id,
+                table,
+                block,
+                to,
+                bytes,
+            } => self.on_block_moved(move_id, table, block, to, bytes).await,
+            EvalToAm::MoveFinished {
+                move_id,
+                result,
+                secs,
+            } => self.on_move_finished(move_id, result, secs),
+            EvalToAm::BandwidthProbe { to, bytes, secs } => {
+                tracing::debug!(from = id, to, bytes, secs, "bandwidth probe");
+                self.rc.metrics.bulk(id, to, bytes, secs);
+            }
             EvalToAm::Fatal { error } => {
                 return Err(AmError::JobFailed(format!(
                     "{} failed: {error}",
@@ -740,6 +808,7 @@ impl Driver {
                 Role::Idle => {}
             }
         }
+        self.probe_ring().await;
         let now = Instant::now();
         self.train_started = Some(now);
         self.epoch_started = now;
@@ -783,7 +852,7 @@ impl Driver {
             );
             let _ = self.progress.send(Progress::Epoch(summary));
         }
-        if self.epochs.len() as u32 >= self.config.job.epochs {
+        if self.epochs.len() as u32 >= self.config.job.epochs && !self.end_reconfiguration() {
             self.start_stopping().await;
         }
     }
@@ -968,6 +1037,10 @@ impl Driver {
                 .collect(),
             last_epoch: self.epochs.last().copied(),
             failure,
+            capacity: self.rc.capacity,
+            optimizer: self.rc.last_decision.clone(),
+            metrics: self.rc.metrics.view(),
+            reconfigurations: self.rc.history.clone(),
         };
         self.status.send_replace(status);
     }
@@ -975,6 +1048,7 @@ impl Driver {
     fn summary(&self) -> JobSummary {
         let (w, s) = self.initial_split;
         JobSummary {
+            reconfigurations: self.rc.history.clone(),
             job_id: self.job_id.clone(),
             app: self.config.job.app,
             loss_name: self.loss_name.to_string(),

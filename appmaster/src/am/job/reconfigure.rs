@@ -1,0 +1,1006 @@
+//! Live reconfiguration, as part of the job's event loop.
+//!
+//! Every `optimizer.interval_ms` while training (at once when the resource
+//! manager takes capacity back), the loop builds a snapshot of the job's
+//! measurements and asks the trigger policy what to do. A plan runs in its own
+//! task ([`cruise_optimizer::PlanExecutor`]); each of its operations comes back
+//! to the loop as an [`Event::PlanOp`] and is carried out here as a small state
+//! machine driven by the evaluators' messages:
+//!
+//! | operation | steps | done when |
+//! |---|---|---|
+//! | move | `MoveBlocks` to the source; every `BlockMoved` updates and broadcasts ownership | `MoveFinished` |
+//! | add | request one container; when an evaluator registers, bind it to the planned name, send peers and the full ownership, start its role | it has applied the ownership |
+//! | switch | stop the current task (a worker finishes its mini-batch and flushes its pushes), start the other | at once after the stop |
+//! | delete | stop its task; wait until every evaluator has applied the ownership that no longer names it; `Shutdown` and release | its container has ended |
+//!
+//! A failed operation makes the executor skip its dependents; the job goes on
+//! in the configuration the operations that did succeed produced (the AM's
+//! ownership table only ever records blocks that were installed).
+
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use tokio::sync::oneshot;
+
+use cruise_container::protocol::{
+    AmToEval, BlockId, EvaluatorId, INPUT_TABLE, MODEL_TABLE, OwnershipUpdate, TableId, TaskKind,
+    WorkerTask,
+};
+use cruise_optimizer::{
+    Decision, ExecutionReport, ExecutorConfig, Job, OpCost, OpError, OpKind, OpOutcome, OpReport,
+    Operation, Plan, PlanExecutor, ReconfigCostModel, Role as ORole, Table, TriggerConfig,
+    TriggerPolicy,
+};
+use cruise_rm::{ContainerId, ContainerRequest};
+
+use super::{Driver, Phase, plural, split_text};
+use crate::am::metrics::Metrics;
+use crate::am::reconfig::{AmRunner, EvalFacts, JobFacts, build_snapshot, id_of};
+use crate::am::{AmError, Event, Role};
+
+type Reply = oneshot::Sender<Result<OpReport, OpError>>;
+
+struct MoveOp {
+    from: EvaluatorId,
+    to: EvaluatorId,
+    bytes: u64,
+    reply: Reply,
+}
+
+struct AddOp {
+    name: String,
+    role: Role,
+    reply: Reply,
+    since: Instant,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum DeleteStage {
+    /// Waiting for its task to stop.
+    Stopping,
+    /// Waiting for every evaluator to apply ownership version `.0`.
+    Draining(u64),
+    /// `Shutdown` sent; waiting for its container to end.
+    Exiting,
+}
+
+struct DeleteOp {
+    stage: DeleteStage,
+    reply: Reply,
+}
+
+struct SwitchOp {
+    to: Role,
+    reply: Reply,
+}
+
+struct RunningPlan {
+    plan: Plan,
+    job: Job,
+    started: Instant,
+    summary: String,
+    cancel: tokio_util::sync::CancellationToken,
+}
+
+/// A plan that ran, for the status endpoint and the summary.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PlanRecord {
+    /// Seconds after the job started.
+    pub at_secs: f64,
+    /// What it changed and why (predicted epoch times, gain, cost).
+    pub summary: String,
+    /// Operations that took effect.
+    pub succeeded: usize,
+    /// Operations that failed (with their errors).
+    pub failed: Vec<String>,
+    /// Operations skipped because a dependency failed or the plan was cancelled.
+    pub skipped: usize,
+    /// Wall time of the plan, seconds.
+    pub secs: f64,
+    /// Seconds per operation kind (`add`, `delete`, `switch`, `move input`, `move model`).
+    pub op_secs: Vec<(String, f64)>,
+    /// Bytes moved.
+    pub bytes_moved: u64,
+}
+
+/// The reconfiguration state of a job.
+pub(super) struct Reconfig {
+    pub(super) metrics: Metrics,
+    policy: TriggerPolicy,
+    enabled: bool,
+    interval: Duration,
+    last_check: Instant,
+    plan: Option<RunningPlan>,
+    moves: HashMap<u64, MoveOp>,
+    next_move: u64,
+    adds: VecDeque<AddOp>,
+    joining: HashMap<EvaluatorId, AddOp>,
+    deletes: HashMap<EvaluatorId, DeleteOp>,
+    switches: HashMap<EvaluatorId, SwitchOp>,
+    /// Planned names of added containers → their evaluators.
+    names: HashMap<String, EvaluatorId>,
+    /// Containers the job may hold now.
+    pub(super) capacity: u32,
+    /// Containers the resource manager wants back, and since when.
+    reclaim: Option<(u32, Instant)>,
+    /// Stop training once the running plan is done (the last epoch ended).
+    pub(super) stop_after_plan: bool,
+    pub(super) last_decision: Option<String>,
+    /// The split the last looks proposed, and how many looks in a row did.
+    proposed: Option<((u32, u32), u32)>,
+    pub(super) history: Vec<PlanRecord>,
+    /// Bytes of each input block (from loading), for the optimizer.
+    pub(super) input_bytes: HashMap<BlockId, u64>,
+}
+
+impl Reconfig {
+    pub(super) fn new(config: &cruise_conf::CruiseConfig) -> Self {
+        let o = &config.optimizer;
+        Reconfig {
+            metrics: Metrics::new(o.window as usize, o.warmup_mini_batches),
+            policy: TriggerPolicy {
+                config: TriggerConfig {
+                    min_mini_batches: o.min_mini_batches,
+                    min_gain: o.min_gain,
+                    max_parallel: o.max_parallel as usize,
+                },
+                costs: prior_costs(),
+            },
+            enabled: o.enabled,
+            interval: Duration::from_millis(o.interval_ms),
+            last_check: Instant::now(),
+            plan: None,
+            moves: HashMap::new(),
+            next_move: 1,
+            adds: VecDeque::new(),
+            joining: HashMap::new(),
+            deletes: HashMap::new(),
+            switches: HashMap::new(),
+            names: HashMap::new(),
+            capacity: config.runtime.effective_max_containers(&config.job),
+            reclaim: None,
+            stop_after_plan: false,
+            last_decision: None,
+            proposed: None,
+            history: Vec::new(),
+            input_bytes: HashMap::new(),
+        }
+    }
+
+    /// Whether an evaluator is on its way out (its end is expected).
+    pub(super) fn is_leaving(&self, id: EvaluatorId) -> bool {
+        self.deletes
+            .get(&id)
+            .is_some_and(|d| d.stage == DeleteStage::Exiting)
+    }
+}
+
+/// The reconfiguration cost model before any plan ran: what operations take
+/// on an idle cluster (an added container starts a process, calibrates for
+/// 0.3 s and registers; a move streams at a few hundred MB/s), weighted as two
+/// observations so the first real plans correct it.
+fn prior_costs() -> ReconfigCostModel {
+    let mv = OpCost {
+        per_op: 0.05,
+        per_byte: 5e-9,
+    };
+    let prior = [
+        (
+            OpKind::Add,
+            OpCost {
+                per_op: 2.0,
+                per_byte: 0.0,
+            },
+        ),
+        (
+            OpKind::Delete,
+            OpCost {
+                per_op: 1.0,
+                per_byte: 0.0,
+            },
+        ),
+        (
+            OpKind::Switch,
+            OpCost {
+                per_op: 0.1,
+                per_byte: 0.0,
+            },
+        ),
+        (OpKind::Move(Table::Input), mv),
+        (OpKind::Move(Table::Model), mv),
+    ]
+    .into_iter()
+    .collect();
+    ReconfigCostModel::with_prior(prior, 2.0, 1024.0 * 1024.0)
+}
+
+fn table_of(t: Table) -> TableId {
+    match t {
+        Table::Input => INPUT_TABLE,
+        Table::Model => MODEL_TABLE,
+    }
+}
+
+fn role_of(r: ORole) -> Role {
+    match r {
+        ORole::Worker => Role::Worker,
+        ORole::Server => Role::Server,
+        ORole::Idle => Role::Idle,
+    }
+}
+
+fn kind_name(op: &Operation) -> &'static str {
+    match op {
+        Operation::Add { .. } => "add",
+        Operation::Delete { .. } => "delete",
+        Operation::Switch { .. } => "switch",
+        Operation::Move {
+            table: Table::Input,
+            ..
+        } => "move input",
+        Operation::Move {
+            table: Table::Model,
+            ..
+        } => "move model",
+    }
+}
+
+impl Driver {
+    /// The evaluators that are part of the job now (registered, not gone).
+    fn members(&self) -> impl Iterator<Item = EvaluatorId> + '_ {
+        self.evaluators
+            .values()
+            .filter(|e| !e.gone && e.data_addr.is_some())
+            .map(|e| e.id)
+    }
+
+    fn resolve(&self, name: &str) -> Result<EvaluatorId, OpError> {
+        id_of(name)
+            .filter(|id| self.evaluators.get(id).is_some_and(|e| !e.gone))
+            .or_else(|| self.rc.names.get(name).copied())
+            .ok_or_else(|| OpError::new(format!("container `{name}` is not part of the job")))
+    }
+
+    fn owned(&self, table: TableId, id: EvaluatorId) -> BTreeSet<u32> {
+        self.owners
+            .get(&table)
+            .map(|v| {
+                v.iter()
+                    .enumerate()
+                    .filter(|(_, o)| **o == id)
+                    .map(|(b, _)| b as u32)
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Broadcasts a change of owners to every member.
+    async fn broadcast_ownership(&mut self, owners: Vec<(TableId, BlockId, EvaluatorId)>) {
+        self.version += 1;
+        let u = OwnershipUpdate {
+            version: self.version,
+            owners,
+        };
+        let ids: Vec<EvaluatorId> = self.members().collect();
+        for id in ids {
+            self.send(id, AmToEval::Ownership(u.clone())).await;
+        }
+    }
+
+    async fn broadcast_peers(&mut self) {
+        let peers: Vec<_> = self
+            .evaluators
+            .values()
+            .filter(|e| !e.gone)
+            .filter_map(|e| e.data_addr.map(|a| (e.id, a)))
+            .collect();
+        let ids: Vec<EvaluatorId> = self.members().collect();
+        for id in ids {
+            self.send(id, AmToEval::Peers(peers.clone())).await;
+        }
+    }
+
+    /// Measures link capacity with bulk transfers: each member probes the
+    /// next one (a ring), so every container takes part in two transfers.
+    pub(super) async fn probe_ring(&mut self) {
+        let bytes = self.config.optimizer.probe_bytes;
+        let members: Vec<EvaluatorId> = self.members().collect();
+        if bytes == 0 || members.len() < 2 || !self.rc.enabled {
+            return;
+        }
+        for (i, &id) in members.iter().enumerate() {
+            let to = members[(i + 1) % members.len()];
+            self.send(id, AmToEval::ProbeBandwidth { to, bytes }).await;
+        }
+    }
+
+    // ------------------------------------------------------------------
+    // Deciding
+    // ------------------------------------------------------------------
+
+    /// On the loop's tick: looks at the metrics and starts a plan if one pays.
+    pub(super) async fn maybe_reconfigure(&mut self) {
+        let rc = &self.rc;
+        if !rc.enabled
+            || self.phase != Phase::Training
+            || rc.plan.is_some()
+            || rc.stop_after_plan
+            || (rc.reclaim.is_none() && rc.last_check.elapsed() < rc.interval)
+        {
+            return;
+        }
+        self.rc.last_check = Instant::now();
+        let members: Vec<EvaluatorId> = self.members().collect();
+        let reclaim = self.rc.reclaim.map_or(0, |r| r.0) as usize;
+        // Give back the newest containers: the resource manager preempts those first.
+        let reclaimed: BTreeSet<EvaluatorId> =
+            members.iter().rev().take(reclaim).copied().collect();
+        let evals: Vec<EvalFacts> = members
+            .iter()
+            .map(|&id| EvalFacts {
+                id,
+                role: self.evaluators[&id].role,
+                input: self.owned(INPUT_TABLE, id),
+                model: self.owned(MODEL_TABLE, id),
+                reclaimed: reclaimed.contains(&id),
+            })
+            .collect();
+        let done = self.records_done as f64 / self.records_per_epoch.max(1) as f64;
+        let held = members.len() as u32 + self.rc.adds.len() as u32;
+        let facts = JobFacts {
+            records: self.records_per_epoch,
+            mini_batch: self.config.job.mini_batch,
+            input_blocks: self.splits.len() as u32,
+            model_blocks: self.config.store.model_blocks,
+            remaining_epochs: (f64::from(self.config.job.epochs) - done).max(0.0),
+            input_bytes: self.rc.input_bytes.values().sum(),
+            model_bytes: self
+                .evaluators
+                .values()
+                .filter(|e| !e.gone && e.role == Role::Server)
+                .map(|e| e.store_bytes)
+                .sum(),
+            spare: self.rc.capacity.saturating_sub(held) as usize,
+            noise_tolerance: self.config.optimizer.noise_tolerance,
+            bandwidth_noise_tolerance: self.config.optimizer.bandwidth_noise_tolerance,
+        };
+        let (snapshot, current) = build_snapshot(facts, &evals, &self.rc.metrics);
+        let file = &self.config.optimizer.snapshot_file;
+        if !file.is_empty() {
+            match serde_json::to_string_pretty(&snapshot) {
+                Ok(json) => {
+                    if let Err(e) = std::fs::write(file, json) {
+                        tracing::warn!("cannot write optimizer.snapshot_file {file}: {e}");
+                    }
+                }
+                Err(e) => tracing::warn!("cannot encode the snapshot: {e}"),
+            }
+        }
+        let decision = match self.rc.policy.decide(&snapshot, &current) {
+            Ok(d) => d,
+            Err(e) => {
+                self.note_decision(format!("not planning: {e}"));
+                return;
+            }
+        };
+        if !matches!(decision, Decision::Reconfigure(_)) {
+            self.rc.proposed = None;
+        }
+        match decision {
+            Decision::Wait { reason } => self.note_decision(format!("waiting: {reason}")),
+            Decision::Stay {
+                current_epoch_secs,
+                best_epoch_secs,
+                gain,
+                reason,
+            } => self.note_decision(format!(
+                "staying at {}: predicted epoch {current_epoch_secs:.3} s, best {best_epoch_secs:.3} s ({:.1}% gain): {reason}",
+                split_text(self.role_counts().0, self.role_counts().1),
+                gain * 100.0
+            )),
+            Decision::Reconfigure(p) => {
+                let (w, s) = self.role_counts();
+                let tw = p.target.values().filter(|x| x.role == ORole::Worker).count() as u32;
+                let ts = p.target.values().filter(|x| x.role == ORole::Server).count() as u32;
+                let seen = match self.rc.proposed {
+                    Some((split, n)) if split == (tw, ts) => n + 1,
+                    _ => 1,
+                };
+                self.rc.proposed = Some(((tw, ts), seen));
+                if !p.forced && seen < self.config.optimizer.confirmations {
+                    self.note_decision(format!(
+                        "considering {} (look {seen} of {}): predicted epoch {:.3} s → {:.3} s",
+                        split_text(tw, ts),
+                        self.config.optimizer.confirmations,
+                        p.current_epoch_secs,
+                        p.predicted_epoch_secs
+                    ));
+                    return;
+                }
+                self.rc.proposed = None;
+                let (bi, bm) = p.plan.blocks_moved();
+                let summary = format!(
+                    "{} → {}: predicted epoch {:.3} s → {:.3} s ({:.1}% gain{}), {} ({} input and {} model blocks moved), predicted cost {:.1} s",
+                    split_text(w, s),
+                    split_text(tw, ts),
+                    p.current_epoch_secs,
+                    p.predicted_epoch_secs,
+                    p.gain * 100.0,
+                    if p.forced { "; forced: the resource manager reclaims containers" } else { "" },
+                    plural(p.plan.ops.len() as u32, "operation"),
+                    bi,
+                    bm,
+                    p.predicted_cost_secs
+                );
+                self.note_decision(format!("reconfiguring: {summary}"));
+                let _ = self
+                    .progress
+                    .send(crate::am::Progress::Phase(format!("reconfiguring: {summary}")));
+                self.start_plan(p.plan, snapshot.job, summary);
+            }
+        }
+    }
+
+    fn note_decision(&mut self, text: String) {
+        if self.rc.last_decision.as_deref() != Some(text.as_str()) {
+            tracing::info!("optimizer: {text}");
+        }
+        self.rc.last_decision = Some(text);
+    }
+
+    fn start_plan(&mut self, plan: Plan, job: Job, summary: String) {
+        let cancel = self.cancel.child_token();
+        let runner = AmRunner::new(self.events.clone());
+        let executor = PlanExecutor::new(ExecutorConfig {
+            max_parallel: self.config.optimizer.max_parallel as usize,
+        });
+        let (p, c, events) = (plan.clone(), cancel.clone(), self.events.clone());
+        self.tracker.spawn(async move {
+            let result = executor
+                .execute(&p, &runner, &c)
+                .await
+                .map_err(|e| e.to_string());
+            let _ = events.send(Event::PlanDone { result }).await;
+        });
+        self.rc.plan = Some(RunningPlan {
+            plan,
+            job,
+            started: Instant::now(),
+            summary,
+            cancel,
+        });
+    }
+
+    /// The last epoch ended: stop planning; finish the running plan first.
+    pub(super) fn end_reconfiguration(&mut self) -> bool {
+        match &self.rc.plan {
+            Some(p) => {
+                p.cancel.cancel();
+                self.rc.stop_after_plan = true;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The plan executor finished.
+    pub(super) async fn on_plan_done(
+        &mut self,
+        result: Result<ExecutionReport, String>,
+    ) -> Result<(), AmError> {
+        let Some(running) = self.rc.plan.take() else {
+            return Ok(());
+        };
+        let secs = running.started.elapsed().as_secs_f64();
+        let mut record = PlanRecord {
+            at_secs: self.started.elapsed().as_secs_f64(),
+            summary: running.summary.clone(),
+            succeeded: 0,
+            failed: Vec::new(),
+            skipped: 0,
+            secs,
+            op_secs: Vec::new(),
+            bytes_moved: 0,
+        };
+        match result {
+            Ok(report) => {
+                for (i, o) in report.outcomes.iter().enumerate() {
+                    let op = &running.plan.ops[i].op;
+                    match o {
+                        OpOutcome::Succeeded { duration, report } => {
+                            record.succeeded += 1;
+                            record.bytes_moved += report.bytes_moved;
+                            record
+                                .op_secs
+                                .push((kind_name(op).to_string(), duration.as_secs_f64()));
+                        }
+                        OpOutcome::Failed { error, .. } => {
+                            record.failed.push(format!("{op:?}: {error}"));
+                        }
+                        OpOutcome::Skipped { .. } => record.skipped += 1,
+                    }
+                }
+                self.rc.policy.observe(&running.plan, &report, &running.job);
+            }
+            Err(e) => record.failed.push(format!("the plan did not run: {e}")),
+        }
+        if record.failed.is_empty() {
+            tracing::info!(
+                "reconfiguration done in {secs:.2} s: {} ({} operations, {} bytes moved)",
+                running.summary,
+                record.succeeded,
+                record.bytes_moved
+            );
+        } else {
+            tracing::warn!(
+                "reconfiguration partly failed after {secs:.2} s: {} succeeded, {} skipped; failures: {}; the job goes on as {}",
+                record.succeeded,
+                record.skipped,
+                record.failed.join("; "),
+                split_text(self.role_counts().0, self.role_counts().1)
+            );
+        }
+        let _ = self.progress.send(crate::am::Progress::Phase(format!(
+            "reconfigured in {secs:.2} s: now {}{}",
+            split_text(self.role_counts().0, self.role_counts().1),
+            if record.failed.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    " ({} failed, {} skipped)",
+                    plural(record.failed.len() as u32, "operation"),
+                    record.skipped
+                )
+            }
+        )));
+        self.rc.history.push(record);
+        self.rc.metrics.reset_after_reconfiguration();
+        self.rc.last_check = Instant::now();
+        let held = self.members().count() as u32 + self.rc.adds.len() as u32;
+        if held <= self.rc.capacity {
+            self.rc.reclaim = None;
+        } else if let Some((n, since)) = self.rc.reclaim {
+            // Still over capacity: plan again at once.
+            self.rc.reclaim = Some((
+                n.min(held - self.rc.capacity).max(held - self.rc.capacity),
+                since,
+            ));
+        }
+        if self.rc.stop_after_plan {
+            self.rc.stop_after_plan = false;
+            self.start_stopping().await;
+        }
+        Ok(())
+    }
+
+    // ------------------------------------------------------------------
+    // Carrying out operations
+    // ------------------------------------------------------------------
+
+    /// An operation of the running plan.
+    pub(super) async fn on_plan_op(&mut self, op: Operation, reply: Reply) {
+        let r = match op {
+            Operation::Move {
+                table,
+                blocks,
+                from,
+                to,
+            } => self.start_move(table, blocks, &from, &to, reply).await,
+            Operation::Add { container, role } => {
+                self.start_add(container, role_of(role), reply).await
+            }
+            Operation::Delete { container } => self.start_delete(&container, reply).await,
+            Operation::Switch { container, to_role } => {
+                self.start_switch(&container, role_of(to_role), reply).await
+            }
+        };
+        if let Err((reply, e)) = r {
+            let _ = reply.send(Err(e));
+        }
+    }
+
+    async fn start_move(
+        &mut self,
+        table: Table,
+        blocks: Vec<u32>,
+        from: &str,
+        to: &str,
+        reply: Reply,
+    ) -> Result<(), (Reply, OpError)> {
+        let (from, to) = match (self.resolve(from), self.resolve(to)) {
+            (Ok(f), Ok(t)) => (f, t),
+            (Err(e), _) | (_, Err(e)) => return Err((reply, e)),
+        };
+        let t = table_of(table);
+        let not_there: Vec<u32> = blocks
+            .iter()
+            .copied()
+            .filter(|&b| self.owners.get(&t).and_then(|v| v.get(b as usize)) != Some(&from))
+            .collect();
+        if !not_there.is_empty() {
+            return Err((
+                reply,
+                OpError::new(format!(
+                    "evaluator {from} does not own {table:?} blocks {not_there:?}"
+                )),
+            ));
+        }
+        let move_id = self.rc.next_move;
+        self.rc.next_move += 1;
+        self.rc.moves.insert(
+            move_id,
+            MoveOp {
+                from,
+                to,
+                bytes: 0,
+                reply,
+            },
+        );
+        self.send(
+            from,
+            AmToEval::MoveBlocks {
+                move_id,
+                table: t,
+                blocks,
+                to,
+            },
+        )
+        .await;
+        Ok(())
+    }
+
+    /// A block of a move was installed at its destination.
+    pub(super) async fn on_block_moved(
+        &mut self,
+        move_id: u64,
+        table: TableId,
+        block: BlockId,
+        to: EvaluatorId,
+        bytes: u64,
+    ) {
+        if let Some(m) = self.rc.moves.get_mut(&move_id) {
+            m.bytes += bytes;
+        }
+        if let Some(slot) = self
+            .owners
+            .get_mut(&table)
+            .and_then(|v| v.get_mut(block as usize))
+        {
+            *slot = to;
+        }
+        self.broadcast_ownership(vec![(table, block, to)]).await;
+    }
+
+    /// A move ended.
+    pub(super) fn on_move_finished(&mut self, move_id: u64, result: Result<(), String>, secs: f64) {
+        let Some(m) = self.rc.moves.remove(&move_id) else {
+            return;
+        };
+        self.rc.metrics.bulk(m.from, m.to, m.bytes, secs);
+        let r = match result {
+            Ok(()) => Ok(OpReport {
+                bytes_moved: m.bytes,
+            }),
+            Err(e) => Err(OpError::new(format!(
+                "move from evaluator {} to {}: {e}",
+                m.from, m.to
+            ))),
+        };
+        let _ = m.reply.send(r);
+    }
+
+    async fn start_add(
+        &mut self,
+        name: String,
+        role: Role,
+        reply: Reply,
+    ) -> Result<(), (Reply, OpError)> {
+        let req = ContainerRequest {
+            count: 1,
+            memory_mb: self.config.runtime.container_memory_mb,
+            cores: self.config.runtime.container_cores,
+            hosts: Vec::new(),
+        };
+        if let Err(e) = self.rm.request(req).await {
+            return Err((
+                reply,
+                OpError::new(format!("requesting a container for `{name}`: {e}")),
+            ));
+        }
+        self.rc.adds.push_back(AddOp {
+            name,
+            role,
+            reply,
+            since: Instant::now(),
+        });
+        Ok(())
+    }
+
+    /// An evaluator registered while the job runs: it is an added container.
+    /// Returns false if no add was waiting for it.
+    pub(super) async fn on_late_registration(&mut self, id: EvaluatorId) -> bool {
+        let Some(add) = self.rc.adds.pop_front() else {
+            return false;
+        };
+        tracing::info!("evaluator {id} joins as `{}` ({:?})", add.name, add.role);
+        self.rc.names.insert(add.name.clone(), id);
+        if let Some(e) = self.evaluators.get_mut(&id) {
+            e.role = add.role;
+            e.clock = self.min_clock_sent;
+        }
+        self.broadcast_peers().await;
+        let full = OwnershipUpdate {
+            version: self.version,
+            owners: self
+                .owners
+                .iter()
+                .flat_map(|(&t, v)| {
+                    v.iter()
+                        .enumerate()
+                        .map(move |(b, &o)| (t, b as BlockId, o))
+                })
+                .collect(),
+        };
+        self.send(id, AmToEval::Ownership(full)).await;
+        match add.role {
+            Role::Worker => {
+                let staleness = (self.config.job.sync == cruise_conf::SyncMode::Ssp)
+                    .then_some(self.config.job.staleness);
+                self.send(
+                    id,
+                    AmToEval::StartWorker(WorkerTask {
+                        start_clock: self.min_clock_sent,
+                        staleness,
+                    }),
+                )
+                .await
+            }
+            Role::Server => self.send(id, AmToEval::StartServer).await,
+            Role::Idle => {}
+        }
+        let bytes = self.config.optimizer.probe_bytes;
+        if bytes > 0
+            && let Some(peer) = self.members().find(|&m| m != id)
+        {
+            self.send(id, AmToEval::ProbeBandwidth { to: peer, bytes })
+                .await;
+        }
+        self.rc.joining.insert(id, add);
+        true
+    }
+
+    /// An evaluator applied an ownership version.
+    pub(super) async fn on_ownership_applied(&mut self, id: EvaluatorId, version: u64) {
+        if let Some(e) = self.evaluators.get_mut(&id) {
+            e.acked_version = e.acked_version.max(version);
+        }
+        // The first ownership a joining evaluator applies is the full table
+        // sent when it joined: it can serve and route from now on.
+        if let Some(add) = self.rc.joining.remove(&id) {
+            let _ = add.reply.send(Ok(OpReport::default()));
+        }
+        self.progress_deletes().await;
+    }
+
+    async fn start_delete(&mut self, name: &str, reply: Reply) -> Result<(), (Reply, OpError)> {
+        let id = match self.resolve(name) {
+            Ok(id) => id,
+            Err(e) => return Err((reply, e)),
+        };
+        let (i, m) = (
+            self.owned(INPUT_TABLE, id).len(),
+            self.owned(MODEL_TABLE, id).len(),
+        );
+        if i + m > 0 {
+            return Err((
+                reply,
+                OpError::new(format!(
+                    "evaluator {id} still owns {i} input and {m} model blocks"
+                )),
+            ));
+        }
+        let task = match self.evaluators[&id].role {
+            Role::Worker => Some(AmToEval::StopWorker),
+            Role::Server => Some(AmToEval::StopServer),
+            Role::Idle => None,
+        };
+        let stage = if task.is_some() {
+            DeleteStage::Stopping
+        } else {
+            DeleteStage::Draining(self.version)
+        };
+        self.rc.deletes.insert(id, DeleteOp { stage, reply });
+        if let Some(m) = task {
+            self.send(id, m).await;
+        }
+        self.progress_deletes().await;
+        Ok(())
+    }
+
+    async fn progress_deletes(&mut self) {
+        let ids: Vec<EvaluatorId> = self.rc.deletes.keys().copied().collect();
+        for id in ids {
+            let Some(stage) = self.rc.deletes.get(&id).map(|d| d.stage) else {
+                continue;
+            };
+            if let DeleteStage::Draining(v) = stage {
+                let acked = self
+                    .members()
+                    .filter(|&m| m != id)
+                    .all(|m| self.evaluators[&m].acked_version >= v);
+                if acked {
+                    if let Some(d) = self.rc.deletes.get_mut(&id) {
+                        d.stage = DeleteStage::Exiting;
+                    }
+                    tracing::info!("evaluator {id} leaves the job");
+                    self.send(
+                        id,
+                        AmToEval::Shutdown {
+                            reason: "released by the optimizer".into(),
+                        },
+                    )
+                    .await;
+                    let container = self.evaluators[&id].container.clone();
+                    if let Err(e) = self.rm.release(&container).await {
+                        tracing::warn!("releasing container {container}: {e}");
+                    }
+                }
+            }
+        }
+    }
+
+    /// An evaluator's task stopped during training (a delete or a switch).
+    pub(super) async fn on_task_stopped_in_training(&mut self, id: EvaluatorId, task: TaskKind) {
+        if let Some(d) = self.rc.deletes.get_mut(&id)
+            && d.stage == DeleteStage::Stopping
+        {
+            d.stage = DeleteStage::Draining(self.version);
+            self.progress_deletes().await;
+            return;
+        }
+        if let Some(sw) = self.rc.switches.remove(&id) {
+            let stopped = match task {
+                TaskKind::Worker => Role::Worker,
+                TaskKind::Server => Role::Server,
+            };
+            if stopped == sw.to {
+                self.rc.switches.insert(id, sw);
+                return;
+            }
+            match sw.to {
+                Role::Server => self.send(id, AmToEval::StartServer).await,
+                Role::Worker => {
+                    let staleness = (self.config.job.sync == cruise_conf::SyncMode::Ssp)
+                        .then_some(self.config.job.staleness);
+                    if let Some(e) = self.evaluators.get_mut(&id) {
+                        e.clock = self.min_clock_sent;
+                    }
+                    self.send(
+                        id,
+                        AmToEval::StartWorker(WorkerTask {
+                            start_clock: self.min_clock_sent,
+                            staleness,
+                        }),
+                    )
+                    .await
+                }
+                Role::Idle => {}
+            }
+            if let Some(e) = self.evaluators.get_mut(&id) {
+                e.role = sw.to;
+            }
+            tracing::info!("evaluator {id} is now a {}", super::role_name(sw.to));
+            let _ = sw.reply.send(Ok(OpReport::default()));
+        }
+    }
+
+    async fn start_switch(
+        &mut self,
+        name: &str,
+        to: Role,
+        reply: Reply,
+    ) -> Result<(), (Reply, OpError)> {
+        let id = match self.resolve(name) {
+            Ok(id) => id,
+            Err(e) => return Err((reply, e)),
+        };
+        let from = self.evaluators[&id].role;
+        if from == to {
+            let _ = reply.send(Ok(OpReport::default()));
+            return Ok(());
+        }
+        let stop = match from {
+            Role::Worker => AmToEval::StopWorker,
+            Role::Server => AmToEval::StopServer,
+            Role::Idle => {
+                return Err((
+                    reply,
+                    OpError::new(format!("evaluator {id} has no role to switch from")),
+                ));
+            }
+        };
+        self.rc.switches.insert(id, SwitchOp { to, reply });
+        self.send(id, stop).await;
+        Ok(())
+    }
+
+    /// A container ended while the job runs. Returns true if it was expected
+    /// (a delete).
+    pub(super) async fn on_container_ended(&mut self, container: &ContainerId) -> bool {
+        let Some(id) = self.containers.get(container).and_then(|c| c.evaluator) else {
+            return false;
+        };
+        let Some(d) = self.rc.deletes.remove(&id) else {
+            return false;
+        };
+        if let Some(e) = self.evaluators.get_mut(&id) {
+            e.gone = true;
+            e.connected = false;
+            e.role = Role::Idle;
+        }
+        self.rc.metrics.forget(id);
+        self.broadcast_peers().await;
+        let _ = d.reply.send(Ok(OpReport::default()));
+        true
+    }
+
+    /// A container request failed: fail the oldest add waiting for one.
+    /// Returns false if none was waiting (then the failure is the job's).
+    pub(super) fn on_allocation_failed(&mut self, reason: &str) -> bool {
+        match self.rc.adds.pop_front() {
+            Some(add) => {
+                let _ = add.reply.send(Err(OpError::new(format!(
+                    "no container for `{}`: {reason}",
+                    add.name
+                ))));
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Fails adds that waited longer than the allocation timeout.
+    pub(super) fn expire_adds(&mut self) {
+        let limit = Duration::from_millis(self.config.runtime.allocation_timeout_ms);
+        while self
+            .rc
+            .adds
+            .front()
+            .is_some_and(|a| a.since.elapsed() > limit)
+        {
+            if let Some(add) = self.rc.adds.pop_front() {
+                let _ = add.reply.send(Err(OpError::new(format!(
+                    "no container for `{}` within {:.0} s (runtime.allocation_timeout_ms)",
+                    add.name,
+                    limit.as_secs_f64()
+                ))));
+            }
+        }
+    }
+
+    /// The resource manager's capacity changed.
+    pub(super) fn on_capacity(&mut self, max: u32) {
+        let held = self.members().count() as u32 + self.rc.adds.len() as u32;
+        tracing::info!(capacity = max, held, "resource manager capacity changed");
+        self.rc.capacity = max;
+        if held > max {
+            self.rc.reclaim = Some((held - max, Instant::now()));
+            let _ = self.progress.send(crate::am::Progress::Phase(format!(
+                "the resource manager takes back {}",
+                plural(held - max, "container")
+            )));
+        } else {
+            self.rc.reclaim = None;
+            // Plan with the new total at the next look.
+            self.rc.last_check = Instant::now() - self.rc.interval;
+            if max > held {
+                let _ = self.progress.send(crate::am::Progress::Phase(format!(
+                    "the resource manager offers {} more",
+                    plural(max - held, "container")
+                )));
+            }
+        }
+    }
+}

@@ -1,0 +1,302 @@
+//! `cruise plan SNAPSHOT.json [--containers N]`: the optimizer as a what-if
+//! tool. Reads the snapshot a job writes (`optimizer.snapshot_file`), prints
+//! the predicted epoch time of every (workers, servers) split and the plan
+//! the optimizer would run from the snapshot's configuration.
+
+use std::collections::BTreeSet;
+use std::fmt::Write;
+use std::path::Path;
+
+use cruise_optimizer::{
+    Configuration, ContainerMetrics, CostModel, Decision, Holding, Operation, Role, Snapshot,
+    TriggerConfig, TriggerPolicy, Uniform, solve_homogeneous,
+};
+
+/// Errors of the what-if tool.
+#[derive(Debug, thiserror::Error)]
+pub enum WhatIfError {
+    /// The file cannot be read.
+    #[error("cannot read {path}: {source}")]
+    Read {
+        /// The file.
+        path: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The snapshot is not valid.
+    #[error("{path}: {message}")]
+    Snapshot {
+        /// The file.
+        path: String,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+/// The snapshot's configuration with block ids dealt in order (a snapshot
+/// records block counts, not which blocks).
+pub fn configuration_of(s: &Snapshot) -> Configuration {
+    let mut c = Configuration::default();
+    let (mut next_in, mut next_m) = (0u32, 0u32);
+    for m in &s.containers {
+        let input: BTreeSet<u32> = (next_in..next_in + m.input_blocks).collect();
+        let model: BTreeSet<u32> = (next_m..next_m + m.model_blocks).collect();
+        next_in += m.input_blocks;
+        next_m += m.model_blocks;
+        c.containers.insert(
+            m.id.clone(),
+            Holding {
+                role: m.role,
+                input,
+                model,
+            },
+        );
+    }
+    c
+}
+
+/// Resizes a snapshot to `n` containers: idle containers like the average
+/// one are offered, or the newest are marked reclaimed.
+pub fn resize(s: &mut Snapshot, n: usize) {
+    let cur = s.containers.len();
+    if n > cur {
+        let avg = |f: &dyn Fn(&ContainerMetrics) -> Option<f64>| {
+            let v: Vec<f64> = s.containers.iter().filter_map(f).collect();
+            (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
+        };
+        let speed = avg(&|c| c.cpu_speed);
+        let bw = avg(&|c| Some(c.bandwidth_bytes_per_sec)).unwrap_or(1e9);
+        for k in 0..n - cur {
+            s.containers.push(ContainerMetrics {
+                id: format!("offered{k}"),
+                role: Role::Idle,
+                compute_secs_per_record: None,
+                cpu_speed: speed,
+                bandwidth_bytes_per_sec: bw,
+                server_secs_per_byte: None,
+                input_blocks: 0,
+                model_blocks: 0,
+                mini_batches: 0,
+                reclaimed: false,
+            });
+        }
+    } else {
+        for c in s.containers.iter_mut().rev().take(cur - n) {
+            c.reclaimed = true;
+        }
+    }
+}
+
+/// Runs the what-if analysis and returns the report text.
+pub fn report(
+    path: &Path,
+    containers: Option<usize>,
+    min_gain: f64,
+) -> Result<String, WhatIfError> {
+    let p = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|source| WhatIfError::Read {
+        path: p.clone(),
+        source,
+    })?;
+    let mut snap = Snapshot::from_json(&text).map_err(|e| WhatIfError::Snapshot {
+        path: p.clone(),
+        message: e.to_string(),
+    })?;
+    if let Some(n) = containers {
+        if n < 2 {
+            return Err(WhatIfError::Snapshot {
+                path: p,
+                message: "--containers must be at least 2".into(),
+            });
+        }
+        resize(&mut snap, n);
+    }
+    let bad = |e: cruise_optimizer::OptimizerError| WhatIfError::Snapshot {
+        path: p.clone(),
+        message: e.to_string(),
+    };
+    let model = CostModel::new(&snap).map_err(bad)?;
+    let config = configuration_of(&snap);
+    let mut out = String::new();
+    let j = &snap.job;
+    let _ = writeln!(
+        out,
+        "job: {} records per epoch, mini-batch {}, {:.0} bytes exchanged per mini-batch, {} input and {} model blocks, {:.1} epochs left",
+        j.total_records,
+        j.mini_batch_size,
+        j.bytes_per_mini_batch,
+        j.input_blocks,
+        j.model_blocks,
+        j.remaining_epochs
+    );
+    let n = model.len();
+    let mean = |f: &dyn Fn(usize) -> f64| (0..n).map(f).sum::<f64>() / n as f64;
+    let u = Uniform {
+        compute_secs_per_record: mean(&|i| model.compute_secs_per_record(i)),
+        bandwidth_bytes_per_sec: mean(&|i| model.bandwidth(i)),
+        server_secs_per_byte: mean(&|i| model.server_secs_per_byte(i)),
+    };
+    let _ = writeln!(
+        out,
+        "containers: {n} (mean compute {:.3} µs/record, bandwidth {:.1} MB/s, server {:.3} ns/byte)\n",
+        u.compute_secs_per_record * 1e6,
+        u.bandwidth_bytes_per_sec / 1e6,
+        u.server_secs_per_byte * 1e9
+    );
+    if let Ok(h) = solve_homogeneous(&snap.job, n, &u) {
+        let _ = writeln!(
+            out,
+            "predicted epoch time per split (containers as the mean one):"
+        );
+        let _ = writeln!(
+            out,
+            "  {:>7} {:>7} {:>10} {:>10} {:>10}",
+            "workers", "servers", "epoch s", "compute s", "comm s"
+        );
+        for s in &h.splits {
+            let mark = if s.workers == h.best.workers {
+                "  <- best"
+            } else {
+                ""
+            };
+            let _ = writeln!(
+                out,
+                "  {:>7} {:>7} {:>10.4} {:>10.4} {:>10.4}{mark}",
+                s.workers, s.servers, s.epoch_secs, s.comp_secs, s.comm_secs
+            );
+        }
+    }
+    if let Ok(now) =
+        CostModel::including_reclaimed(&snap).and_then(|m| m.evaluate(&config.counts()))
+    {
+        let _ = writeln!(
+            out,
+            "\nrunning configuration: predicted epoch {:.4} s (bottleneck {:?})",
+            now.epoch_secs, now.bottleneck
+        );
+    }
+    let policy = TriggerPolicy::new(TriggerConfig {
+        min_mini_batches: 0,
+        min_gain,
+        ..TriggerConfig::default()
+    });
+    match policy.decide(&snap, &config).map_err(bad)? {
+        Decision::Wait { reason } => {
+            let _ = writeln!(out, "decision: wait ({reason})");
+        }
+        Decision::Stay {
+            current_epoch_secs,
+            best_epoch_secs,
+            gain,
+            reason,
+        } => {
+            let _ = writeln!(
+                out,
+                "decision: stay (now {current_epoch_secs:.4} s, best {best_epoch_secs:.4} s, gain {:.1}%): {reason}",
+                gain * 100.0
+            );
+        }
+        Decision::Reconfigure(p) => {
+            let w = p.target.values().filter(|x| x.role == Role::Worker).count();
+            let s = p.target.values().filter(|x| x.role == Role::Server).count();
+            let _ = writeln!(
+                out,
+                "decision: reconfigure to {w} workers + {s} servers: {:.4} s -> {:.4} s ({:.1}% gain), predicted cost {:.2} s{}",
+                p.current_epoch_secs,
+                p.predicted_epoch_secs,
+                p.gain * 100.0,
+                p.predicted_cost_secs,
+                if p.forced {
+                    " (forced: containers reclaimed)"
+                } else {
+                    ""
+                }
+            );
+            let _ = writeln!(out, "plan ({} operations):", p.plan.ops.len());
+            for (i, op) in p.plan.ops.iter().enumerate() {
+                let what = match &op.op {
+                    Operation::Add { container, role } => format!("add {container} as {role:?}"),
+                    Operation::Delete { container } => format!("delete {container}"),
+                    Operation::Switch { container, to_role } => {
+                        format!("switch {container} to {to_role:?}")
+                    }
+                    Operation::Move {
+                        table,
+                        blocks,
+                        from,
+                        to,
+                    } => {
+                        format!("move {} {table:?} blocks {from} -> {to}", blocks.len())
+                    }
+                };
+                let deps = if op.deps.is_empty() {
+                    String::new()
+                } else {
+                    format!("  (after {:?})", op.deps)
+                };
+                let _ = writeln!(out, "  {i:>3}. {what}{deps}");
+            }
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SNAP: &str = r#"{
+      "job": {"total_records": 100000, "mini_batch_size": 100, "bytes_per_mini_batch": 80000.0,
+              "input_blocks": 8, "model_blocks": 8, "remaining_epochs": 10.0},
+      "containers": [
+        {"id": "e1", "role": "worker", "compute_secs_per_record": 2e-5, "bandwidth_bytes_per_sec": 1e9, "input_blocks": 8, "mini_batches": 50},
+        {"id": "e2", "role": "server", "bandwidth_bytes_per_sec": 1e9, "model_blocks": 3},
+        {"id": "e3", "role": "server", "bandwidth_bytes_per_sec": 1e9, "model_blocks": 3},
+        {"id": "e4", "role": "server", "bandwidth_bytes_per_sec": 1e9, "model_blocks": 2}
+      ]}"#;
+
+    fn write(dir: &Path) -> std::path::PathBuf {
+        let p = dir.join("s.json");
+        std::fs::write(&p, SNAP).unwrap();
+        p
+    }
+
+    #[test]
+    fn compute_bound_job_gets_more_workers() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = report(&write(dir.path()), None, 0.05).unwrap();
+        assert!(r.contains("predicted epoch time per split"), "{r}");
+        assert!(
+            r.contains("decision: reconfigure to 3 workers + 1 servers"),
+            "{r}"
+        );
+        assert!(
+            r.contains("switch e2 to Worker") || r.contains("switch e3 to Worker"),
+            "{r}"
+        );
+    }
+
+    #[test]
+    fn more_containers_are_used_and_fewer_are_given_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = write(dir.path());
+        let r = report(&p, Some(6), 0.05).unwrap();
+        assert!(r.contains("add offered"), "{r}");
+        let r = report(&p, Some(3), 0.05).unwrap();
+        assert!(r.contains("forced") && r.contains("delete e4"), "{r}");
+    }
+
+    #[test]
+    fn bad_files_are_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("bad.json");
+        std::fs::write(&p, "{\"job\": 1}").unwrap();
+        let e = report(&p, None, 0.05).unwrap_err().to_string();
+        assert!(e.contains("bad.json"), "{e}");
+        let e = report(&dir.path().join("missing.json"), None, 0.05)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("missing.json"), "{e}");
+    }
+}
