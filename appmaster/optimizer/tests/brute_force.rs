@@ -1,5 +1,9 @@
 //! The heterogeneous solver against exhaustive search on small random instances: up to
 //! 10 containers the solver must equal brute force (within 1e-9, relative).
+//!
+//! The default case counts keep this to a few seconds; for a deeper run, e.g.
+//! `PROPTEST_CASES=5000 cargo test --release -p cruise-optimizer --test brute_force`.
+//! Failures are saved in `tests/brute_force.proptest-regressions` and replayed first.
 
 mod common;
 
@@ -44,7 +48,7 @@ fn check(inst: &Inst) -> Result<(), TestCaseError> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+    #![proptest_config(common::proptest_config(256))]
 
     #[test]
     fn equals_brute_force_up_to_seven_containers(inst in instances(2..=7, 7, 4)) {
@@ -53,7 +57,7 @@ proptest! {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+    #![proptest_config(common::proptest_config(24))]
 
     #[test]
     fn equals_brute_force_eight_to_ten_containers(inst in instances(8..=10, 4, 3)) {

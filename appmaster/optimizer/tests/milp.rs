@@ -89,7 +89,7 @@ fn milp(inst: &Inst) -> f64 {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+    #![proptest_config(common::proptest_config(64))]
 
     #[test]
     fn equals_exact_milp(inst in instances(2..=5, 5, 3)) {
