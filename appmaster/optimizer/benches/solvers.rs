@@ -1,4 +1,5 @@
-//! Solver cost versus cluster size: the homogeneous closed form up to N = 10,000 and
+//! Solver cost versus cluster size: the homogeneous closed form up to N = 10,000, the
+//! full [`solve`] on a uniform cluster (closed form plus partition) up to N = 1,000, and
 //! the heterogeneous search up to N = 64 (deterministic pseudo-random containers).
 
 use std::hint::black_box;
@@ -18,6 +19,29 @@ fn job(n: usize) -> Job {
         remaining_epochs: 100.0,
         input_bytes: 0,
         model_bytes: 0,
+    }
+}
+
+/// `n` identical containers.
+fn uniform(n: usize, u: &Uniform) -> Snapshot {
+    let containers = (0..n)
+        .map(|i| ContainerMetrics {
+            id: format!("c{i:04}"),
+            role: Role::Idle,
+            compute_secs_per_record: Some(u.compute_secs_per_record),
+            cpu_speed: None,
+            bandwidth_bytes_per_sec: u.bandwidth_bytes_per_sec,
+            server_secs_per_byte: Some(u.server_secs_per_byte),
+            input_blocks: 0,
+            model_blocks: 0,
+            mini_batches: 10,
+            reclaimed: false,
+        })
+        .collect();
+    Snapshot {
+        job: job(n),
+        containers,
+        links: vec![],
     }
 }
 
@@ -70,6 +94,14 @@ fn bench(c: &mut Criterion) {
         let j = job(n);
         g.bench_with_input(BenchmarkId::from_parameter(n), &n, |b, &n| {
             b.iter(|| solve_homogeneous(black_box(&j), n, &u).map(|h| h.best))
+        });
+    }
+    g.finish();
+    let mut g = c.benchmark_group("uniform_solve");
+    for n in [100usize, 1_000] {
+        let model = CostModel::new(&uniform(n, &u)).expect("valid snapshot");
+        g.bench_with_input(BenchmarkId::from_parameter(n), &model, |b, m| {
+            b.iter(|| solve(black_box(m)).map(|s| s.epoch_secs))
         });
     }
     g.finish();

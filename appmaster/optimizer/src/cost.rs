@@ -120,6 +120,9 @@ pub struct CostModel {
     current: Vec<Placement>,
     compute: Vec<f64>,
     bandwidth: Vec<f64>,
+    /// `1 / bandwidth`: `1 / min(b_i, b_j)` is `max` of these (exactly, as `1/x` rounds
+    /// monotonically), with no division on the solvers' hot path.
+    inv_bandwidth: Vec<f64>,
     server_proc: Vec<f64>,
     /// Row-major `n × n` seconds per byte `1 / b_ij`, only when links were measured.
     inv_links: Option<Vec<f64>>,
@@ -212,12 +215,14 @@ impl CostModel {
                 model_blocks: c.model_blocks,
             })
             .collect();
+        let inv_bandwidth = bandwidth.iter().map(|b| 1.0 / b).collect();
         Ok(CostModel {
             job: snapshot.job.clone(),
             ids,
             current,
             compute,
             bandwidth,
+            inv_bandwidth,
             server_proc,
             inv_links,
         })
@@ -281,7 +286,7 @@ impl CostModel {
     pub(crate) fn inv_bw(&self, i: usize, j: usize) -> f64 {
         match &self.inv_links {
             Some(m) => m[i * self.ids.len() + j],
-            None => 1.0 / self.bandwidth[i].min(self.bandwidth[j]),
+            None => self.inv_bandwidth[i].max(self.inv_bandwidth[j]),
         }
     }
 
@@ -343,8 +348,9 @@ impl CostModel {
     /// Predicted epoch time of `target` (containers of this model that are missing from
     /// it are idle), with a per-worker breakdown.
     pub fn evaluate(&self, target: &Target) -> Result<Breakdown, OptimizerError> {
+        let known: std::collections::HashSet<&str> = self.ids.iter().map(String::as_str).collect();
         for id in target.keys() {
-            if !self.ids.contains(id) {
+            if !known.contains(id.as_str()) {
                 return Err(OptimizerError::UnknownContainer {
                     container: id.clone(),
                     context: "target".into(),
@@ -443,6 +449,14 @@ impl CostModel {
 
 /// `⌈D·k / (K·B)⌉` in exact integer arithmetic.
 pub(crate) fn batches(job: &Job, k: u32) -> u64 {
+    let small = (
+        job.total_records.checked_mul(u64::from(k)),
+        u64::from(job.input_blocks).checked_mul(job.mini_batch_size),
+    );
+    if let (Some(num), Some(den)) = small {
+        // The common case, without 128-bit division (this is on the solvers' hot path).
+        return if den == 0 { 0 } else { num.div_ceil(den) };
+    }
     let num = u128::from(job.total_records) * u128::from(k);
     let den = u128::from(job.input_blocks) * u128::from(job.mini_batch_size);
     if den == 0 {

@@ -12,7 +12,7 @@
 //! |---|---|
 //! | [`snapshot`] | the inputs: [`Snapshot`] = [`Job`] + per-container [`ContainerMetrics`] + optional pairwise [`Link`]s (serde, JSON) |
 //! | [`cost`] | the cost model (Cruise Eq. 1–4 with push traffic and server time): [`CostModel::evaluate`] → [`Breakdown`] |
-//! | [`solver`] | [`solve_homogeneous`] (Eq. 5 closed form, every split), [`solve_for_roles`], [`solve`] (heterogeneous search) |
+//! | [`solver`] | [`solve_homogeneous`] (Eq. 5 closed form, every split), [`solve_for_roles`], [`solve`] (exact branch and bound up to 10 containers, local search above) |
 //! | [`plan`] | [`Configuration`] (who owns which block), [`Plan::between`] → a DAG of [`Operation`]s |
 //! | [`executor`] | [`PlanExecutor`]: runs a plan through an [`OperationRunner`] with bounded parallelism, failure skipping and cancellation |
 //! | [`trigger`] | [`TriggerPolicy::decide`] → [`Decision`] (wait, stay, reconfigure), and the learned [`ReconfigCostModel`] |
@@ -82,8 +82,9 @@
 //! * Bandwidth is measured per container and optionally per pair, not read from a file.
 //! * Push traffic is part of the bytes per mini-batch, and server processing time per
 //!   byte is part of the server-bound term.
-//! * The heterogeneous solver is a pure-Rust search (no external MILP solver); tests
-//!   check it against brute force and against an exact MILP.
+//! * The heterogeneous solver is pure Rust (no external MILP solver): an exact branch
+//!   and bound up to 10 containers, a local search above; tests check it against brute
+//!   force and against an exact MILP.
 //! * Plans have a failure path: a failed operation skips its dependents only, and the
 //!   report gives the consistent configuration the job is left in.
 

@@ -3,22 +3,30 @@
 //! * [`solve_homogeneous`] — the closed form of Cruise Eq. (5) extended with push
 //!   traffic, server processing and whole blocks: O(N), and it prices every split
 //!   `(W, S)` so a what-if tool can print them all.
-//! * [`solve_for_roles`] — given roles, the best whole-block partitioning: model blocks
-//!   go to servers greedily in proportion to their capacity (`1 / max_i(1/b_ij + p_j)`,
-//!   which minimises the largest server-bound term exactly), then single-block moves
-//!   between servers are tried while they lower the epoch time; input blocks go to
-//!   workers by an exact greedy (each next block to the worker whose epoch time grows
-//!   least), which minimises the slowest worker for the given communication costs.
-//! * [`solve`] — roles too. Uniform containers take the closed form. Otherwise a search:
-//!   prefix splits of three orderings (by compute cost, by serving cost, by their
-//!   ratio) and the current roles are the starting points, then best-improvement local
-//!   search over single role changes (worker/server/idle) and worker↔server swaps,
-//!   then, from the best, also over changes of two containers at once; memoised.
-//!   Up to [`SearchOptions::exhaustive_up_to`] containers (10) all `3^N` role
-//!   assignments are enumerated instead, and model splits are enumerated exactly when
-//!   there are at most 4096 of them. Ties prefer the configuration closest to the current one, and block
-//!   counts are aligned with the current ones where that costs nothing, so a job at
-//!   its optimum gets back its own configuration.
+//! * [`solve_for_roles`] — given roles, the best whole-block partitioning. A fast
+//!   heuristic first: model blocks go to servers greedily in proportion to their
+//!   capacity (`1 / max_i(1/b_ij + p_j)`, which minimises the largest server-bound term),
+//!   then single-block moves between servers while they lower the epoch time. Then an
+//!   exact branch and bound over the model split (module `split`), pruned by lower
+//!   bounds on each worker's communication. Input blocks always go to workers by an
+//!   exact greedy (each next block to the worker whose epoch time grows least), which
+//!   minimises the slowest worker for the given communication costs. Exact up to
+//!   [`SearchOptions::exhaustive_up_to`] containers; above, the branch and bound stops
+//!   after [`SearchOptions::split_node_budget`] nodes with the best split found.
+//! * [`solve`] — roles too. Uniform containers take the closed form (for them the
+//!   proportional model split is exact). Otherwise, up to
+//!   [`SearchOptions::exhaustive_up_to`] containers (10), an exact branch and bound over
+//!   all `3^N` role assignments: each gets a lower bound, they are taken in order of it,
+//!   and each is solved exactly (as above) until the next bound exceeds the best time
+//!   found. Above, a search: prefix splits of three orderings (by compute cost, by
+//!   serving cost, by their ratio) and the current roles are the starting points, then
+//!   best-improvement local search over single role changes (worker/server/idle) and
+//!   worker↔server swaps, then, from the best, also over changes of two containers at
+//!   once; memoised. Ties (within a relative 1e-10) prefer the configuration closest to
+//!   the current one, and block counts are aligned with the current ones where that
+//!   costs nothing, so a job at its optimum gets back its own configuration.
+
+mod split;
 
 use std::cmp::{Ordering, Reverse};
 use std::collections::{BinaryHeap, HashMap};
@@ -29,8 +37,10 @@ use crate::cost::{CostModel, Placement, Target};
 use crate::error::OptimizerError;
 use crate::snapshot::{Job, Role};
 
-/// Relative tolerance when comparing epoch times.
-const REL_EPS: f64 = 1e-9;
+/// Relative tolerance when comparing epoch times: far above float noise (~1e-15), and
+/// under the 1e-9 within which the exact solver must match brute force, so the tie
+/// rules can never cost more than that.
+const REL_EPS: f64 = 1e-10;
 
 fn better(a: f64, b: f64) -> bool {
     a < b * (1.0 - REL_EPS)
@@ -188,17 +198,26 @@ pub fn solve(model: &CostModel) -> Result<Solution, OptimizerError> {
             for &i in &order[..w] {
                 roles[i] = Role::Worker;
             }
-            let mut sol = solve_roles_internal(model, &roles)?;
-            sol.evaluations = h.splits.len();
-            Ok(sol)
+            let search = Search::new(model);
+            let part = search.partition(&roles).ok_or_else(|| {
+                OptimizerError::Infeasible(format!(
+                    "{w} workers and {} servers cannot hold the blocks",
+                    model.len() - w
+                ))
+            })?;
+            // Alike containers: the proportional split is the most even one, which is
+            // exact (every worker sees the same costs), so no refinement is needed.
+            let bar = part.t * (1.0 + REL_EPS);
+            finish(model, &search, &roles, part, bar, h.splits.len())
         }
         None => solve_heterogeneous(model),
     }
 }
 
 /// The best whole-block partitioning for fixed roles (`roles` aligned with
-/// [`CostModel::ids`]). Fails when there is no worker or no server, or more workers
-/// than input blocks.
+/// [`CostModel::ids`]); a server may be left without blocks (it is then idle). Exact up
+/// to [`SearchOptions::exhaustive_up_to`] containers (default options). Fails when
+/// there is no worker or no server, or more workers than input blocks.
 pub fn solve_for_roles(model: &CostModel, roles: &[Role]) -> Result<Solution, OptimizerError> {
     if roles.len() != model.len() {
         return Err(OptimizerError::invalid(
@@ -206,10 +225,6 @@ pub fn solve_for_roles(model: &CostModel, roles: &[Role]) -> Result<Solution, Op
             format!("{} roles for {} containers", roles.len(), model.len()),
         ));
     }
-    solve_roles_internal(model, roles)
-}
-
-fn solve_roles_internal(model: &CostModel, roles: &[Role]) -> Result<Solution, OptimizerError> {
     let search = Search::new(model);
     let part = search.partition(roles).ok_or_else(|| {
         OptimizerError::Infeasible(format!(
@@ -217,24 +232,43 @@ fn solve_roles_internal(model: &CostModel, roles: &[Role]) -> Result<Solution, O
             model.job().input_blocks
         ))
     })?;
-    let part = search.polish(roles, part);
-    finish(model, &search, roles, part, 1)
+    let part = search.refine(
+        roles,
+        part,
+        SearchOptions::default().budget_for(model.len()),
+    );
+    let bar = part.t * (1.0 + REL_EPS);
+    finish(model, &search, roles, part, bar, 1)
 }
 
 /// Settings of the heterogeneous search.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SearchOptions {
-    /// Enumerate all `3^N` role assignments when `N` is at most this; search above it.
+    /// Up to this many containers the solver is exact: all `3^N` role assignments are
+    /// considered (by branch and bound) and every model split is exact. Above it, the
+    /// roles come from a local search.
     pub exhaustive_up_to: usize,
-    /// How many of the best enumerated assignments get their model split polished.
-    pub polish_candidates: usize,
+    /// Above `exhaustive_up_to` containers, the most nodes the model-split branch and
+    /// bound visits for the chosen roles before it keeps the best split found.
+    pub split_node_budget: usize,
+}
+
+impl SearchOptions {
+    /// The model-split node budget for `n` containers: unlimited while exact.
+    fn budget_for(&self, n: usize) -> usize {
+        if n <= self.exhaustive_up_to {
+            usize::MAX
+        } else {
+            self.split_node_budget
+        }
+    }
 }
 
 impl Default for SearchOptions {
     fn default() -> Self {
         SearchOptions {
             exhaustive_up_to: 10,
-            polish_candidates: 64,
+            split_node_budget: 5_000,
         }
     }
 }
@@ -259,12 +293,7 @@ pub fn solve_heterogeneous_with(
     let mut search = Search::new(model);
     let current: Vec<Role> = model.current_placements().iter().map(|p| p.role).collect();
     if n <= options.exhaustive_up_to {
-        return exhaustive(
-            model,
-            &mut search,
-            &current,
-            options.polish_candidates.max(1),
-        );
+        return exhaustive(model, &search, &current);
     }
     let serve_cost: Vec<f64> = (0..n)
         .map(|i| 1.0 / model.bandwidth(i) + model.server_secs_per_byte(i))
@@ -370,61 +399,113 @@ pub fn solve_heterogeneous_with(
     let part = search
         .partition(&roles)
         .ok_or_else(|| OptimizerError::Infeasible("best roles lost feasibility".into()))?;
-    let part = search.polish(&roles, part);
+    let part = search.refine(&roles, part, options.budget_for(n));
     let evaluations = search.cache.len();
-    finish(model, &search, &roles, part, evaluations)
+    let bar = part.t * (1.0 + REL_EPS);
+    finish(model, &search, &roles, part, bar, evaluations)
 }
 
-/// Every role assignment; the best few get their model split polished.
+/// The exact optimum over all `3^N` role assignments, by branch and bound.
+///
+/// A server without model blocks is the same as an idle container, so each assignment
+/// is solved with at least one block per server (and per worker): the assignments then
+/// stand for distinct configurations. Each gets a lower bound ([`split::RoleBounds`]); in
+/// order of it, each is solved exactly against the best time so far, until the next
+/// bound is above it. Then the assignments closer to `current` than the winner are
+/// checked, nearest first, for one within [`REL_EPS`] of the optimum.
 fn exhaustive(
     model: &CostModel,
-    search: &mut Search<'_>,
+    search: &Search<'_>,
     current: &[Role],
-    polish: usize,
 ) -> Result<Solution, OptimizerError> {
-    const ROLES: [Role; 3] = [Role::Worker, Role::Server, Role::Idle];
     let n = model.len();
-    let mut digits = vec![0usize; n];
-    let mut scored: Vec<(f64, usize, Vec<Role>)> = Vec::new();
-    let mut evaluations = 0;
-    loop {
-        let roles: Vec<Role> = digits.iter().map(|&d| ROLES[d]).collect();
-        evaluations += 1;
-        if let Some(p) = search.partition(&roles) {
-            scored.push((p.t, distance(&roles, current), roles));
-        }
-        let mut x = 0;
-        while x < n {
-            digits[x] += 1;
-            if digits[x] < 3 {
-                break;
+    // Assignment `code`: container `i`'s role is base-3 digit `i` (worker, server, idle).
+    let roles_of = |mut code: u64| -> Vec<Role> {
+        (0..n)
+            .map(|_| {
+                let r = [Role::Worker, Role::Server, Role::Idle][(code % 3) as usize];
+                code /= 3;
+                r
+            })
+            .collect()
+    };
+    let total = u32::try_from(n)
+        .ok()
+        .and_then(|n| 3u64.checked_pow(n))
+        .filter(|&t| usize::try_from(t).is_ok())
+        .ok_or_else(|| {
+            OptimizerError::invalid(
+                "exhaustive_up_to",
+                format!("3^{n} role assignments cannot be enumerated"),
+            )
+        })?;
+    let mut bounds = split::RoleBounds::new(model);
+    let mut bounded: Vec<(f64, u64)> = Vec::new();
+    let (mut workers, mut servers) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    for code in 0..total {
+        workers.clear();
+        servers.clear();
+        let mut c = code;
+        for i in 0..n {
+            match c % 3 {
+                0 => workers.push(i),
+                1 => servers.push(i),
+                _ => {}
             }
-            digits[x] = 0;
-            x += 1;
+            c /= 3;
         }
-        if x == n {
+        if let Some(lb) = bounds.bound(&workers, &servers) {
+            bounded.push((lb, code));
+        }
+    }
+    // Stable: equal bounds keep enumeration order.
+    bounded.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let mut best: Option<(Part, Vec<Role>)> = None;
+    let mut bar = f64::INFINITY;
+    // A good incumbent first, from the fast heuristic partition (it prunes the exact
+    // searches below): assignments in order of their bound, while the bound is below it.
+    for &(lb, code) in &bounded {
+        if lb > bar {
             break;
         }
-    }
-    scored.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
-    let mut best: Option<(f64, usize, Vec<Role>, Part)> = None;
-    for (_, dist, roles) in scored.into_iter().take(polish) {
-        let Some(part) = search.partition(&roles) else {
-            continue;
-        };
-        let part = search.polish(&roles, part);
-        let replace = match &best {
-            None => true,
-            Some((bt, bd, _, _)) => better(part.t, *bt) || (!better(*bt, part.t) && dist < *bd),
-        };
-        if replace {
-            best = Some((part.t, dist, roles, part));
+        let roles = roles_of(code);
+        if let Some(part) = search.partition(&roles)
+            && part.t <= bar
+            && (0..n).all(|j| roles[j] != Role::Server || part.l[j] > 0)
+        {
+            bar = part.t * (1.0 - split::SEARCH_EPS);
+            best = Some((part, roles));
         }
     }
-    let (_, _, roles, part) = best.ok_or_else(|| {
+    for &(lb, code) in &bounded {
+        if lb > bar {
+            break;
+        }
+        let roles = roles_of(code);
+        if let Some(part) = search.exact(&roles, 1, bar) {
+            bar = part.t * (1.0 - split::SEARCH_EPS);
+            best = Some((part, roles));
+        }
+    }
+    let (part, roles) = best.ok_or_else(|| {
         OptimizerError::Infeasible("no role assignment has a worker and a server".into())
     })?;
-    finish(model, search, &roles, part, evaluations)
+    let optimum = part.t;
+    let window = optimum * (1.0 + REL_EPS);
+    let far = distance(&roles, current);
+    let mut closer: Vec<(usize, Vec<Role>)> = bounded
+        .iter()
+        .filter(|&&(lb, _)| lb <= window)
+        .map(|&(_, code)| roles_of(code))
+        .map(|r| (distance(&r, current), r))
+        .filter(|(d, _)| *d < far)
+        .collect();
+    closer.sort_by_key(|(d, _)| *d);
+    let (part, roles) = closer
+        .into_iter()
+        .find_map(|(_, r)| search.exact(&r, 1, window).map(|p| (p, r)))
+        .unwrap_or((part, roles));
+    finish(model, search, &roles, part, window, total as usize)
 }
 
 fn distance(a: &[Role], b: &[Role]) -> usize {
@@ -432,15 +513,16 @@ fn distance(a: &[Role], b: &[Role]) -> usize {
 }
 
 /// Turns a partition into a [`Solution`], aligning counts with the current ones where
-/// that keeps the epoch time.
+/// that keeps the epoch time within `bar`.
 fn finish(
     model: &CostModel,
     search: &Search<'_>,
     roles: &[Role],
     part: Part,
+    bar: f64,
     evaluations: usize,
 ) -> Result<Solution, OptimizerError> {
-    let part = search.align(roles, part);
+    let part = search.align(roles, part, bar);
     let mut target = Target::new();
     for (i, id) in model.ids().iter().enumerate() {
         let p = match roles[i] {
@@ -563,59 +645,78 @@ impl<'a> Search<'a> {
             .iter()
             .map(|&i| m.comm_per_batch(i, w, &srv).0)
             .collect();
+        let mut counts = Vec::with_capacity(w);
+        let t = split::spread(m, workers, &g, &mut counts);
         let mut k = vec![0u32; m.len()];
-        let mut heap = BinaryHeap::with_capacity(w);
-        for (x, &i) in workers.iter().enumerate() {
-            k[i] = 1;
-            heap.push(Reverse(Key(m.worker_time(i, 2, g[x]), x)));
+        for (&i, &c) in workers.iter().zip(&counts) {
+            k[i] = c;
         }
-        for _ in 0..(m.job().input_blocks as usize - w) {
-            let Some(Reverse(Key(_, x))) = heap.pop() else {
-                break;
-            };
-            let i = workers[x];
-            k[i] += 1;
-            heap.push(Reverse(Key(m.worker_time(i, k[i] + 1, g[x]), x)));
-        }
-        let t = workers
-            .iter()
-            .enumerate()
-            .map(|(x, &i)| m.worker_time(i, k[i], g[x]))
-            .fold(0.0, f64::max);
         Part { t, k, l }
     }
 
-    /// Single-block moves between servers while they lower the epoch time.
-    fn polish(&self, roles: &[Role], mut part: Part) -> Part {
+    /// The per-block costs of `roles` with at least `lmin` model blocks per server, or
+    /// `None` when the roles cannot hold the blocks that way.
+    fn fixed(&self, roles: &[Role], lmin: u32) -> Option<split::Fixed> {
         let workers = Self::members(roles, Role::Worker);
         let servers = Self::members(roles, Role::Server);
-        let l_total = self.m.job().model_blocks;
-        if splits_at_most(l_total, servers.len(), EXACT_MODEL_SPLITS) {
-            // Few enough model splits to try them all: the partition is then exact.
-            let mut l = vec![0u32; self.m.len()];
-            self.each_split(&servers, 0, l_total, &mut l, &mut |l| {
-                let cand = self.data(&workers, &servers, l.to_vec());
-                if better(cand.t, part.t) {
-                    part = cand;
-                }
-            });
-            return part;
+        split::Fixed::new(self.m, &workers, &servers, lmin)
+    }
+
+    /// The exact best partition for `roles` (at least `lmin` model blocks per server)
+    /// if its epoch time is at most `bar`.
+    fn exact(&self, roles: &[Role], lmin: u32, bar: f64) -> Option<Part> {
+        let fixed = self.fixed(roles, lmin)?;
+        let workers = Self::members(roles, Role::Worker);
+        let servers = Self::members(roles, Role::Server);
+        // The heuristic split as the hint, and as a first incumbent when it respects
+        // `lmin`.
+        let heuristic = self.partition(roles)?;
+        let hint = heuristic.l.clone();
+        let mut best =
+            Some(heuristic).filter(|p| p.t <= bar && servers.iter().all(|&j| p.l[j] >= lmin));
+        let bar = best
+            .as_ref()
+            .map_or(bar, |p| p.t * (1.0 - split::SEARCH_EPS));
+        if let Some((_, l)) = fixed.best_split(self.m, bar, usize::MAX, &hint) {
+            best = Some(self.data(&workers, &servers, l));
         }
+        best
+    }
+
+    /// Improves a partition for `roles` (servers may end up without blocks): single
+    /// block moves between servers while they lower the epoch time, then the model-split
+    /// branch and bound for at most `budget` nodes (exact when it finishes).
+    fn refine(&self, roles: &[Role], part: Part, budget: usize) -> Part {
+        let workers = Self::members(roles, Role::Worker);
+        let servers = Self::members(roles, Role::Server);
+        let part = self.moves(&workers, &servers, part);
+        let Some(fixed) = split::Fixed::new(self.m, &workers, &servers, 0) else {
+            return part;
+        };
+        let bar = part.t * (1.0 - split::SEARCH_EPS);
+        match fixed.best_split(self.m, bar, budget, &part.l) {
+            Some((_, l)) => self.data(&workers, &servers, l),
+            None => part,
+        }
+    }
+
+    /// Single-block moves between servers while they lower the epoch time.
+    fn moves(&self, workers: &[usize], servers: &[usize], mut part: Part) -> Part {
         let limit = 4 * self.m.job().model_blocks as usize + 16;
         for _ in 0..limit {
             let mut best: Option<Part> = None;
-            for &from in &servers {
+            for &from in servers {
                 if part.l[from] == 0 {
                     continue;
                 }
-                for &to in &servers {
+                for &to in servers {
                     if to == from {
                         continue;
                     }
                     let mut l = part.l.clone();
                     l[from] -= 1;
                     l[to] += 1;
-                    let cand = self.data(&workers, &servers, l);
+                    let cand = self.data(workers, servers, l);
                     let bar = best.as_ref().map_or(part.t, |b| b.t);
                     if better(cand.t, bar) {
                         best = Some(cand);
@@ -628,28 +729,6 @@ impl<'a> Search<'a> {
             }
         }
         part
-    }
-
-    /// Calls `f` with every split of `left` model blocks over `servers[x..]`.
-    fn each_split(
-        &self,
-        servers: &[usize],
-        x: usize,
-        left: u32,
-        l: &mut Vec<u32>,
-        f: &mut dyn FnMut(&[u32]),
-    ) {
-        if x + 1 == servers.len() {
-            l[servers[x]] = left;
-            f(l);
-            l[servers[x]] = 0;
-            return;
-        }
-        for v in 0..=left {
-            l[servers[x]] = v;
-            self.each_split(servers, x + 1, left - v, l, f);
-        }
-        l[servers[x]] = 0;
     }
 
     /// Records `cand` in `best` if it beats both `best` and `t`.
@@ -721,13 +800,14 @@ impl<'a> Search<'a> {
         }
     }
 
-    /// Moves block counts towards the current ones where the epoch time allows it.
-    fn align(&self, roles: &[Role], part: Part) -> Part {
+    /// Moves block counts towards the current ones where the epoch time stays within
+    /// `bar` (at least `part.t`).
+    fn align(&self, roles: &[Role], part: Part, bar: f64) -> Part {
         let m = self.m;
         let cur = m.current_placements();
         let workers = Self::members(roles, Role::Worker);
         let servers = Self::members(roles, Role::Server);
-        let t_bar = part.t * (1.0 + REL_EPS);
+        let t_bar = bar.max(part.t);
         // Model: keep the current split if the servers are the same and it is as good.
         let same_servers = servers
             .iter()
@@ -780,28 +860,6 @@ impl<'a> Search<'a> {
             None => self.data(&workers, &servers, l),
         }
     }
-}
-
-/// Largest number of model splits [`Search::polish`] enumerates exhaustively.
-const EXACT_MODEL_SPLITS: u64 = 4096;
-
-/// Whether `total` blocks can be split over `parts` servers in at most `limit` ways,
-/// i.e. `C(total + parts − 1, parts − 1) ≤ limit`.
-fn splits_at_most(total: u32, parts: usize, limit: u64) -> bool {
-    if parts == 0 {
-        return false;
-    }
-    let (n, k) = (u64::from(total) + parts as u64 - 1, parts as u64 - 1);
-    let k = k.min(n - k);
-    let mut c: u64 = 1;
-    for i in 0..k {
-        // c = C(n, i + 1), exact at every step.
-        c = c * (n - i) / (i + 1);
-        if c > limit {
-            return false;
-        }
-    }
-    c <= limit
 }
 
 /// Counts within `[lo, hi]` summing to `total`, as close to `want` as possible

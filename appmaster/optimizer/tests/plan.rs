@@ -1,5 +1,7 @@
 //! Plans: properties over random configurations and hand-checked cases.
 
+mod common;
+
 use std::collections::{BTreeMap, BTreeSet};
 
 use cruise_optimizer::{Configuration, Holding, Operation, Placement, Plan, Role, Table, Target};
@@ -211,7 +213,7 @@ fn check(case: &Case) -> Result<(), TestCaseError> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+    #![proptest_config(common::proptest_config(512))]
 
     #[test]
     fn plan_reaches_target_in_any_valid_order(case in cases()) {

@@ -4,6 +4,25 @@
 
 use cruise_optimizer::{ContainerMetrics, Job, Link, Role, Snapshot};
 use proptest::prelude::*;
+use proptest::test_runner::FileFailurePersistence;
+
+/// Proptest settings: `cases` cases unless `PROPTEST_CASES` asks for another number
+/// (an explicit `cases` would otherwise override the variable), and failures persisted
+/// next to the test file as `tests/<name>.proptest-regressions` (the default looks
+/// for a `lib.rs` above the test file, which integration tests do not have, and warns).
+pub fn proptest_config(cases: u32) -> ProptestConfig {
+    let cases = std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(cases);
+    ProptestConfig {
+        cases,
+        failure_persistence: Some(Box::new(FileFailurePersistence::WithSource(
+            "proptest-regressions",
+        ))),
+        ..ProptestConfig::default()
+    }
+}
 
 /// A problem instance in plain numbers.
 #[derive(Debug, Clone)]
