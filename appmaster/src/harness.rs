@@ -48,7 +48,7 @@ struct State {
 pub struct InProcessRm {
     launch: LaunchSpec,
     events: mpsc::UnboundedSender<RmEvent>,
-    max: u32,
+    max: std::sync::atomic::AtomicU32,
     state: Mutex<State>,
 }
 
@@ -58,7 +58,7 @@ impl InProcessRm {
         InProcessRm {
             launch,
             events,
-            max,
+            max: std::sync::atomic::AtomicU32::new(max),
             state: Mutex::new(State::default()),
         }
     }
@@ -139,6 +139,19 @@ impl InProcessRm {
             .is_some()
     }
 
+    /// Changes the capacity and tells the AM (like a cluster offering or
+    /// reclaiming resources).
+    pub fn set_capacity(&self, n: u32) {
+        self.max.store(n, std::sync::atomic::Ordering::SeqCst);
+        let _ = self
+            .events
+            .send(RmEvent::CapacityChanged { max_containers: n });
+    }
+
+    fn max(&self) -> u32 {
+        self.max.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
     /// The next `n` containers requested fail to allocate.
     pub fn fail_allocations(&self, n: u32) {
         self.state().fail_allocations += n;
@@ -173,11 +186,19 @@ impl ResourceManager for InProcessRm {
                     });
                     continue;
                 }
-                if st.containers.len() as u32 >= self.max {
-                    return Err(RmError::BadRequest(format!(
-                        "capacity {} reached",
-                        self.max
-                    )));
+                let live = st
+                    .containers
+                    .values()
+                    .filter(|h| {
+                        h.task.as_ref().is_some_and(|t| !t.is_finished())
+                            && !h.cancel.is_cancelled()
+                    })
+                    .count() as u32;
+                if live >= self.max() {
+                    let _ = self.events.send(RmEvent::AllocationFailed {
+                        reason: format!("capacity {} reached", self.max()),
+                    });
+                    continue;
                 }
                 st.seq += 1;
                 format!("inproc_{:04}", st.seq)
@@ -209,7 +230,7 @@ impl ResourceManager for InProcessRm {
     async fn capacity(&self) -> Result<Capacity, RmError> {
         let st = self.state();
         Ok(Capacity {
-            max_containers: self.max,
+            max_containers: self.max(),
             running: st
                 .containers
                 .values()
@@ -370,6 +391,11 @@ impl Cluster {
         self.rm().is_some_and(|rm| rm.delay_messages(container, d))
     }
 
+    /// Changes the capacity the resource manager offers.
+    pub fn set_capacity(&self, n: u32) -> bool {
+        self.rm().map(|rm| rm.set_capacity(n)).is_some()
+    }
+
     /// Makes the next `n` allocations fail.
     pub fn fail_allocations(&self, n: u32) -> bool {
         self.rm().map(|rm| rm.fail_allocations(n)).is_some()
@@ -387,4 +413,22 @@ impl Cluster {
             Err(e) => Err(AmError::JobFailed(format!("the AM task panicked: {e}"))),
         }
     }
+}
+
+/// Writes a small MLR data set for harness jobs (100 features, 4 classes,
+/// 10 non-zeros per record) to `dir/train.libsvm`; returns its path.
+pub fn mlr_data(dir: &std::path::Path, samples: u64, seed: u64) -> std::io::Result<String> {
+    use std::io::Write;
+    let path = dir.join("train.libsvm");
+    let p = cruise_container::apps::mlr::GenParams {
+        samples,
+        features: 100,
+        classes: 4,
+        nnz: 10,
+        seed,
+    };
+    let mut f = std::io::BufWriter::new(std::fs::File::create(&path)?);
+    cruise_container::apps::mlr::generate(&p, &mut f)?;
+    f.flush()?;
+    Ok(path.display().to_string())
 }

@@ -4,25 +4,13 @@
 use std::path::Path;
 use std::time::Duration;
 
-use cruise_appmaster::harness::{Cluster, ClusterOptions};
+use cruise_appmaster::harness::{self, Cluster, ClusterOptions};
 use cruise_conf::{CruiseConfig, SyncMode};
-use cruise_container::apps::mlr;
 
 const WAIT: Duration = Duration::from_secs(60);
 
 fn data(dir: &Path, samples: u64) -> String {
-    let path = dir.join("train.libsvm");
-    let p = mlr::GenParams {
-        samples,
-        features: 100,
-        classes: 4,
-        nnz: 10,
-        seed: 11,
-    };
-    let mut f = std::io::BufWriter::new(std::fs::File::create(&path).unwrap());
-    mlr::generate(&p, &mut f).unwrap();
-    drop(f);
-    path.display().to_string()
+    harness::mlr_data(dir, samples, 11).unwrap()
 }
 
 fn config(epochs: u32) -> CruiseConfig {

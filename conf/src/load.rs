@@ -490,10 +490,13 @@ mod tests {
         layers.set("runtime.capacity_schedule", "2:6, 10.5:4", "--set");
         let cfg = layers.load().unwrap();
         let s = cfg.runtime.capacity_schedule().unwrap();
-        assert_eq!(s, vec![
-            (std::time::Duration::from_secs(2), 6),
-            (std::time::Duration::from_millis(10_500), 4)
-        ]);
+        assert_eq!(
+            s,
+            vec![
+                (std::time::Duration::from_secs(2), 6),
+                (std::time::Duration::from_millis(10_500), 4)
+            ]
+        );
         assert_eq!(cfg.runtime.capacity_ceiling(&cfg.job), 6);
         for bad in ["5", "a:3", "3:x", "3:1", "5:4,2:3"] {
             let mut layers = Layers::default();

@@ -301,6 +301,18 @@ pub struct OptimizerConfig {
     /// A reconfiguration runs only after this many consecutive looks propose
     /// the same split (1: at once). Forced plans (capacity reclaimed) run at once.
     pub confirmations: u32,
+    /// Before any plan ran: seconds to add a container (start, calibrate,
+    /// register). Learned from real plans afterwards.
+    pub prior_add_secs: f64,
+    /// Before any plan ran: seconds to delete a container.
+    pub prior_delete_secs: f64,
+    /// Before any plan ran: seconds to switch a container's role.
+    pub prior_switch_secs: f64,
+    /// Before any plan ran: seconds per move, plus its bytes at
+    /// `prior_move_mb_per_sec`.
+    pub prior_move_secs: f64,
+    /// Before any plan ran: speed of block moves, MB/s.
+    pub prior_move_mb_per_sec: f64,
     /// Bytes of each bulk transfer that measures link capacity when training
     /// starts and when a container joins. 0: do not probe.
     pub probe_bytes: u64,
@@ -322,6 +334,11 @@ impl Default for OptimizerConfig {
             noise_tolerance: 0.25,
             bandwidth_noise_tolerance: 1.0,
             confirmations: 2,
+            prior_add_secs: 2.0,
+            prior_delete_secs: 1.0,
+            prior_switch_secs: 0.1,
+            prior_move_secs: 0.05,
+            prior_move_mb_per_sec: 200.0,
             probe_bytes: 4 << 20,
             snapshot_file: String::new(),
         }
@@ -630,6 +647,22 @@ impl CruiseConfig {
             return bad(
                 "optimizer.bandwidth_noise_tolerance",
                 format!("is {}, must be >= 0", o.bandwidth_noise_tolerance),
+            );
+        }
+        for (key, v) in [
+            ("optimizer.prior_add_secs", o.prior_add_secs),
+            ("optimizer.prior_delete_secs", o.prior_delete_secs),
+            ("optimizer.prior_switch_secs", o.prior_switch_secs),
+            ("optimizer.prior_move_secs", o.prior_move_secs),
+        ] {
+            if !(v >= 0.0 && v.is_finite()) {
+                return bad(key, format!("is {v}, must be >= 0"));
+            }
+        }
+        if !(o.prior_move_mb_per_sec > 0.0 && o.prior_move_mb_per_sec.is_finite()) {
+            return bad(
+                "optimizer.prior_move_mb_per_sec",
+                format!("is {}, must be positive", o.prior_move_mb_per_sec),
             );
         }
         if o.confirmations == 0 {

@@ -51,6 +51,13 @@ pub const CONTAINER_ID_FALLBACKS: [&str; 2] = ["CONTAINER_ID", "MESOS_TASK_ID"];
 /// Duration of the CPU calibration at start (several cgroup quota periods).
 const CALIBRATION: Duration = Duration::from_millis(300);
 
+/// How long a leaving evaluator lets its worker finish the current
+/// mini-batch. Past it the mini-batch is abandoned: once the evaluator leaves,
+/// no AM coordinates the job any more (it ended, was cancelled or is gone),
+/// and a mini-batch stuck retrying requests to peers that are leaving too
+/// would otherwise hold the evaluator until the retries run out.
+const STOP_GRACE: Duration = Duration::from_secs(2);
+
 /// Errors that end an evaluator.
 #[derive(Debug, thiserror::Error)]
 pub enum EvaluatorError {
@@ -279,7 +286,7 @@ pub async fn run(
                         let Some(l) = listener.take() else {
                             break Err(EvaluatorError::Protocol("a second Setup".into()));
                         };
-                        match start_job(&env, *setup, l, &opts, &cancel) {
+                        match start_job(&env, *setup, l, &opts) {
                             Ok(j) => {
                                 hb_interval = Duration::from_millis(j.config.channel.heartbeat_interval_ms);
                                 hb_timeout = Duration::from_millis(j.config.channel.heartbeat_timeout_ms);
@@ -310,9 +317,19 @@ pub async fn run(
     };
 
     // Stop tasks: the worker after its mini-batch, the server at once.
-    for t in [worker.take(), server.take()].into_iter().flatten() {
+    for mut t in [worker.take(), server.take()].into_iter().flatten() {
         t.stop.cancel();
-        let _ = tokio::time::timeout(Duration::from_secs(30), t.handle).await;
+        if tokio::time::timeout(STOP_GRACE, &mut t.handle)
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                "a task did not stop within {:.0} s of the request; abandoning it",
+                STOP_GRACE.as_secs_f64()
+            );
+            t.handle.abort();
+            let _ = t.handle.await;
+        }
     }
     if let Some(j) = &job {
         if result.is_ok() {
@@ -360,7 +377,6 @@ fn start_job(
     setup: JobSetup,
     listener: TcpListener,
     opts: &EvaluatorOptions,
-    cancel: &CancellationToken,
 ) -> Result<Job, EvaluatorError> {
     let config = setup.config;
     let app = apps::build(&config, &setup.app).map_err(|e| EvaluatorError::Task(e.to_string()))?;
@@ -375,13 +391,17 @@ fn start_job(
         chunk_bytes: config.store.move_chunk_bytes as usize,
         drain_timeout: Duration::from_millis(ch.heartbeat_timeout_ms),
     };
+    // The data plane gets a token of its own, not one derived from the
+    // process's shutdown signal: leaving must drain (GoAway until every
+    // client acknowledges), so it ends only through `shutdown` or `stop`,
+    // which `run` always calls on its way out.
     let dp = DataPlane::start(
         setup.evaluator,
         store,
         listener,
         settings,
         opts.data_faults.clone(),
-        cancel,
+        &CancellationToken::new(),
     )
     .map_err(|source| EvaluatorError::Io {
         context: "starting the data plane".into(),

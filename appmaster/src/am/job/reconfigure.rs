@@ -146,7 +146,7 @@ impl Reconfig {
                     min_gain: o.min_gain,
                     max_parallel: o.max_parallel as usize,
                 },
-                costs: prior_costs(),
+                costs: prior_costs(o),
             },
             enabled: o.enabled,
             interval: Duration::from_millis(o.interval_ms),
@@ -177,37 +177,21 @@ impl Reconfig {
     }
 }
 
-/// The reconfiguration cost model before any plan ran: what operations take
-/// on an idle cluster (an added container starts a process, calibrates for
-/// 0.3 s and registers; a move streams at a few hundred MB/s), weighted as two
-/// observations so the first real plans correct it.
-fn prior_costs() -> ReconfigCostModel {
+/// The reconfiguration cost model before any plan ran (`optimizer.prior_*`),
+/// weighted as two observations so the first real plans correct it.
+fn prior_costs(o: &cruise_conf::OptimizerConfig) -> ReconfigCostModel {
     let mv = OpCost {
-        per_op: 0.05,
-        per_byte: 5e-9,
+        per_op: o.prior_move_secs,
+        per_byte: 1.0 / (o.prior_move_mb_per_sec * 1e6),
+    };
+    let fixed = |per_op| OpCost {
+        per_op,
+        per_byte: 0.0,
     };
     let prior = [
-        (
-            OpKind::Add,
-            OpCost {
-                per_op: 2.0,
-                per_byte: 0.0,
-            },
-        ),
-        (
-            OpKind::Delete,
-            OpCost {
-                per_op: 1.0,
-                per_byte: 0.0,
-            },
-        ),
-        (
-            OpKind::Switch,
-            OpCost {
-                per_op: 0.1,
-                per_byte: 0.0,
-            },
-        ),
+        (OpKind::Add, fixed(o.prior_add_secs)),
+        (OpKind::Delete, fixed(o.prior_delete_secs)),
+        (OpKind::Switch, fixed(o.prior_switch_secs)),
         (OpKind::Move(Table::Input), mv),
         (OpKind::Move(Table::Model), mv),
     ]

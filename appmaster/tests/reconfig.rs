@@ -1,0 +1,150 @@
+//! Live reconfiguration on the in-process cluster: capacity offered and
+//! taken back, and a plan whose operation fails.
+
+use std::path::Path;
+use std::time::Duration;
+
+use cruise_appmaster::am::JobSummary;
+use cruise_appmaster::harness::{self, Cluster};
+use cruise_conf::CruiseConfig;
+
+const WAIT: Duration = Duration::from_secs(120);
+
+fn data(dir: &Path, samples: u64) -> String {
+    harness::mlr_data(dir, samples, 3).unwrap()
+}
+
+/// A job that reconsiders its configuration every 100 ms.
+fn config(containers: u32, workers: u32, epochs: u32) -> CruiseConfig {
+    let mut c = CruiseConfig::default();
+    c.job.containers = containers;
+    c.job.workers = workers;
+    c.job.epochs = epochs;
+    c.job.mini_batch = 50;
+    c.mlr.classes = 4;
+    c.mlr.features = 100;
+    c.store.model_blocks = 16;
+    c.store.input_blocks = 16;
+    c.status.bind = String::new();
+    c.optimizer.interval_ms = 100;
+    c.optimizer.min_mini_batches = 3;
+    c.optimizer.warmup_mini_batches = 1;
+    c.optimizer.confirmations = 1;
+    // In-process containers start in a fraction of a second.
+    c.optimizer.prior_add_secs = 0.2;
+    c.optimizer.prior_delete_secs = 0.1;
+    c.validate().unwrap();
+    c
+}
+
+/// Every record is evaluated exactly once at the end: no input block was
+/// lost or duplicated by the reconfigurations.
+fn consistent(s: &JobSummary) {
+    assert_eq!(
+        s.final_stats.records, s.records,
+        "final evaluation covers every record once"
+    );
+    assert!(
+        s.final_stats.accuracy() > 0.7,
+        "accuracy {}",
+        s.final_stats.accuracy()
+    );
+}
+
+async fn training(cluster: &mut Cluster) {
+    cluster
+        .await_status(WAIT, |s| s.phase == "training" && s.records_processed > 0)
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn offered_capacity_is_used() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cluster = Cluster::start(
+        config(2, 1, 400),
+        data(dir.path(), 4000),
+        dir.path().join("w"),
+    );
+    training(&mut cluster).await;
+    assert!(cluster.set_capacity(4));
+    let st = cluster
+        .await_status(WAIT, |s| {
+            s.reconfigurations
+                .iter()
+                .any(|r| r.failed.is_empty() && r.succeeded > 0)
+                && s.evaluators
+                    .iter()
+                    .filter(|e| e.role != cruise_appmaster::am::Role::Idle)
+                    .count()
+                    > 2
+        })
+        .await
+        .unwrap();
+    assert!(st.capacity == 4);
+    cluster.cancel();
+    let _ = tokio::time::timeout(WAIT, cluster.join())
+        .await
+        .expect("no hang");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reclaimed_capacity_is_given_back_and_training_goes_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = config(4, 3, 60);
+    c.optimizer.enabled = true;
+    let mut cluster = Cluster::start(c, data(dir.path(), 4000), dir.path().join("w"));
+    training(&mut cluster).await;
+    assert!(cluster.set_capacity(3));
+    let s = tokio::time::timeout(WAIT, cluster.join())
+        .await
+        .expect("no hang")
+        .expect("the job survives the shrink");
+    let r = s
+        .reconfigurations
+        .iter()
+        .find(|r| r.summary.contains("forced"))
+        .expect("a forced reconfiguration");
+    assert!(r.failed.is_empty(), "{r:?}");
+    assert!(r.op_secs.iter().any(|(k, _)| k == "delete"), "{r:?}");
+    let last = s.epochs.last().unwrap();
+    assert_eq!(last.workers + last.servers, 3, "{last:?}");
+    consistent(&s);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_operation_leaves_a_consistent_job() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cluster = Cluster::start(
+        config(2, 1, 80),
+        data(dir.path(), 4000),
+        dir.path().join("w"),
+    );
+    training(&mut cluster).await;
+    // The next container requested fails: the plan's add fails, the moves
+    // into it are skipped, the rest of the plan and the job go on.
+    assert!(cluster.fail_allocations(1));
+    assert!(cluster.set_capacity(3));
+    let st = cluster
+        .await_status(WAIT, |s| {
+            s.reconfigurations.iter().any(|r| !r.failed.is_empty())
+        })
+        .await
+        .unwrap();
+    let r = st
+        .reconfigurations
+        .iter()
+        .find(|r| !r.failed.is_empty())
+        .unwrap()
+        .clone();
+    assert!(r.failed.iter().any(|f| f.contains("injected")), "{r:?}");
+    assert!(
+        r.skipped > 0,
+        "dependents of the failed add are skipped: {r:?}"
+    );
+    let s = tokio::time::timeout(WAIT, cluster.join())
+        .await
+        .expect("no hang")
+        .expect("the job survives a failed operation");
+    consistent(&s);
+}
