@@ -193,11 +193,11 @@ impl Actor {
                 Some(ev) = int_rx.recv() => match ev {
                     Internal::Exited { id, status } => self.exited(id, status, &int_tx),
                     Internal::KillDeadline { id } => {
-                        if let Some(p) = self.running.get(&id) {
-                            if let Some(pid) = p.pid {
-                                tracing::warn!(container = %id, "did not stop within {:?}; killing it", self.config.release_grace);
-                                let _ = kill(Pid::from_raw(pid as i32), Signal::SIGKILL);
-                            }
+                        if let Some(p) = self.running.get(&id)
+                            && let Some(pid) = p.pid
+                        {
+                            tracing::warn!(container = %id, "did not stop within {:?}; killing it", self.config.release_grace);
+                            let _ = kill(Pid::from_raw(pid as i32), Signal::SIGKILL);
                         }
                     }
                 },
