@@ -50,6 +50,20 @@ pub fn os_user() -> String {
     }
 }
 
+/// Passes this process's Hadoop client environment (`HADOOP_CONF_DIR`,
+/// `HADOOP_USER_NAME`) on to evaluators that do not get one otherwise, so
+/// that they resolve `hdfs://` input as the AM does. On a cluster the same
+/// path must hold the configuration on every node.
+fn forward_hadoop_env(env: &mut std::collections::BTreeMap<String, String>) {
+    for var in ["HADOOP_CONF_DIR", "HADOOP_USER_NAME"] {
+        if let Ok(v) = std::env::var(var)
+            && !v.is_empty()
+        {
+            env.entry(var.to_string()).or_insert(v);
+        }
+    }
+}
+
 /// The Hadoop client configuration: `core-site.xml`, `hdfs-site.xml` and
 /// `yarn-site.xml` from `$HADOOP_CONF_DIR` (empty when it is not set).
 pub fn hadoop_conf() -> Result<HadoopConf, AmError> {
@@ -243,6 +257,7 @@ pub fn yarn_factory(
         launch
             .env
             .insert("HADOOP_USER_NAME".into(), settings.user.clone());
+        forward_hadoop_env(&mut launch.env);
         let cfg = YarnConfig {
             rm_addresses: settings.rm_addresses.clone(),
             user: Some(settings.user.clone()),
@@ -268,7 +283,8 @@ pub fn mesos_factory(config: &CruiseConfig) -> RmFactory {
     let m = config.mesos.clone();
     let rt = config.runtime.clone();
     let http = http_options(config);
-    Box::new(move |launch, events| {
+    Box::new(move |mut launch, events| {
+        forward_hadoop_env(&mut launch.env);
         let job_id = launch
             .env
             .get(ENV_JOB_ID)

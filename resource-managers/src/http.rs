@@ -181,7 +181,8 @@ pub fn parse_base(address: &str, what: &str) -> Result<Url, RmError> {
 /// cannot be reached; then the next is tried.
 #[derive(Debug)]
 pub struct Http {
-    client: reqwest::Client,
+    client: Mutex<reqwest::Client>,
+    follow_redirects: bool,
     bases: Mutex<Vec<Url>>,
     active: AtomicUsize,
     options: HttpOptions,
@@ -201,18 +202,10 @@ impl Http {
         if bases.is_empty() {
             return Err(RmError::BadRequest(format!("{what}: no address given")));
         }
-        let policy = if follow_redirects {
-            reqwest::redirect::Policy::limited(5)
-        } else {
-            reqwest::redirect::Policy::none()
-        };
-        let client = reqwest::Client::builder()
-            .connect_timeout(options.connect_timeout)
-            .redirect(policy)
-            .build()
-            .map_err(|e| RmError::Other(format!("{what}: cannot build an HTTP client: {e}")))?;
+        let client = Self::build(what, &options, follow_redirects)?;
         Ok(Http {
-            client,
+            client: Mutex::new(client),
+            follow_redirects,
             bases: Mutex::new(bases),
             active: AtomicUsize::new(0),
             options,
@@ -220,9 +213,38 @@ impl Http {
         })
     }
 
-    /// The underlying reqwest client (for streams).
-    pub fn client(&self) -> &reqwest::Client {
-        &self.client
+    fn build(
+        what: &str,
+        options: &HttpOptions,
+        follow_redirects: bool,
+    ) -> Result<reqwest::Client, RmError> {
+        let policy = if follow_redirects {
+            reqwest::redirect::Policy::limited(5)
+        } else {
+            reqwest::redirect::Policy::none()
+        };
+        reqwest::Client::builder()
+            .connect_timeout(options.connect_timeout)
+            .redirect(policy)
+            .build()
+            .map_err(|e| RmError::Other(format!("{what}: cannot build an HTTP client: {e}")))
+    }
+
+    /// The underlying reqwest client.
+    pub fn client(&self) -> reqwest::Client {
+        self.client
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Drops every pooled connection (e.g. when the path to the server was
+    /// found dead): later requests open new ones.
+    pub fn reset_connections(&self) {
+        match Self::build(self.what, &self.options, self.follow_redirects) {
+            Ok(c) => *self.client.lock().unwrap_or_else(|p| p.into_inner()) = c,
+            Err(e) => tracing::warn!("{e}"),
+        }
     }
 
     /// The options.
@@ -293,7 +315,7 @@ impl Http {
             let url = Self::url_on(&base, path_and_query);
             let endpoint = format!("{method} {url}");
             let mut rb = self
-                .client
+                .client()
                 .request(method.clone(), &url)
                 .timeout(self.options.request_timeout);
             for (k, v) in headers {

@@ -54,6 +54,9 @@ pub struct Subscription {
 #[derive(Debug)]
 pub struct SchedulerClient {
     http: Http,
+    /// SUBSCRIBE gets a connection of its own every time: a pooled
+    /// keep-alive connection may be the one that went silent.
+    streams: reqwest::Client,
 }
 
 /// The master a 307 points at: `Location` may be `//host:port/path`,
@@ -75,14 +78,29 @@ impl SchedulerClient {
             .iter()
             .map(|a| parse_base(a, "Mesos master address"))
             .collect::<Result<Vec<_>, _>>()?;
+        let streams = reqwest::Client::builder()
+            .connect_timeout(options.connect_timeout)
+            .redirect(reqwest::redirect::Policy::none())
+            .pool_max_idle_per_host(0)
+            .build()
+            .map_err(|e| {
+                RmError::Other(format!("Mesos master: cannot build an HTTP client: {e}"))
+            })?;
         Ok(SchedulerClient {
             http: Http::new("Mesos master", bases, options, false)?,
+            streams,
         })
     }
 
     /// The master in use.
     pub fn master(&self) -> Url {
         self.http.active_base()
+    }
+
+    /// Drops the pooled connections of calls (after the stream went
+    /// silent, they are likely dead too).
+    pub fn reset_connections(&self) {
+        self.http.reset_connections();
     }
 
     /// Sends SUBSCRIBE and returns the open stream.
@@ -98,84 +116,91 @@ impl SchedulerClient {
             let master = self.http.active_base();
             let url = Http::url_on(&master, SCHEDULER_PATH);
             let endpoint = format!("POST {url} (SUBSCRIBE)");
-            let sent = self
-                .http
-                .client()
-                .post(&url)
-                .header("Content-Type", "application/json")
-                .header("Accept", "application/json")
-                .body(body.clone())
-                .send()
-                .await;
+            // The answer's headers must come within the request timeout; the
+            // body is the endless event stream (watched by heartbeats).
+            let sent = tokio::time::timeout(
+                self.http.options().request_timeout,
+                self.streams
+                    .post(&url)
+                    .header("Content-Type", "application/json")
+                    .header("Accept", "application/json")
+                    .header("Connection", "close")
+                    .body(body.clone())
+                    .send(),
+            )
+            .await;
             let reason = match sent {
-                Ok(resp) if resp.status() == StatusCode::OK => {
-                    let Some(stream_id) = resp
-                        .headers()
-                        .get(STREAM_ID)
-                        .and_then(|v| v.to_str().ok())
-                        .map(String::from)
-                    else {
-                        return Err(RmError::Malformed {
-                            endpoint,
-                            status: 200,
-                            detail: format!("no {STREAM_ID} header"),
-                        });
-                    };
-                    let bytes = resp.bytes_stream().map_err(std::io::Error::other);
-                    let reader = StreamReader::new(bytes);
-                    let events = FramedRead::new(reader, RecordIoCodec::new(MAX_EVENT_BYTES));
-                    return Ok(Subscription {
-                        stream_id,
-                        master,
-                        events: Box::pin(events),
-                    });
-                }
-                Ok(resp) if resp.status() == StatusCode::TEMPORARY_REDIRECT => {
-                    let loc = resp
-                        .headers()
-                        .get("Location")
-                        .and_then(|v| v.to_str().ok())
-                        .unwrap_or("")
-                        .to_string();
-                    match leader_from_location(&loc) {
-                        Some(leader) if redirects < MAX_REDIRECTS => {
-                            redirects += 1;
-                            tries -= 1;
-                            tracing::info!(from = %master, to = %leader, "Mesos master is not the leader; following its redirect");
-                            self.http.set_active(leader);
-                            continue;
-                        }
-                        _ => {
+                Err(_) => format!("no answer within {:?}", self.http.options().request_timeout),
+                Ok(sent) => match sent {
+                    Ok(resp) if resp.status() == StatusCode::OK => {
+                        let Some(stream_id) = resp
+                            .headers()
+                            .get(STREAM_ID)
+                            .and_then(|v| v.to_str().ok())
+                            .map(String::from)
+                        else {
                             return Err(RmError::Malformed {
                                 endpoint,
-                                status: 307,
-                                detail: format!("unusable leader redirect Location {loc:?}"),
+                                status: 200,
+                                detail: format!("no {STREAM_ID} header"),
                             });
+                        };
+                        let bytes = resp.bytes_stream().map_err(std::io::Error::other);
+                        let reader = StreamReader::new(bytes);
+                        let events = FramedRead::new(reader, RecordIoCodec::new(MAX_EVENT_BYTES));
+                        return Ok(Subscription {
+                            stream_id,
+                            master,
+                            events: Box::pin(events),
+                        });
+                    }
+                    Ok(resp) if resp.status() == StatusCode::TEMPORARY_REDIRECT => {
+                        let loc = resp
+                            .headers()
+                            .get("Location")
+                            .and_then(|v| v.to_str().ok())
+                            .unwrap_or("")
+                            .to_string();
+                        match leader_from_location(&loc) {
+                            Some(leader) if redirects < MAX_REDIRECTS => {
+                                redirects += 1;
+                                tries -= 1;
+                                tracing::info!(from = %master, to = %leader, "Mesos master is not the leader; following its redirect");
+                                self.http.set_active(leader);
+                                continue;
+                            }
+                            _ => {
+                                return Err(RmError::Malformed {
+                                    endpoint,
+                                    status: 307,
+                                    detail: format!("unusable leader redirect Location {loc:?}"),
+                                });
+                            }
                         }
                     }
-                }
-                Ok(resp) if resp.status() == StatusCode::SERVICE_UNAVAILABLE => {
-                    let b = resp.bytes().await.unwrap_or_default();
-                    format!("503 {}", server_message(&b))
-                }
-                Ok(resp) => {
-                    let status = resp.status().as_u16();
-                    let b = resp.bytes().await.unwrap_or_default();
-                    return Err(RmError::Http {
-                        endpoint,
-                        status,
-                        message: server_message(&b),
-                    });
-                }
-                Err(e) => {
-                    if e.is_connect() {
-                        let all = self.http.bases();
-                        if all.len() > 1 {
-                            self.http.set_active(all[1].clone());
-                        }
+                    Ok(resp) if resp.status() == StatusCode::SERVICE_UNAVAILABLE => {
+                        let b = resp.bytes().await.unwrap_or_default();
+                        format!("503 {}", server_message(&b))
                     }
-                    transport_reason(&e)
-                }
+                    Ok(resp) => {
+                        let status = resp.status().as_u16();
+                        let b = resp.bytes().await.unwrap_or_default();
+                        return Err(RmError::Http {
+                            endpoint,
+                            status,
+                            message: server_message(&b),
+                        });
+                    }
+                    Err(e) => {
+                        if e.is_connect() {
+                            let all = self.http.bases();
+                            if all.len() > 1 {
+                                self.http.set_active(all[1].clone());
+                            }
+                        }
+                        transport_reason(&e)
+                    }
+                },
             };
             if tries >= attempts {
                 return Err(RmError::Unreachable {

@@ -577,6 +577,7 @@ impl Actor {
                 "no event from the Mesos master for {} heartbeats; subscribing again",
                 self.cfg.missed_heartbeats
             );
+            self.client.reset_connections();
             self.resubscribe("heartbeats stopped".into());
         }
     }
