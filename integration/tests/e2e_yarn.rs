@@ -342,3 +342,72 @@ async fn foreground_am_with_evaluators_in_a_yarn_service() {
         .unwrap();
     assert_eq!(r.status(), 404);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_job_is_recorded_and_its_service_destroyed() {
+    let hdfs = Sim::start("webhdfs", &[]).unwrap();
+    let yarn = Sim::start("yarn", &["--webhdfs", &hdfs.url]).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let conf = hadoop_conf_dir(&dir.path().join("hadoop-conf"), &hdfs, Some(&yarn)).unwrap();
+    // Evaluators that cannot start: the AM must fail fast, with the exit
+    // code and diagnostics, exit non-zero (FAILED in YARN) and destroy the
+    // service.
+    let o = cruise(
+        &[
+            "submit",
+            "--containers",
+            "2",
+            "--set",
+            "mlr.generate_samples=1000",
+            "--set",
+            r#"runtime.evaluator_command=["/nonexistent/cruise", "evaluator"]"#,
+            "--work-dir",
+            dir.path().join("work").to_str().unwrap(),
+        ],
+        &conf,
+    )
+    .await;
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let app_id = text(&o.stdout).trim().to_string();
+    let o = tokio::time::timeout(
+        JOB_TIMEOUT,
+        tokio::process::Command::new(binary("cruise").unwrap())
+            .args(["status", &app_id, "--wait"])
+            .env("HADOOP_CONF_DIR", &conf)
+            .output(),
+    )
+    .await
+    .expect("the failed job must end, not hang")
+    .unwrap();
+    let out = text(&o.stdout);
+    assert!(
+        !o.status.success(),
+        "--wait exits non-zero for a failed job: {out}"
+    );
+    assert!(out.contains("FAILED"), "{out}");
+    let logs = text(
+        &cruise(&["logs", &app_id, "--file", "stderr"], &conf)
+            .await
+            .stdout,
+    );
+    assert!(logs.contains("exit code 127"), "{logs}");
+    assert!(logs.contains("/nonexistent/cruise"), "{logs}");
+    let service = format!(
+        "cruise-{}",
+        app_id.trim_start_matches("application_").replace('_', "-")
+    );
+    let r = reqwest::get(format!("{}/app/v1/services/{service}", yarn.url))
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404, "service {service} leaked");
+    let summary = text(
+        &cruise(&["logs", &app_id, "--file", "summary.json"], &conf)
+            .await
+            .stdout,
+    );
+    let s: Value = serde_json::from_str(&summary).unwrap_or_else(|e| panic!("{e}: {summary}"));
+    assert!(
+        s["error"].as_str().unwrap().contains("exit code 127"),
+        "{s}"
+    );
+}
