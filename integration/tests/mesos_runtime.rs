@@ -191,6 +191,19 @@ async fn tasks_launch_release_capacity_and_teardown() {
     assert_eq!(r.status(), 200);
     ev.any("CapacityChanged to 12", T, capacity_changed(12))
         .await;
+    // It leaves again: the master sends FAILURE for the lost agent and the
+    // capacity drops back.
+    ev.skip_all();
+    let r = reqwest::Client::new()
+        .put(format!("{}/sim/capacity", sim.url))
+        .json(&json!({"agents": 2}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    ev.next("CapacityChanged to 8", T, capacity_changed(8))
+        .await;
+    assert_eq!(rm.capacity().await.unwrap().max_containers, 8);
 
     // Shutdown: the others are killed and the framework torn down.
     rm.shutdown().await.unwrap();

@@ -12,8 +12,8 @@ pub struct Events {
     rx: mpsc::UnboundedReceiver<RmEvent>,
     /// Events in arrival order.
     pub seen: Vec<RmEvent>,
-    /// Index of the first event not yet consumed by [`Events::next`].
-    cursor: usize,
+    /// Which of them [`Events::next`] has handed out.
+    taken: Vec<bool>,
 }
 
 impl Events {
@@ -21,12 +21,12 @@ impl Events {
         Events {
             rx,
             seen: Vec::new(),
-            cursor: 0,
+            taken: Vec::new(),
         }
     }
 
-    /// Waits for the first event (from the cursor on) for which `f` gives
-    /// `Some`, moving the cursor past it.
+    /// Waits for the earliest event not handed out yet for which `f` gives
+    /// `Some`, and hands it out. Events that do not match stay available.
     pub async fn next<T>(
         &mut self,
         what: &str,
@@ -34,17 +34,23 @@ impl Events {
         mut f: impl FnMut(&RmEvent) -> Option<T>,
     ) -> T {
         let deadline = Instant::now() + timeout;
+        let mut i = 0;
         loop {
-            while self.cursor < self.seen.len() {
-                let i = self.cursor;
-                self.cursor += 1;
-                if let Some(v) = f(&self.seen[i]) {
+            while i < self.seen.len() {
+                if !self.taken[i]
+                    && let Some(v) = f(&self.seen[i])
+                {
+                    self.taken[i] = true;
                     return v;
                 }
+                i += 1;
             }
             let left = deadline.saturating_duration_since(Instant::now());
             match tokio::time::timeout(left, self.rx.recv()).await {
-                Ok(Some(ev)) => self.seen.push(ev),
+                Ok(Some(ev)) => {
+                    self.seen.push(ev);
+                    self.taken.push(false);
+                }
                 Ok(None) => panic!(
                     "event channel closed while waiting for {what}; seen: {:?}",
                     self.seen
@@ -57,7 +63,7 @@ impl Events {
         }
     }
 
-    /// Waits for an event anywhere in the history (cursor unchanged).
+    /// Waits for an event anywhere in the history (handed out or not).
     pub async fn any<T>(
         &mut self,
         what: &str,
@@ -75,7 +81,10 @@ impl Events {
             }
             let left = deadline.saturating_duration_since(Instant::now());
             match tokio::time::timeout(left, self.rx.recv()).await {
-                Ok(Some(ev)) => self.seen.push(ev),
+                Ok(Some(ev)) => {
+                    self.seen.push(ev);
+                    self.taken.push(false);
+                }
                 Ok(None) => panic!(
                     "event channel closed while waiting for {what}; seen: {:?}",
                     self.seen
@@ -88,10 +97,17 @@ impl Events {
         }
     }
 
+    /// Marks every event received so far as handed out.
+    pub fn skip_all(&mut self) {
+        self.drain();
+        self.taken.iter_mut().for_each(|t| *t = true);
+    }
+
     /// Receives whatever is queued now.
     pub fn drain(&mut self) {
         while let Ok(ev) = self.rx.try_recv() {
             self.seen.push(ev);
+            self.taken.push(false);
         }
     }
 }
