@@ -220,7 +220,7 @@ pub struct SubmitArgs {
 /// Flags that find the cluster for `status`, `kill` and `logs`.
 #[derive(Args, Debug, Clone, Default)]
 pub struct ClusterFlags {
-    /// TOML configuration file (for [yarn]).
+    /// TOML configuration file (its yarn section is used).
     #[arg(short, long, value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// ResourceManager web address (repeatable for HA). Default:
