@@ -254,7 +254,7 @@ impl ClusterFlags {
 /// `cruise kill`.
 #[derive(Args, Debug)]
 pub struct AppIdArgs {
-    /// The YARN application id (application_<timestamp>_<n>).
+    /// The YARN application id, e.g. application_1700000000000_0001.
     #[arg(value_name = "APP_ID")]
     pub app_id: String,
     /// Cluster.
