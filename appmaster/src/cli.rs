@@ -1,25 +1,24 @@
 //! The `cruise` command line: argument definitions and the commands.
 
+use std::io::Write as _;
 use std::path::PathBuf;
-use std::sync::Arc;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
-use std::io::Write as _;
-
 use cruise_conf::{CruiseConfig, LassoConfig, Layers, LdaConfig, NmfConfig};
-use cruise_rm::ResourceManager;
-use cruise_rm::local::{LocalConfig, LocalRm};
 
-use crate::am::{self, AmError, JobOptions, JobSummary, Status};
-use crate::{datagen, progress};
+use crate::am::{self, AmError, JobOptions, JobSummary, RmFactory, Status};
+use crate::{datagen, progress, runtime};
 
 /// cruise: a self-configuring, elastic parameter-server ML framework.
 ///
 /// Submit a training job; cruise runs it on workers and servers in containers
-/// and reports progress per epoch. Configuration comes from built-in defaults,
+/// and reports progress per epoch. Containers come from this machine (the
+/// local runtime), a Mesos cluster (`cruise run --runtime mesos --master
+/// HOST:PORT`) or a YARN cluster (`cruise submit`, then `cruise status`,
+/// `cruise logs`, `cruise kill`). Configuration comes from built-in defaults,
 /// a TOML file (--config), environment variables CRUISE_<SECTION>__<KEY>, and
 /// flags, each overriding the one before.
 #[derive(Parser, Debug)]
@@ -42,10 +41,24 @@ pub struct Cli {
 /// The commands.
 #[derive(Subcommand, Debug)]
 pub enum Command {
-    /// Run a training job on the local runtime (evaluators are processes on
-    /// this machine). With no arguments: MLR on a generated data set, 4
-    /// containers, 5 epochs.
+    /// Run a training job with the AM in the foreground. Evaluators are
+    /// processes on this machine (--runtime local, the default), tasks on a
+    /// Mesos cluster (--runtime mesos --master HOST:PORT), or containers of a
+    /// YARN service (--runtime yarn). With no arguments: MLR on a generated
+    /// data set, 4 containers, 5 epochs.
     Run(RunArgs),
+    /// Submit a training job to YARN: upload this binary and the job
+    /// configuration to an HDFS staging directory, start the AM in a YARN
+    /// container, and print the application id. Reads HADOOP_CONF_DIR
+    /// (yarn-site.xml for the ResourceManager, core-site.xml/hdfs-site.xml for
+    /// HDFS). A local or generated input is uploaded too.
+    Submit(SubmitArgs),
+    /// Show the state of a submitted application and its evaluators.
+    Status(StatusArgs),
+    /// Kill a submitted application and destroy its evaluator service.
+    Kill(AppIdArgs),
+    /// Print the AM's output (stdout, stderr) of a submitted application.
+    Logs(LogsArgs),
     /// Generate a synthetic data set with a known ground truth.
     Datagen(DatagenArgs),
     /// Print the effective configuration (after file, environment and flags).
@@ -57,6 +70,9 @@ pub enum Command {
     /// Run an evaluator (started by a resource manager, not by hand).
     #[command(hide = true)]
     Evaluator,
+    /// Run the AM inside a YARN container (started by `cruise submit`).
+    #[command(hide = true)]
+    Appmaster(AppmasterArgs),
 }
 
 /// Configuration flags shared by commands that build a configuration.
@@ -100,6 +116,13 @@ pub struct ConfFlags {
     /// Work directory for generated data and container logs.
     #[arg(long, value_name = "DIR")]
     pub work_dir: Option<PathBuf>,
+    /// Where containers come from: local, yarn or mesos.
+    #[arg(long, value_enum)]
+    pub runtime: Option<RuntimeArg>,
+    /// Mesos master HOST:PORT (several separated by commas); implies
+    /// --runtime mesos unless another runtime is given.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub master: Option<String>,
     /// Set any configuration key, e.g. --set mlr.step_size=0.2 (repeatable).
     #[arg(long = "set", value_name = "KEY=VALUE")]
     pub set: Vec<String>,
@@ -116,6 +139,17 @@ pub enum AppArg {
     Lda,
     /// Lasso regression.
     Lasso,
+}
+
+/// Runtimes.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RuntimeArg {
+    /// Evaluator processes on this machine.
+    Local,
+    /// Containers of a YARN service.
+    Yarn,
+    /// Tasks of a Mesos framework.
+    Mesos,
 }
 
 /// Synchronisation modes.
@@ -167,6 +201,14 @@ impl ConfFlags {
         if let Some(v) = &self.work_dir {
             l.set("job.work_dir", v.display(), "--work-dir");
         }
+        match (self.runtime, &self.master) {
+            (Some(r), _) => l.set("runtime.kind", format!("{r:?}").to_lowercase(), "--runtime"),
+            (None, Some(_)) => l.set("runtime.kind", "mesos", "--master"),
+            (None, None) => {}
+        }
+        if let Some(m) = &self.master {
+            l.set("mesos.master", m, "--master");
+        }
         for s in &self.set {
             l.set_text(s)?;
         }
@@ -186,6 +228,106 @@ pub struct RunArgs {
     /// No progress bars or per-epoch lines.
     #[arg(short, long)]
     pub quiet: bool,
+}
+
+/// `cruise submit`.
+#[derive(Args, Debug)]
+pub struct SubmitArgs {
+    /// Configuration (--runtime must be yarn, the default here).
+    #[command(flatten)]
+    pub conf: ConfFlags,
+    /// Print what was submitted as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Flags that find the cluster for `status`, `kill` and `logs`.
+#[derive(Args, Debug, Clone, Default)]
+pub struct ClusterFlags {
+    /// TOML configuration file (its yarn section is used).
+    #[arg(short, long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// ResourceManager web address (repeatable for HA). Default:
+    /// yarn.rm_addresses, else HADOOP_CONF_DIR/yarn-site.xml.
+    #[arg(long = "rm", value_name = "HOST:PORT")]
+    pub rm: Vec<String>,
+    /// Set any configuration key, e.g. --set yarn.user=alice (repeatable).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub set: Vec<String>,
+}
+
+impl ClusterFlags {
+    /// The configuration these flags describe.
+    pub fn load(&self) -> Result<CruiseConfig, cruise_conf::ConfError> {
+        let mut l = Layers::from_process_env(self.config.clone());
+        if !self.rm.is_empty() {
+            let list: Vec<String> = self.rm.iter().map(|r| format!("{r:?}")).collect();
+            l.set(
+                "yarn.rm_addresses",
+                format!("[{}]", list.join(", ")),
+                "--rm",
+            );
+        }
+        for s in &self.set {
+            l.set_text(s)?;
+        }
+        l.load()
+    }
+}
+
+/// `cruise kill`.
+#[derive(Args, Debug)]
+pub struct AppIdArgs {
+    /// The YARN application id, e.g. application_1700000000000_0001.
+    #[arg(value_name = "APP_ID")]
+    pub app_id: String,
+    /// Cluster.
+    #[command(flatten)]
+    pub cluster: ClusterFlags,
+}
+
+/// `cruise status`.
+#[derive(Args, Debug)]
+pub struct StatusArgs {
+    /// The YARN application id.
+    #[arg(value_name = "APP_ID")]
+    pub app_id: String,
+    /// Cluster.
+    #[command(flatten)]
+    pub cluster: ClusterFlags,
+    /// Print the application and service reports as JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// Poll until the application ends (FINISHED, FAILED or KILLED); exit
+    /// non-zero unless it succeeded.
+    #[arg(long)]
+    pub wait: bool,
+}
+
+/// `cruise logs`.
+#[derive(Args, Debug)]
+pub struct LogsArgs {
+    /// The YARN application id.
+    #[arg(value_name = "APP_ID")]
+    pub app_id: String,
+    /// Cluster.
+    #[command(flatten)]
+    pub cluster: ClusterFlags,
+    /// Log file of the AM container (repeatable): stdout, stderr,
+    /// summary.json. Default: stdout and stderr.
+    #[arg(long = "file", value_name = "NAME")]
+    pub files: Vec<String>,
+    /// Attempt number (default: the last one).
+    #[arg(long)]
+    pub attempt: Option<i64>,
+}
+
+/// `cruise appmaster`.
+#[derive(Args, Debug)]
+pub struct AppmasterArgs {
+    /// The job configuration staged by `cruise submit`.
+    #[arg(short, long, value_name = "FILE")]
+    pub config: PathBuf,
 }
 
 /// `cruise datagen`.
@@ -351,7 +493,8 @@ pub async fn run(args: RunArgs, cancel: CancellationToken) -> anyhow::Result<Job
     }
     let work = datagen::work_dir(&config);
     let input = datagen::prepare_input(&config, &work)?;
-    let summary = run_local(config, input, work, cancel, !args.quiet).await?;
+    let factory = runtime::foreground_factory(&config)?;
+    let summary = run_with(config, input, work, cancel, !args.quiet, factory).await?;
     Ok(summary)
 }
 
@@ -374,34 +517,27 @@ pub async fn run_local(
     cancel: CancellationToken,
     show_progress: bool,
 ) -> Result<JobSummary, AmError> {
+    let factory = runtime::local_factory(&config);
+    run_with(config, input, work, cancel, show_progress, factory).await
+}
+
+/// Runs a job with the resource manager `rm` builds, progress drawn on
+/// stderr.
+pub async fn run_with(
+    config: CruiseConfig,
+    input: String,
+    work: PathBuf,
+    cancel: CancellationToken,
+    show_progress: bool,
+    rm: RmFactory,
+) -> Result<JobSummary, AmError> {
     let (ptx, prx) = mpsc::unbounded_channel();
     let (status_tx, _) = watch::channel(Status::default());
     let renderer = tokio::spawn(progress::render(prx, config.clone(), show_progress));
-    let rt = config.runtime.clone();
-    let max_containers = rt.effective_max_containers(&config.job);
-    let schedule = rt
-        .capacity_schedule()
-        .map_err(|e| AmError::Config(e.to_string()))?;
-    let evaluator_command = rt.evaluator_command.clone();
+    let evaluator_command = config.runtime.evaluator_command.clone();
     let job_work = work.join("jobs");
     let opts = JobOptions {
-        rm: Box::new(move |launch, events| {
-            let id_prefix = format!(
-                "container_{}",
-                std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map(|d| d.as_millis())
-                    .unwrap_or(0)
-            );
-            let cfg = LocalConfig {
-                max_containers,
-                release_grace: std::time::Duration::from_millis(rt.release_grace_ms),
-                id_prefix,
-                capacity_schedule: schedule,
-                reclaim_deadline: std::time::Duration::from_millis(rt.reclaim_deadline_ms),
-            };
-            Ok(Arc::new(LocalRm::start(cfg, launch, events)) as Arc<dyn ResourceManager>)
-        }),
+        rm,
         config,
         input,
         progress: ptx,

@@ -10,11 +10,19 @@
 //! - [`whatif`]: `cruise plan`, the optimizer as a what-if tool.
 //! - [`harness`]: an in-process cluster (AM and evaluators in one process)
 //!   with fault verbs, for tests.
+//! - [`runtime`]: building the resource manager `runtime.kind` names
+//!   (local, YARN, Mesos) and the cluster settings it needs.
+//! - [`yarn_app`]: the AM as a YARN application (`submit`, `appmaster`,
+//!   `status`, `kill`, `logs`).
+//! - [`tarball`]: the tar writer `submit` packs the binary with.
 
 pub mod am;
 pub mod cli;
 pub mod datagen;
 pub mod harness;
 pub mod progress;
+pub mod runtime;
 pub mod status;
+pub mod tarball;
 pub mod whatif;
+pub mod yarn_app;

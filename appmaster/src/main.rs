@@ -5,7 +5,8 @@ use std::process::ExitCode;
 use clap::Parser;
 use tokio_util::sync::CancellationToken;
 
-use cruise_appmaster::cli::{self, Cli, Command};
+use cruise_appmaster::cli::{self, AppmasterArgs, Cli, Command};
+use cruise_appmaster::yarn_app;
 use cruise_container::evaluator::{self, EvaluatorEnv, EvaluatorOptions};
 
 fn init_logging(verbose: u8, default: &str) {
@@ -16,10 +17,12 @@ fn init_logging(verbose: u8, default: &str) {
     };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
+    // No colour codes in files (e.g. a YARN container's stderr).
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_ansi(ansi)
         .try_init();
 }
 
@@ -106,6 +109,160 @@ fn main() -> ExitCode {
                 }
             })
         }
+        Command::Submit(args) => {
+            init_logging(cli.verbose, "warn");
+            if let Some(r) = args.conf.runtime
+                && r != cli::RuntimeArg::Yarn
+            {
+                return fail(format!(
+                    "cruise submit runs the AM in a YARN container (--runtime yarn); \
+                     for {r:?} use `cruise run --runtime {}`",
+                    format!("{r:?}").to_lowercase()
+                ));
+            }
+            let mut conf = args.conf.clone();
+            conf.runtime = Some(cli::RuntimeArg::Yarn);
+            let config = match conf.load() {
+                Ok(c) => c,
+                Err(e) => return fail(e),
+            };
+            let rt = match runtime(2) {
+                Ok(r) => r,
+                Err(e) => return fail(format!("cannot start the async runtime: {e}")),
+            };
+            let work = cruise_appmaster::datagen::work_dir(&config);
+            match rt.block_on(yarn_app::submit(config, &work)) {
+                Ok(s) => {
+                    if args.json {
+                        match serde_json::to_string_pretty(&s) {
+                            Ok(j) => println!("{j}"),
+                            Err(e) => return fail(e),
+                        }
+                    } else {
+                        println!("{}", s.application_id);
+                    }
+                    eprintln!(
+                        "cruise: submitted {} to {} (staging {}); follow it with `cruise status {0} --wait`, read its output with `cruise logs {0}`",
+                        s.application_id, s.rm, s.staging_dir
+                    );
+                    ExitCode::SUCCESS
+                }
+                Err(e) => fail(format!("{e:#}")),
+            }
+        }
+        Command::Status(args) => {
+            init_logging(cli.verbose, "warn");
+            let config = match args.cluster.load() {
+                Ok(c) => c,
+                Err(e) => return fail(e),
+            };
+            let rt = match runtime(1) {
+                Ok(r) => r,
+                Err(e) => return fail(format!("cannot start the async runtime: {e}")),
+            };
+            rt.block_on(async {
+                let mut last_state = String::new();
+                loop {
+                    let r = match yarn_app::status(&config, &args.app_id).await {
+                        Ok(r) => r,
+                        Err(e) => return fail(format!("{e:#}")),
+                    };
+                    if args.wait && !r.app.is_final() {
+                        if r.app.state != last_state {
+                            eprintln!("cruise: {} is {}", r.app.id, r.app.state);
+                            last_state = r.app.state.clone();
+                        }
+                        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+                        continue;
+                    }
+                    if args.json {
+                        match serde_json::to_string_pretty(&r) {
+                            Ok(j) => println!("{j}"),
+                            Err(e) => return fail(e),
+                        }
+                    } else {
+                        print!("{}", yarn_app::status_text(&r));
+                    }
+                    if args.wait && r.app.final_status != "SUCCEEDED" {
+                        return ExitCode::FAILURE;
+                    }
+                    return ExitCode::SUCCESS;
+                }
+            })
+        }
+        Command::Kill(args) => {
+            init_logging(cli.verbose, "warn");
+            let config = match args.cluster.load() {
+                Ok(c) => c,
+                Err(e) => return fail(e),
+            };
+            let rt = match runtime(1) {
+                Ok(r) => r,
+                Err(e) => return fail(format!("cannot start the async runtime: {e}")),
+            };
+            match rt.block_on(yarn_app::kill(&config, &args.app_id)) {
+                Ok(k) => {
+                    println!(
+                        "{}: {}; service {} {}",
+                        args.app_id,
+                        k.state,
+                        k.service,
+                        if k.service_destroyed {
+                            "destroyed"
+                        } else {
+                            "did not exist"
+                        }
+                    );
+                    ExitCode::SUCCESS
+                }
+                Err(e) => fail(format!("{e:#}")),
+            }
+        }
+        Command::Logs(args) => {
+            init_logging(cli.verbose, "warn");
+            let config = match args.cluster.load() {
+                Ok(c) => c,
+                Err(e) => return fail(e),
+            };
+            let rt = match runtime(1) {
+                Ok(r) => r,
+                Err(e) => return fail(format!("cannot start the async runtime: {e}")),
+            };
+            let files = if args.files.is_empty() {
+                vec!["stdout".to_string(), "stderr".to_string()]
+            } else {
+                args.files.clone()
+            };
+            match rt.block_on(yarn_app::logs(&config, &args.app_id, &files, args.attempt)) {
+                Ok(list) => {
+                    let many = list.len() > 1;
+                    for (name, text) in list {
+                        if many {
+                            println!("==> {name} <==");
+                        }
+                        match text {
+                            Some(t) => {
+                                print!("{t}");
+                                if many && !t.is_empty() && !t.ends_with('\n') {
+                                    println!();
+                                }
+                            }
+                            None => println!("(no such file)"),
+                        }
+                    }
+                    ExitCode::SUCCESS
+                }
+                Err(e) => fail(format!("{e:#}")),
+            }
+        }
+        Command::Appmaster(args) => {
+            init_logging(cli.verbose, "info");
+            let rt = match runtime(2) {
+                Ok(r) => r,
+                Err(e) => return fail(format!("cannot start the async runtime: {e}")),
+            };
+            rt.block_on(appmaster(args))
+        }
         Command::Datagen(args) => {
             init_logging(cli.verbose, "warn");
             match cli::datagen(args) {
@@ -135,5 +292,49 @@ fn main() -> ExitCode {
             },
             Err(e) => fail(e),
         },
+    }
+}
+
+/// `cruise appmaster`: the AM inside its YARN container. The summary goes to
+/// stdout and `summary.json` in the container's log directory; a failure to
+/// stderr and `summary.json`, with a non-zero exit so that YARN records it.
+async fn appmaster(args: AppmasterArgs) -> ExitCode {
+    let token = CancellationToken::new();
+    on_signal(token.clone());
+    let summary_path = yarn_app::am_log_dir().join(yarn_app::SUMMARY_FILE);
+    let write_summary = |v: serde_json::Value| {
+        if let Err(e) = std::fs::write(&summary_path, v.to_string()) {
+            tracing::warn!("cannot write {}: {e}", summary_path.display());
+        }
+    };
+    let setup = match yarn_app::appmaster_setup(&args.config).await {
+        Ok(s) => s,
+        Err(e) => {
+            write_summary(serde_json::json!({"error": format!("{e:#}")}));
+            return fail(format!("{e:#}"));
+        }
+    };
+    tracing::info!(application = %setup.application_id, service = %setup.service, am_bind = %setup.config.runtime.am_bind, "cruise AM starting");
+    let config = setup.config.clone();
+    let input = config.job.input.clone();
+    let result = cli::run_with(setup.config, input, setup.work, token, true, setup.factory).await;
+    match result {
+        Ok(summary) => {
+            print!("{}", cli::summary_text(&summary, &config));
+            write_summary(serde_json::json!({
+                "application": setup.application_id,
+                "service": setup.service,
+                "summary": summary,
+            }));
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            write_summary(serde_json::json!({
+                "application": setup.application_id,
+                "service": setup.service,
+                "error": e.to_string(),
+            }));
+            fail(e)
+        }
     }
 }

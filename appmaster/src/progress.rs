@@ -62,7 +62,10 @@ pub async fn render(mut rx: mpsc::UnboundedReceiver<Progress>, config: CruiseCon
                     status.map_or(String::new(), |a| format!(", status at http://{a}/status"));
                 say(
                     &bar,
-                    format!("cruise: job {job_id} on {containers} local containers{where_}"),
+                    format!(
+                        "cruise: job {job_id} on {containers} {} containers{where_}",
+                        config.runtime.kind.as_str()
+                    ),
                 );
             }
             Progress::Phase(text) => say(&bar, format!("cruise: {text}")),

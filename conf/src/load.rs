@@ -513,6 +513,36 @@ mod tests {
         assert!(layers.set_text("=3").is_err());
     }
 
+    /// The sandbox examples load and select their runtime.
+    #[test]
+    fn cluster_examples_load() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples");
+        let y = load_file(&dir.join("yarn.toml")).unwrap();
+        assert_eq!(y.runtime.kind, crate::RuntimeKind::Yarn);
+        let m = load_file(&dir.join("mesos.toml")).unwrap();
+        assert_eq!(m.runtime.kind, crate::RuntimeKind::Mesos);
+        assert_eq!(m.mesos.masters(), vec!["127.0.0.1:5050"]);
+    }
+
+    #[test]
+    fn mesos_needs_a_master() {
+        let mut layers = Layers::default();
+        layers.set("runtime.kind", "mesos", "--runtime");
+        let err = layers.load().unwrap_err().to_string();
+        assert!(err.contains("mesos.master"), "{err}");
+        layers.set("mesos.master", "m1:5050, m2:5050", "--master");
+        let cfg = layers.load().unwrap();
+        assert_eq!(cfg.mesos.masters(), vec!["m1:5050", "m2:5050"]);
+    }
+
+    #[test]
+    fn yarn_prefix_checked() {
+        let mut layers = Layers::default();
+        layers.set("yarn.service_name_prefix", "Cruise", "--set");
+        let err = layers.load().unwrap_err().to_string();
+        assert!(err.contains("yarn.service_name_prefix"), "{err}");
+    }
+
     /// `conf/examples/local.toml` must load and mention every key, so the
     /// documentation cannot fall behind the code.
     #[test]

@@ -32,6 +32,10 @@ pub struct CruiseConfig {
     pub lasso: LassoConfig,
     /// The self-configuring optimizer.
     pub optimizer: OptimizerConfig,
+    /// The YARN runtime and `cruise submit`.
+    pub yarn: YarnConfig,
+    /// The Mesos runtime.
+    pub mesos: MesosConfig,
 }
 
 /// The ML application to run.
@@ -164,17 +168,33 @@ pub enum RuntimeKind {
     /// Evaluator processes on this machine.
     #[default]
     Local,
+    /// Evaluators in the containers of a YARN service (see `[yarn]`).
+    Yarn,
+    /// Evaluators as tasks of a Mesos framework (see `[mesos]`).
+    Mesos,
+}
+
+impl RuntimeKind {
+    /// The name used on the command line and in files.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RuntimeKind::Local => "local",
+            RuntimeKind::Yarn => "yarn",
+            RuntimeKind::Mesos => "mesos",
+        }
+    }
 }
 
 /// `[runtime]`: where containers come from.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RuntimeConfig {
-    /// `local`.
+    /// `local`, `yarn` or `mesos`.
     pub kind: RuntimeKind,
-    /// Most containers the job may hold (the local runtime's capacity).
-    /// 0: `job.containers` (the job never grows unless the capacity schedule
-    /// offers more).
+    /// Most containers the job may hold. Local runtime: its capacity (a
+    /// capacity schedule may offer more). YARN and Mesos: an upper bound on
+    /// what the cluster offers. 0: `job.containers` (the job never grows
+    /// unless a capacity schedule offers more).
     pub max_containers: u32,
     /// Local runtime: capacity over time, `SECS:CONTAINERS,...` (e.g.
     /// `20:8,60:4`: 8 containers from 20 s after the start, 4 from 60 s), to
@@ -195,7 +215,17 @@ pub struct RuntimeConfig {
     /// the `evaluator` subcommand.
     pub evaluator_command: Vec<String>,
     /// Address the AM's control port binds to; evaluators connect to it.
+    /// Inside a YARN AM container a loopback or wildcard address is replaced
+    /// by the node's address.
     pub am_bind: String,
+    /// YARN and Mesos: attempts of a REST call before the resource manager
+    /// is reported unreachable.
+    pub rm_retries: u32,
+    /// YARN and Mesos: wait before the first retry, doubled per retry (at
+    /// most 5 s), milliseconds.
+    pub rm_retry_backoff_ms: u64,
+    /// YARN and Mesos: timeout of one REST call, milliseconds.
+    pub rm_request_timeout_ms: u64,
 }
 
 impl Default for RuntimeConfig {
@@ -211,6 +241,9 @@ impl Default for RuntimeConfig {
             allocation_timeout_ms: 60_000,
             evaluator_command: Vec::new(),
             am_bind: "127.0.0.1:0".to_string(),
+            rm_retries: 5,
+            rm_retry_backoff_ms: 200,
+            rm_request_timeout_ms: 30_000,
         }
     }
 }
@@ -342,6 +375,121 @@ impl Default for OptimizerConfig {
             probe_bytes: 4 << 20,
             snapshot_file: String::new(),
         }
+    }
+}
+
+/// `[yarn]`: the YARN runtime (evaluators in a YARN service) and
+/// `cruise submit` (the AM in a YARN application).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct YarnConfig {
+    /// ResourceManager web addresses (`host:port` or `http://host:port`;
+    /// several for HA). Empty: `yarn.resourcemanager.webapp.address` (and the
+    /// HA variants) from `$HADOOP_CONF_DIR/yarn-site.xml`.
+    pub rm_addresses: Vec<String>,
+    /// User for REST calls and HDFS (`user.name`, simple authentication).
+    /// Empty: `$HADOOP_USER_NAME`, else the OS user.
+    pub user: String,
+    /// Queue of the application and of the evaluator service.
+    pub queue: String,
+    /// HDFS directory where `cruise submit` uploads the binary and the job
+    /// configuration (one subdirectory per application). Empty:
+    /// `/user/<user>/.cruise-staging` on the default file system.
+    pub staging_dir: String,
+    /// Evaluator services are named `<prefix>-<application or job number>`.
+    pub service_name_prefix: String,
+    /// Memory of the AM container, MiB.
+    pub am_memory_mb: u32,
+    /// Cores of the AM container.
+    pub am_cores: u32,
+    /// Attempts YARN makes to run the AM.
+    pub max_app_attempts: u32,
+    /// How often the evaluator service is polled for container changes,
+    /// milliseconds.
+    pub poll_interval_ms: u64,
+    /// How often node capacity is polled, milliseconds.
+    pub capacity_poll_interval_ms: u64,
+    /// `yarn.scheduler.minimum-allocation-mb` (requests are rounded up to a
+    /// multiple of it). 0: from yarn-site.xml, else 1024.
+    pub min_allocation_mb: u32,
+    /// Lifetime of the evaluator service in seconds, a backstop should the
+    /// AM die without destroying it. 0: unlimited.
+    pub service_lifetime_secs: u64,
+    /// A tarball (`hdfs://.../cruise.tar`) holding the `cruise` binary at its
+    /// top level, unpacked into `lib/` of each evaluator container. Empty:
+    /// the evaluator command runs as is on the node. `cruise submit` sets it.
+    pub evaluator_artifact: String,
+}
+
+impl Default for YarnConfig {
+    fn default() -> Self {
+        YarnConfig {
+            rm_addresses: Vec::new(),
+            user: String::new(),
+            queue: "default".to_string(),
+            staging_dir: String::new(),
+            service_name_prefix: "cruise".to_string(),
+            am_memory_mb: 1024,
+            am_cores: 1,
+            max_app_attempts: 1,
+            poll_interval_ms: 500,
+            capacity_poll_interval_ms: 5_000,
+            min_allocation_mb: 0,
+            service_lifetime_secs: 0,
+            evaluator_artifact: String::new(),
+        }
+    }
+}
+
+/// `[mesos]`: the Mesos runtime (evaluators as tasks of a framework).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MesosConfig {
+    /// Master address(es): `host:port` or `http://host:port`, several
+    /// separated by commas. A non-leading master redirects to the leader.
+    pub master: String,
+    /// The role resources are offered for.
+    pub role: String,
+    /// The user tasks run as. Empty: the OS user.
+    pub user: String,
+    /// The framework's name.
+    pub framework_name: String,
+    /// How long the master keeps the framework's tasks after losing its
+    /// connection, seconds.
+    pub failover_timeout_secs: f64,
+    /// How long declined offers stay away, seconds.
+    pub refuse_seconds: f64,
+    /// Heartbeats that may be missed before subscribing again.
+    pub missed_heartbeats: u32,
+    /// A URI each agent fetches (made executable) to run the evaluator, e.g.
+    /// `http://host/cruise`. Empty: the evaluator command runs as is.
+    pub evaluator_uri: String,
+}
+
+impl Default for MesosConfig {
+    fn default() -> Self {
+        MesosConfig {
+            master: String::new(),
+            role: "*".to_string(),
+            user: String::new(),
+            framework_name: "cruise".to_string(),
+            failover_timeout_secs: 300.0,
+            refuse_seconds: 5.0,
+            missed_heartbeats: 5,
+            evaluator_uri: String::new(),
+        }
+    }
+}
+
+impl MesosConfig {
+    /// The master addresses.
+    pub fn masters(&self) -> Vec<String> {
+        self.master
+            .split(',')
+            .map(str::trim)
+            .filter(|m| !m.is_empty())
+            .map(String::from)
+            .collect()
     }
 }
 
@@ -771,6 +919,76 @@ impl CruiseConfig {
                     self.status.bind
                 ),
             );
+        }
+        if self.runtime.rm_retries == 0 {
+            return bad("runtime.rm_retries", "must be at least 1".to_string());
+        }
+        if self.runtime.rm_request_timeout_ms == 0 {
+            return bad(
+                "runtime.rm_request_timeout_ms",
+                "must be at least 1".to_string(),
+            );
+        }
+        let y = &self.yarn;
+        let prefix_ok = !y.service_name_prefix.is_empty()
+            && y.service_name_prefix.len() <= 40
+            && y.service_name_prefix.as_bytes()[0].is_ascii_lowercase()
+            && y.service_name_prefix
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+        if !prefix_ok {
+            return bad(
+                "yarn.service_name_prefix",
+                format!(
+                    "{:?} must start with a lowercase letter, use only a-z, 0-9 and '-', and have at most 40 characters",
+                    y.service_name_prefix
+                ),
+            );
+        }
+        if y.am_memory_mb == 0 || y.am_cores == 0 {
+            return bad(
+                "yarn.am_memory_mb",
+                "yarn.am_memory_mb and yarn.am_cores must be at least 1".to_string(),
+            );
+        }
+        if y.max_app_attempts == 0 {
+            return bad("yarn.max_app_attempts", "must be at least 1".to_string());
+        }
+        if y.poll_interval_ms == 0 || y.capacity_poll_interval_ms == 0 {
+            return bad(
+                "yarn.poll_interval_ms",
+                "yarn.poll_interval_ms and yarn.capacity_poll_interval_ms must be at least 1"
+                    .to_string(),
+            );
+        }
+        let me = &self.mesos;
+        if self.runtime.kind == RuntimeKind::Mesos && me.masters().is_empty() {
+            return bad(
+                "mesos.master",
+                "is empty; runtime.kind = \"mesos\" needs the master's HOST:PORT (--master)"
+                    .to_string(),
+            );
+        }
+        if me.role.is_empty() || me.framework_name.is_empty() {
+            return bad(
+                "mesos.role",
+                "mesos.role and mesos.framework_name must not be empty".to_string(),
+            );
+        }
+        if !(me.failover_timeout_secs >= 0.0 && me.failover_timeout_secs.is_finite()) {
+            return bad(
+                "mesos.failover_timeout_secs",
+                format!("is {}, must be >= 0", me.failover_timeout_secs),
+            );
+        }
+        if !(me.refuse_seconds >= 0.0 && me.refuse_seconds.is_finite()) {
+            return bad(
+                "mesos.refuse_seconds",
+                format!("is {}, must be >= 0", me.refuse_seconds),
+            );
+        }
+        if me.missed_heartbeats == 0 {
+            return bad("mesos.missed_heartbeats", "must be at least 1".to_string());
         }
         let m = &self.mlr;
         if m.classes < 2 {

@@ -1,45 +1,368 @@
-//! Support for the end-to-end tests and benchmarks: finding the built
-//! binaries, running them with their output captured, waiting on conditions
-//! with deadlines, reading the AM's status endpoint, and a scriptable fake AM
-//! that drives one real evaluator process over the real control protocol.
+//! Helpers shared by the end-to-end tests and benchmarks of `integration/`:
+//!
+//! - [`binary`]: the `cruise` and `cruise-sim` executables, found next to the
+//!   test executable (`target/<profile>/`), since they belong to other
+//!   packages; a clear error says how to build them when they are missing;
+//! - [`Sim`]: a running `cruise-sim` subcommand (ready file parsed; SIGTERM
+//!   and wait on drop, so no simulator outlives its test);
+//! - [`hadoop_conf_dir`]: a `HADOOP_CONF_DIR` pointing at the simulators;
+//! - [`wait_for`] / [`wait_until`]: polling with a deadline;
+//! - [`Spawned`]: a child process with its output captured, [`status`] /
+//!   [`await_status`] for the AM's status endpoint, [`mlr_data`];
+//! - [`fake_am`]: a scriptable fake AM that drives one real evaluator process
+//!   over the real control protocol.
+//! - [`pid_alive`], [`free_port`] and [`FreezingProxy`] (a TCP proxy whose
+//!   open connections can be stalled, to starve a client of heartbeats).
 
 pub mod fake_am;
 
-use std::path::PathBuf;
-use std::process::Stdio;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
 
-/// A binary built by this workspace (`cruise`, `cruise-sim`), found beside
-/// the test executable (`target/<profile>/deps/..` → `target/<profile>/<name>`).
-pub fn binary(name: &str) -> anyhow::Result<PathBuf> {
-    let exe = std::env::current_exe()?;
+/// The directory holding the workspace's binaries for this build profile
+/// (the parent of the test executable's `deps/`).
+pub fn target_dir() -> anyhow::Result<PathBuf> {
+    let exe = std::env::current_exe().context("locating the test executable")?;
     let mut dir = exe
         .parent()
-        .context("test executable has no directory")?
+        .context("the test executable has no directory")?
         .to_path_buf();
-    if dir.ends_with("deps") {
+    if dir.file_name().is_some_and(|n| n == "deps") {
         dir.pop();
     }
-    let path = dir.join(name);
-    if !path.exists() {
+    Ok(dir)
+}
+
+/// A workspace binary (`cruise`, `cruise-sim`) of this build profile.
+pub fn binary(name: &str) -> anyhow::Result<PathBuf> {
+    let p = target_dir()?.join(name);
+    if !p.is_file() {
         bail!(
-            "{} is not built; run `cargo build --workspace` (or `cargo test --workspace`, which builds it) first",
-            path.display()
+            "{} not found: the integration tests run the workspace's binaries; build them first with \
+             `cargo build -p cruise-appmaster -p cruise-sim` (same profile as the tests)",
+            p.display()
         );
     }
-    Ok(path)
+    Ok(p)
+}
+
+/// A running `cruise-sim` subcommand, stopped with SIGTERM on drop.
+pub struct Sim {
+    child: Option<Child>,
+    /// The ready file's JSON.
+    pub ready: Value,
+    /// Its main URL (`url`, or `namenode` for WebHDFS).
+    pub url: String,
+    /// Temp directory with its log, ready file and work dir.
+    pub dir: tempfile::TempDir,
+    kind: String,
+}
+
+impl Sim {
+    /// Starts `cruise-sim <kind> <args> --ready-file ...` and waits (30 s)
+    /// until it is listening. `yarn` and `mesos` get a `--work-dir` in the
+    /// temp dir, `webhdfs` a `--root`.
+    pub fn start(kind: &str, args: &[&str]) -> anyhow::Result<Sim> {
+        Sim::start_logging(kind, args, "info")
+    }
+
+    /// [`Sim::start`] with `RUST_LOG=<rust_log>` (e.g. `debug` to see every
+    /// scheduler call in [`Sim::log`]).
+    pub fn start_logging(kind: &str, args: &[&str], rust_log: &str) -> anyhow::Result<Sim> {
+        let exe = binary("cruise-sim")?;
+        let dir = tempfile::tempdir().context("creating a temp dir")?;
+        let ready_file = dir.path().join("ready.json");
+        let log = std::fs::File::create(dir.path().join("sim.log"))?;
+        let mut cmd = Command::new(exe);
+        cmd.arg(kind).arg("--ready-file").arg(&ready_file);
+        if kind == "webhdfs" {
+            cmd.arg("--root").arg(dir.path().join("root"));
+        } else if !args.contains(&"--leader-redirect") {
+            cmd.arg("--work-dir").arg(dir.path().join("work"));
+        }
+        let child = cmd
+            .args(args)
+            .env("RUST_LOG", rust_log)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .with_context(|| format!("starting cruise-sim {kind}"))?;
+        let mut sim = Sim {
+            child: Some(child),
+            ready: Value::Null,
+            url: String::new(),
+            dir,
+            kind: kind.to_string(),
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Ok(s) = std::fs::read_to_string(&ready_file)
+                && let Ok(v) = serde_json::from_str::<Value>(&s)
+            {
+                sim.url = v["url"]
+                    .as_str()
+                    .or(v["namenode"].as_str())
+                    .unwrap_or_default()
+                    .to_string();
+                sim.ready = v;
+                return Ok(sim);
+            }
+            if let Some(child) = sim.child.as_mut()
+                && let Some(st) = child.try_wait()?
+            {
+                bail!("cruise-sim {kind} exited early ({st}): {}", sim.log());
+            }
+            if Instant::now() > deadline {
+                bail!("cruise-sim {kind} not ready after 30 s: {}", sim.log());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// `host:port` of the main URL.
+    pub fn address(&self) -> String {
+        self.url
+            .trim_start_matches("http://")
+            .trim_end_matches('/')
+            .to_string()
+    }
+
+    /// The simulator's log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("sim.log")).unwrap_or_default()
+    }
+
+    /// SIGTERM and wait (30 s) for the exit.
+    pub fn terminate(&mut self) -> anyhow::Result<ExitStatus> {
+        let Some(mut child) = self.child.take() else {
+            bail!("cruise-sim {} already stopped", self.kind);
+        };
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(st) = child.try_wait()? {
+                return Ok(st);
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                bail!("cruise-sim {} did not stop within 30 s", self.kind);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Sim {
+    fn drop(&mut self) {
+        if self.child.is_some() {
+            let _ = self.terminate();
+        }
+    }
+}
+
+/// Writes `core-site.xml`, `hdfs-site.xml` and (with a YARN simulator)
+/// `yarn-site.xml` into `dir` so that `hdfs://` paths and the RM resolve to
+/// the simulators. Returns `dir`.
+pub fn hadoop_conf_dir(dir: &Path, webhdfs: &Sim, yarn: Option<&Sim>) -> anyhow::Result<PathBuf> {
+    std::fs::create_dir_all(dir)?;
+    let nn = webhdfs.address();
+    let prop =
+        |k: &str, v: &str| format!("  <property><name>{k}</name><value>{v}</value></property>\n");
+    let file = |props: String| {
+        format!("<?xml version=\"1.0\"?>\n<configuration>\n{props}</configuration>\n")
+    };
+    std::fs::write(
+        dir.join("core-site.xml"),
+        file(prop("fs.defaultFS", &format!("hdfs://{nn}"))),
+    )?;
+    std::fs::write(
+        dir.join("hdfs-site.xml"),
+        file(prop("dfs.namenode.http-address", &nn)),
+    )?;
+    if let Some(y) = yarn {
+        std::fs::write(
+            dir.join("yarn-site.xml"),
+            file(
+                prop("yarn.resourcemanager.webapp.address", &y.address())
+                    + &prop("yarn.scheduler.minimum-allocation-mb", "1024"),
+            ),
+        )?;
+    }
+    Ok(dir.to_path_buf())
+}
+
+/// Polls `f` until it yields `Some` or `timeout` passes.
+pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, mut f: F) -> anyhow::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = f().await {
+            return Ok(v);
+        }
+        if Instant::now() > deadline {
+            bail!("timed out after {timeout:?} waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Whether `pid` is a live (non-zombie) process.
+pub fn pid_alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(s) => !s
+            .rsplit(')')
+            .next()
+            .unwrap_or("")
+            .trim_start()
+            .starts_with('Z'),
+        Err(_) => false,
+    }
+}
+
+/// Live processes whose working directory is inside `dir` (e.g. the task
+/// sandboxes of a simulator).
+pub fn processes_under(dir: &Path) -> Vec<u32> {
+    let Ok(dir) = dir.canonicalize() else {
+        return Vec::new();
+    };
+    let Ok(rd) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    rd.filter_map(|e| e.ok())
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read_link(format!("/proc/{pid}/cwd")).is_ok_and(|cwd| cwd.starts_with(&dir))
+                && pid_alive(*pid)
+        })
+        .collect()
+}
+
+/// A loopback port nothing listens on (bound, then released).
+pub fn free_port() -> anyhow::Result<u16> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok(l.local_addr()?.port())
+}
+
+/// A TCP proxy on loopback to `target`. [`FreezingProxy::freeze`] stalls the
+/// connections open at that moment (they stay open but forward nothing), the
+/// way a half-dead network path does; new connections are forwarded.
+pub struct FreezingProxy {
+    /// Where clients connect.
+    pub addr: SocketAddr,
+    frozen: Arc<Mutex<Vec<Arc<AtomicBool>>>>,
+    stop: tokio_util::sync::CancellationToken,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl FreezingProxy {
+    /// Starts forwarding to `target`.
+    pub async fn start(target: SocketAddr) -> anyhow::Result<FreezingProxy> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let frozen: Arc<Mutex<Vec<Arc<AtomicBool>>>> = Arc::default();
+        let stop = tokio_util::sync::CancellationToken::new();
+        let (f, s) = (Arc::clone(&frozen), stop.clone());
+        let task = tokio::spawn(async move {
+            let tracker = tokio_util::task::TaskTracker::new();
+            loop {
+                let (inbound, _) = tokio::select! {
+                    _ = s.cancelled() => break,
+                    a = listener.accept() => match a { Ok(x) => x, Err(_) => continue },
+                };
+                let flag = Arc::new(AtomicBool::new(false));
+                f.lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(Arc::clone(&flag));
+                let s = s.clone();
+                tracker.spawn(async move {
+                    let Ok(outbound) = tokio::net::TcpStream::connect(target).await else {
+                        return;
+                    };
+                    let (ri, wi) = inbound.into_split();
+                    let (ro, wo) = outbound.into_split();
+                    tokio::select! {
+                        _ = s.cancelled() => {}
+                        _ = pump(ri, wo, Arc::clone(&flag)) => {}
+                        _ = pump(ro, wi, flag) => {}
+                    }
+                });
+            }
+            tracker.close();
+            tracker.wait().await;
+        });
+        Ok(FreezingProxy {
+            addr,
+            frozen,
+            stop,
+            task: Some(task),
+        })
+    }
+
+    /// Stalls every connection open now.
+    pub fn freeze(&self) {
+        for f in self.frozen.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+            f.store(true, Ordering::SeqCst);
+        }
+    }
+
+    /// Stops the proxy and closes its connections.
+    pub async fn stop(mut self) {
+        self.stop.cancel();
+        if let Some(t) = self.task.take() {
+            let _ = t.await;
+        }
+    }
+}
+
+impl Drop for FreezingProxy {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+async fn pump(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    frozen: Arc<AtomicBool>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buf = vec![0u8; 16 << 10];
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        if frozen.load(Ordering::SeqCst) {
+            // Swallow everything from now on, keeping the socket open.
+            std::future::pending::<()>().await;
+        }
+        if to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+    }
 }
 
 /// A child process whose stdout and stderr are captured as they arrive.
 /// Killed when dropped.
 pub struct Spawned {
     /// The process.
-    pub child: Child,
+    pub child: tokio::process::Child,
     stdout: Arc<Mutex<String>>,
     stderr: Arc<Mutex<String>>,
     readers: Vec<tokio::task::JoinHandle<()>>,
@@ -61,7 +384,7 @@ fn capture<R: tokio::io::AsyncRead + Unpin + Send + 'static>(
 
 impl Spawned {
     /// Spawns `cmd` with piped output.
-    pub fn spawn(mut cmd: Command) -> anyhow::Result<Spawned> {
+    pub fn spawn(mut cmd: tokio::process::Command) -> anyhow::Result<Spawned> {
         cmd.stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .stdin(Stdio::null())
@@ -211,4 +534,15 @@ pub fn mlr_data(
     cruise_container::apps::mlr::generate(&p, &mut f)?;
     std::io::Write::flush(&mut f)?;
     Ok(path)
+}
+
+/// The final accuracy (0..1) in a job summary printed by `cruise run` or
+/// found in an AM's log: the line `final accuracy  95.19%`.
+pub fn summary_accuracy(summary: &str) -> Option<f64> {
+    summary
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("final accuracy"))
+        .and_then(|r| r.trim().strip_suffix('%'))
+        .and_then(|p| p.trim().parse::<f64>().ok())
+        .map(|p| p / 100.0)
 }

@@ -10,8 +10,20 @@
 //!
 //! Implementations:
 //! - [`local`]: evaluator processes on this machine (the embedded default).
+//! - [`yarn`]: the YARN RM REST API (submission, capacity, application
+//!   state) and the YARN Services REST API (the evaluator component: create,
+//!   flex, decommission, destroy).
+//! - [`mesos`]: the Mesos v1 scheduler HTTP API (subscribe, offers, launch,
+//!   kill, acknowledge, reconcile, teardown).
+//!
+//! [`http`] holds the HTTP plumbing both remote clients share: failover
+//! between several server addresses, bounded retries with backoff, and
+//! errors naming the endpoint and status.
 
+pub mod http;
 pub mod local;
+pub mod mesos;
+pub mod yarn;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -155,6 +167,38 @@ pub enum RmError {
         /// Why.
         #[source]
         source: std::io::Error,
+    },
+    /// A server could not be reached, or kept failing, after bounded retries.
+    #[error("{service} unreachable: {endpoint} failed after {attempts} attempts: {reason}")]
+    Unreachable {
+        /// Which service ("YARN ResourceManager", "Mesos master").
+        service: &'static str,
+        /// The last request tried, as `METHOD URL`.
+        endpoint: String,
+        /// Attempts made.
+        attempts: u32,
+        /// The last failure.
+        reason: String,
+    },
+    /// A server answered with a status the client did not expect.
+    #[error("{endpoint} answered HTTP {status}: {message}")]
+    Http {
+        /// The request, as `METHOD URL`.
+        endpoint: String,
+        /// The HTTP status.
+        status: u16,
+        /// The server's message.
+        message: String,
+    },
+    /// A server's answer could not be understood.
+    #[error("{endpoint} answered HTTP {status} with an unexpected body: {detail}")]
+    Malformed {
+        /// The request, as `METHOD URL`.
+        endpoint: String,
+        /// The HTTP status.
+        status: u16,
+        /// What is wrong with it.
+        detail: String,
     },
     /// Anything else, with context.
     #[error("{0}")]

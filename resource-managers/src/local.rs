@@ -240,10 +240,11 @@ impl Actor {
                     }
                     Internal::KillDeadline { id } => {
                         if let Some(p) = self.running.get(&id)
-                            && let Some(pid) = p.pid {
-                                tracing::warn!(container = %id, "did not stop within {:?}; killing it", self.config.release_grace);
-                                let _ = kill(Pid::from_raw(pid as i32), Signal::SIGKILL);
-                            }
+                            && let Some(pid) = p.pid
+                        {
+                            tracing::warn!(container = %id, "did not stop within {:?}; killing it", self.config.release_grace);
+                            let _ = kill(Pid::from_raw(pid as i32), Signal::SIGKILL);
+                        }
                     }
                 },
             }

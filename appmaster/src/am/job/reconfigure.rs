@@ -965,7 +965,14 @@ impl Driver {
     }
 
     /// The resource manager's capacity changed.
-    pub(super) fn on_capacity(&mut self, max: u32) {
+    pub(super) fn on_capacity(&mut self, offered: u32) {
+        // A cluster may offer more than the job is allowed to hold; the local
+        // runtime's capacity is the job's own setting already.
+        let max = if self.config.runtime.kind == cruise_conf::RuntimeKind::Local {
+            offered
+        } else {
+            offered.min(self.config.runtime.capacity_ceiling(&self.config.job))
+        };
         let held = self.members().count() as u32 + self.rc.adds.len() as u32;
         tracing::info!(capacity = max, held, "resource manager capacity changed");
         self.rc.capacity = max;

@@ -48,6 +48,11 @@
 //!   working directory (e.g. `stdout`, `stderr`, `logs/stderr`); `.../files/`
 //!   lists them.
 //!
+//! Every node's web address (`nodeHTTPAddress`, an attempt's
+//! `nodeHttpAddress`) is this server, which also answers the NodeManager's
+//! `GET /ws/v1/node/containerlogs/{container}/{file}` with a file of the
+//! container's log directory (`<LOG_DIR>`), as plain text.
+//!
 //! `--ready-file PATH` receives `{"url", "rm_url", "services_url",
 //! "admin_url", "work_dir", "pid"}` once the listener is bound.
 
@@ -294,6 +299,10 @@ async fn run(args: Args) -> anyhow::Result<()> {
         .route("/sim/containers", get(list_containers))
         .route("/sim/containers/{id}/files/", get(list_files))
         .route("/sim/containers/{id}/files/{*name}", get(get_file))
+        .route(
+            "/ws/v1/node/containerlogs/{id}/{name}",
+            get(get_container_log),
+        )
         .with_state(Arc::clone(&sim));
 
     let mut signals =
@@ -469,6 +478,31 @@ async fn list_files(AxState(sim): AxState<Arc<Sim>>, Path(id): Path<String>) -> 
     }
     names.sort();
     json_response(StatusCode::OK, &json!({"container": id, "files": names}))
+}
+
+/// NodeManager REST: a log file of a container (`NMWebServices.getLogs`).
+async fn get_container_log(
+    AxState(sim): AxState<Arc<Sim>>,
+    Path((id, name)): Path<(String, String)>,
+) -> Response {
+    let Some(dir) = container_dir(&sim, &id) else {
+        return (
+            StatusCode::NOT_FOUND,
+            format!("Cannot find this log on the local disk: container {id} is unknown\n"),
+        )
+            .into_response();
+    };
+    if name.contains('/') || name == ".." || name.is_empty() {
+        return (StatusCode::BAD_REQUEST, format!("bad file name {name:?}\n")).into_response();
+    }
+    match std::fs::read(dir.join("logs").join(&name)) {
+        Ok(b) => ([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], b).into_response(),
+        Err(e) => (
+            StatusCode::NOT_FOUND,
+            format!("Cannot find this log on the local disk: {name}: {e}\n"),
+        )
+            .into_response(),
+    }
 }
 
 async fn get_file(

@@ -757,6 +757,7 @@ fn parse_am_spec(spec: &Value) -> Result<AmSpec, RmError> {
                 .to_string(),
             size: as_i64_lenient(&val["size"]).unwrap_or(0),
             timestamp: as_i64_lenient(&val["timestamp"]).unwrap_or(0),
+            verify: true,
         });
     }
     Ok(AmSpec {

@@ -114,6 +114,25 @@ fn env_map(conf: &Value) -> Vec<(String, String)> {
     }
 }
 
+/// A component artifact: only `TARBALL` runs here (unpacked into `lib/` of
+/// each container, as `TarballProviderService` does); `DOCKER` (the default
+/// type) and `SERVICE` are refused.
+fn parse_artifact(a: &Value) -> Result<Option<String>, String> {
+    if a.is_null() {
+        return Ok(None);
+    }
+    let ty = a["type"].as_str().unwrap_or("DOCKER");
+    let id = a["id"].as_str().unwrap_or("").trim();
+    match ty {
+        "TARBALL" if !id.is_empty() => Ok(Some(id.to_string())),
+        "TARBALL" => Err("artifact id (the tarball's URI) is required".into()),
+        other => Err(format!(
+            "artifact {a} of type {other} is not supported by cruise-sim (no Docker, no nested services); \
+             use a TARBALL artifact or leave artifact out and give a launch_command"
+        )),
+    }
+}
+
 fn parse_memory(v: &Value) -> Option<u64> {
     match v {
         Value::String(s) => s.trim().parse().ok(),
@@ -140,11 +159,9 @@ fn parse_service(st: &State, v: &Value) -> Result<(String, Vec<Component>, Optio
             "Version of service {name} is either empty or not provided"
         ));
     }
-    if let Some(a) = v.get("artifact").filter(|a| !a.is_null()) {
-        return Err(format!(
-            "Service {name}: service-level artifact {a} is not supported by cruise-sim (components run their launch_command on the node)"
-        ));
-    }
+    // The service-level artifact is the default of every component.
+    let svc_artifact =
+        parse_artifact(&v["artifact"]).map_err(|e| format!("Service {name}: {e}"))?;
     let comps = v["components"]
         .as_array()
         .filter(|c| !c.is_empty())
@@ -167,12 +184,11 @@ fn parse_service(st: &State, v: &Value) -> Result<(String, Vec<Component>, Optio
                 "Component {cname}: 'containers' is output only and must not be submitted"
             ));
         }
-        if let Some(a) = c.get("artifact").filter(|a| !a.is_null()) {
-            return Err(format!(
-                "Component {cname}: artifact {a} is not supported by cruise-sim (no Docker, no tarball artifacts); \
-                 leave artifact out and give a launch_command"
-            ));
-        }
+        let artifact =
+            match parse_artifact(&c["artifact"]).map_err(|e| format!("Component {cname}: {e}"))? {
+                Some(a) => Some(a),
+                None => svc_artifact.clone(),
+            };
         let launch = c["launch_command"]
             .as_str()
             .unwrap_or("")
@@ -247,6 +263,7 @@ fn parse_service(st: &State, v: &Value) -> Result<(String, Vec<Component>, Optio
             name: cname.to_string(),
             spec: c.clone(),
             launch_command: launch,
+            artifact,
             env: env.into_iter().collect(),
             memory_mb: mem,
             vcores: cpus,
@@ -459,7 +476,9 @@ fn service_json(st: &State, s: &Service) -> Value {
                     .values()
                     .filter_map(|i| {
                         let cid = i.container.as_ref().or(match i.phase {
-                            InstPhase::Succeeded | InstPhase::Failed => i.last_container.as_ref(),
+                            InstPhase::Succeeded | InstPhase::Failed | InstPhase::Waiting => {
+                                i.last_container.as_ref()
+                            }
                             _ => None,
                         })?;
                         let live = st.containers.get(cid);
@@ -480,7 +499,10 @@ fn service_json(st: &State, s: &Service) -> Value {
                         // how a terminal instance's container ended, or how
                         // the previous container of a restarted one did.
                         if let Some((code, diag)) = &i.last_exit {
-                            let terminal = matches!(i.phase, InstPhase::Succeeded | InstPhase::Failed);
+                            let terminal = matches!(
+                                i.phase,
+                                InstPhase::Succeeded | InstPhase::Failed | InstPhase::Waiting
+                            );
                             let (k_code, k_diag) = if terminal {
                                 ("exit_status", "diagnostics")
                             } else {

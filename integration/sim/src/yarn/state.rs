@@ -126,6 +126,10 @@ pub(crate) struct LocalResource {
     pub visibility: String,
     pub size: i64,
     pub timestamp: i64,
+    /// Check `size` and `timestamp` against the source (AM local resources);
+    /// a service artifact is taken as the file system has it, the way the
+    /// ServiceMaster reads its status before launching.
+    pub verify: bool,
 }
 
 /// The AM container launch context of a submitted application.
@@ -240,7 +244,10 @@ impl InstPhase {
     /// Container state as the Services API reports it.
     pub fn container_state(self) -> &'static str {
         match self {
-            InstPhase::Pending | InstPhase::Waiting | InstPhase::Allocated => "RUNNING_BUT_UNREADY",
+            InstPhase::Pending | InstPhase::Allocated => "RUNNING_BUT_UNREADY",
+            // ComponentInstance marks the ended container STOPPED until a
+            // new one replaces it.
+            InstPhase::Waiting => "STOPPED",
             InstPhase::Ready => "READY",
             InstPhase::Succeeded => "SUCCEEDED",
             InstPhase::Failed => "FAILED",
@@ -267,6 +274,8 @@ pub(crate) struct Component {
     pub name: String,
     pub spec: Value,
     pub launch_command: String,
+    /// A TARBALL artifact, localized into `lib/` of every container.
+    pub artifact: Option<String>,
     pub env: Vec<(String, String)>,
     pub memory_mb: u64,
     pub vcores: u64,
@@ -829,8 +838,10 @@ impl State {
                     ("${COMPONENT_ID}".into(), comp_id.to_string()),
                 ];
                 let mut env = self.nm_env(c, &user, app);
+                // The NodeManager expands {{VAR}} and <LOG_DIR> in every
+                // environment value of a launch context, services' included.
                 for (k, v) in &comp.env {
-                    env.push((k.clone(), substitute(v, &tokens)));
+                    env.push((k.clone(), expand_nm(&substitute(v, &tokens), &log_dir)));
                 }
                 env.push(("WORK_DIR".into(), "$PWD".into()));
                 env.push(("LOG_DIR".into(), log_dir.clone()));
@@ -845,12 +856,27 @@ impl State {
                     substitute(&comp.launch_command, &tokens)
                 );
                 let command = expand_nm(&command, &log_dir);
+                // TarballProviderService: the artifact is an ARCHIVE local
+                // resource named APP_LIB_DIR ("lib").
+                let resources = comp
+                    .artifact
+                    .iter()
+                    .map(|url| LocalResource {
+                        key: "lib".into(),
+                        url: url.clone(),
+                        kind: "ARCHIVE".into(),
+                        visibility: "APPLICATION".into(),
+                        size: -1,
+                        timestamp: -1,
+                        verify: false,
+                    })
+                    .collect();
                 Some(LaunchJob {
                     container_id: cid.clone(),
                     cwd: c.cwd.clone(),
                     log_dir: c.log_dir.clone(),
                     script: launch_script(&env, &command),
-                    resources: Vec::new(),
+                    resources,
                     user,
                     kill: c.kill.clone(),
                 })

@@ -1,0 +1,551 @@
+//! The AM as a YARN application: `cruise submit` (stage the binary and the
+//! job configuration on HDFS, submit the AM container), `cruise appmaster`
+//! (the AM inside that container), and `cruise status|kill|logs APP_ID`.
+//!
+//! What `submit` puts in the staging directory `<staging>/<application id>/`:
+//! - `cruise.tar`: the running `cruise` binary at its top level and the
+//!   client's Hadoop configuration in `hadoop-conf/`. The AM container gets
+//!   it as the ARCHIVE local resource `lib`, and every evaluator container as
+//!   the service component's TARBALL artifact, which YARN also unpacks into
+//!   `lib/` — so both run `./lib/cruise` with
+//!   `HADOOP_CONF_DIR={{PWD}}/lib/hadoop-conf`.
+//! - `job.toml`: the effective configuration (runtime `yarn`, the input, the
+//!   RM addresses, the artifact), the FILE local resource `job.toml`.
+//! - `input/`: the input, when it was generated or local.
+//!
+//! The AM command is `./lib/cruise appmaster --config job.toml` with stdout
+//! and stderr in the container's log directory; the AM prints its summary
+//! there and writes `summary.json`, which `cruise logs` fetches from the
+//! NodeManager. The evaluator service is named after the application
+//! (`<prefix>-<cluster timestamp>-<sequence>`), so `cruise kill` can destroy
+//! it even when the AM cannot.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use bytes::Bytes;
+use serde::Serialize;
+
+use cruise_conf::{CruiseConfig, Layers, RuntimeKind};
+use cruise_hdfs::{FileSystem, Location, WebHdfsOptions, is_hidden};
+use cruise_rm::yarn::ARTIFACT_DIR;
+use cruise_rm::yarn::rm::{
+    AppReport, LocalResource, ResourceType, RmClient, Submission, application_of_container,
+};
+use cruise_rm::yarn::services::{ServiceReport, ServicesClient};
+
+use crate::runtime::{
+    HADOOP_CONF_IN_TARBALL, YarnPlacement, YarnSettings, hadoop_conf, http_options,
+    service_name_for_app, yarn_factory, yarn_settings,
+};
+use crate::{datagen, tarball};
+
+/// Name of the tarball in the staging directory.
+pub const TARBALL: &str = "cruise.tar";
+/// Name of the job configuration (staging directory and AM container).
+pub const JOB_TOML: &str = "job.toml";
+/// Name of the AM's summary file in its log directory.
+pub const SUMMARY_FILE: &str = "summary.json";
+
+/// What `cruise submit` did.
+#[derive(Debug, Clone, Serialize)]
+pub struct Submitted {
+    /// The YARN application.
+    pub application_id: String,
+    /// Where its files are.
+    pub staging_dir: String,
+    /// The input the job reads.
+    pub input: String,
+    /// The evaluator service the AM will create.
+    pub service: String,
+    /// The RM it was submitted to.
+    pub rm: String,
+}
+
+fn clients(config: &CruiseConfig, s: &YarnSettings) -> anyhow::Result<(RmClient, ServicesClient)> {
+    let http = http_options(config);
+    Ok((
+        RmClient::new(&s.rm_addresses, Some(s.user.clone()), http.clone())?,
+        ServicesClient::new(&s.rm_addresses, Some(s.user.clone()), http)?,
+    ))
+}
+
+fn file_system(user: &str) -> anyhow::Result<FileSystem> {
+    let conf = hadoop_conf()?;
+    Ok(FileSystem::new(
+        conf,
+        WebHdfsOptions::from_env().with_user(user),
+    ))
+}
+
+/// `<dir>/<name>` for URIs and paths.
+fn join(dir: &str, name: &str) -> String {
+    format!("{}/{name}", dir.trim_end_matches('/'))
+}
+
+/// The staging root: `yarn.staging_dir`, or `/user/<user>/.cruise-staging`
+/// on the default file system (which must not be local).
+fn staging_root(config: &CruiseConfig, fs: &FileSystem, user: &str) -> anyhow::Result<String> {
+    let default_fs = fs.conf().default_fs().context("reading fs.defaultFS")?;
+    let dir = if config.yarn.staging_dir.is_empty() {
+        format!("/user/{user}/.cruise-staging")
+    } else {
+        config.yarn.staging_dir.clone()
+    };
+    if dir.contains("://") {
+        return Ok(dir);
+    }
+    if default_fs.starts_with("file:") {
+        bail!(
+            "the staging directory {dir:?} would be on the local file system (fs.defaultFS is {default_fs:?}); \
+             point HADOOP_CONF_DIR at a folder whose core-site.xml sets fs.defaultFS to your HDFS, \
+             or set yarn.staging_dir to an hdfs:// URI"
+        );
+    }
+    Ok(format!("{}{}", default_fs.trim_end_matches('/'), dir))
+}
+
+async fn upload(fs: &FileSystem, uri: &str, data: Bytes) -> anyhow::Result<(u64, u64)> {
+    let len = data.len() as u64;
+    fs.create(uri, data, true)
+        .await
+        .with_context(|| format!("uploading {len} bytes to {uri}"))?;
+    let st = fs
+        .status(uri)
+        .await
+        .with_context(|| format!("reading the status of {uri}"))?;
+    if st.len != len {
+        bail!("{uri} has {} bytes after uploading {len}", st.len);
+    }
+    Ok((st.len, st.modification_time))
+}
+
+/// Uploads a local input (file or directory of files) into `dir`; returns
+/// the URI to read.
+async fn upload_input(fs: &FileSystem, local: &Path, dir: &str) -> anyhow::Result<String> {
+    let meta = std::fs::metadata(local).with_context(|| format!("input {}", local.display()))?;
+    let files: Vec<PathBuf> = if meta.is_dir() {
+        let mut v: Vec<PathBuf> = std::fs::read_dir(local)
+            .with_context(|| format!("listing input {}", local.display()))?
+            .filter_map(|e| e.ok())
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
+            .filter(|e| !is_hidden(&e.file_name().to_string_lossy()))
+            .map(|e| e.path())
+            .collect();
+        v.sort();
+        v
+    } else {
+        vec![local.to_path_buf()]
+    };
+    fs.mkdirs(dir)
+        .await
+        .with_context(|| format!("creating {dir}"))?;
+    for f in &files {
+        let name = f
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "input".into());
+        let data = std::fs::read(f).with_context(|| format!("reading {}", f.display()))?;
+        upload(fs, &join(dir, &name), Bytes::from(data)).await?;
+    }
+    Ok(if meta.is_dir() || files.len() != 1 {
+        dir.to_string()
+    } else {
+        join(
+            dir,
+            &files[0]
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default(),
+        )
+    })
+}
+
+/// The tarball: this `cruise` binary and the client's Hadoop configuration.
+fn build_tarball() -> anyhow::Result<Vec<u8>> {
+    let exe = std::env::current_exe().context("locating the cruise executable")?;
+    let bin = std::fs::read(&exe).with_context(|| format!("reading {}", exe.display()))?;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let mut conf_files: Vec<(String, Vec<u8>)> = Vec::new();
+    if let Some(dir) = std::env::var_os("HADOOP_CONF_DIR").filter(|d| !d.is_empty()) {
+        for name in ["core-site.xml", "hdfs-site.xml", "yarn-site.xml"] {
+            let p = Path::new(&dir).join(name);
+            if p.is_file() {
+                let data = std::fs::read(&p).with_context(|| format!("reading {}", p.display()))?;
+                conf_files.push((format!("{HADOOP_CONF_IN_TARBALL}/{name}"), data));
+            }
+        }
+    }
+    let mut entries = vec![tarball::Entry {
+        path: "cruise",
+        mode: 0o755,
+        mtime: now,
+        data: &bin,
+    }];
+    for (p, d) in &conf_files {
+        entries.push(tarball::Entry {
+            path: p,
+            mode: 0o644,
+            mtime: now,
+            data: d,
+        });
+    }
+    Ok(tarball::build(&entries)?)
+}
+
+/// `cruise submit`: stages the job and submits its AM. `work` is where a
+/// generated input is written before it is uploaded.
+pub async fn submit(mut config: CruiseConfig, work: &Path) -> anyhow::Result<Submitted> {
+    let s = yarn_settings(&config)?;
+    let (rm, _) = clients(&config, &s)?;
+    let fs = file_system(&s.user)?;
+    let app = rm.new_application().await?;
+    let id = app.application_id.clone();
+    let max = app.maximum_resource_capability;
+    let too_big = |what: &str, mb: u32, cores: u32| -> anyhow::Result<()> {
+        if (max.memory > 0 && i64::from(mb) > max.memory)
+            || (max.vcores > 0 && i64::from(cores) > max.vcores)
+        {
+            bail!(
+                "{what} ({mb} MB, {cores} cores) is larger than the largest container the cluster grants ({} MB, {} vcores)",
+                max.memory,
+                max.vcores
+            );
+        }
+        Ok(())
+    };
+    too_big(
+        "the AM container (yarn.am_memory_mb, yarn.am_cores)",
+        config.yarn.am_memory_mb,
+        config.yarn.am_cores,
+    )?;
+    too_big(
+        "an evaluator container (runtime.container_memory_mb, runtime.container_cores)",
+        config.runtime.container_memory_mb,
+        config.runtime.container_cores,
+    )?;
+
+    let staging = join(&staging_root(&config, &fs, &s.user)?, &id);
+    fs.mkdirs(&staging)
+        .await
+        .with_context(|| format!("creating the staging directory {staging}"))?;
+
+    let input = match Location::parse(&config.job.input) {
+        _ if config.job.input.is_empty() => {
+            let local = datagen::prepare_input(&config, work)?;
+            upload_input(&fs, Path::new(&local), &join(&staging, "input")).await?
+        }
+        Ok(Location::Local { path }) => upload_input(&fs, &path, &join(&staging, "input")).await?,
+        Ok(Location::Remote { .. }) => config.job.input.clone(),
+        Err(e) => bail!("--input {:?}: {e}", config.job.input),
+    };
+
+    let tar = build_tarball()?;
+    let tar_uri = join(&staging, TARBALL);
+    let (tar_len, tar_mtime) = upload(&fs, &tar_uri, Bytes::from(tar)).await?;
+
+    config.runtime.kind = RuntimeKind::Yarn;
+    config.job.input = input.clone();
+    config.job.work_dir = String::new();
+    config.yarn.evaluator_artifact = tar_uri.clone();
+    config.yarn.rm_addresses = s.rm_addresses.clone();
+    config.yarn.user = s.user.clone();
+    config.yarn.min_allocation_mb = s.min_allocation_mb;
+    let toml_text = toml::to_string_pretty(&config).context("writing the job configuration")?;
+    let job_uri = join(&staging, JOB_TOML);
+    let (job_len, job_mtime) = upload(&fs, &job_uri, Bytes::from(toml_text)).await?;
+
+    let mut env = BTreeMap::new();
+    env.insert(
+        "HADOOP_CONF_DIR".to_string(),
+        format!("{{{{PWD}}}}/{ARTIFACT_DIR}/{HADOOP_CONF_IN_TARBALL}"),
+    );
+    env.insert("HADOOP_USER_NAME".to_string(), s.user.clone());
+    env.insert(
+        "RUST_LOG".to_string(),
+        std::env::var("CRUISE_AM_LOG").unwrap_or_else(|_| "info".to_string()),
+    );
+    if let Ok(v) = std::env::var("CRUISE_EVALUATOR_LOG") {
+        env.insert("CRUISE_EVALUATOR_LOG".to_string(), v);
+    }
+    let submission = Submission {
+        application_id: id.clone(),
+        name: config.job.name.clone(),
+        queue: config.yarn.queue.clone(),
+        application_type: "CRUISE".into(),
+        max_attempts: config.yarn.max_app_attempts,
+        memory_mb: config.yarn.am_memory_mb,
+        vcores: config.yarn.am_cores,
+        local_resources: vec![
+            LocalResource {
+                key: ARTIFACT_DIR.into(),
+                url: tar_uri,
+                kind: ResourceType::Archive,
+                size: tar_len,
+                timestamp: tar_mtime,
+            },
+            LocalResource {
+                key: JOB_TOML.into(),
+                url: job_uri,
+                kind: ResourceType::File,
+                size: job_len,
+                timestamp: job_mtime,
+            },
+        ],
+        environment: env,
+        command: format!(
+            "./{ARTIFACT_DIR}/cruise appmaster --config {JOB_TOML} 1><LOG_DIR>/stdout 2><LOG_DIR>/stderr"
+        ),
+    };
+    rm.submit(&submission).await?;
+    Ok(Submitted {
+        service: service_name_for_app(&config.yarn.service_name_prefix, &id).unwrap_or_default(),
+        application_id: id,
+        staging_dir: staging,
+        input,
+        rm: rm.base(),
+    })
+}
+
+/// `cruise status`: the application report and its evaluator service.
+#[derive(Debug, Clone, Serialize)]
+pub struct StatusReport {
+    /// The application.
+    pub app: AppReport,
+    /// Its evaluator service, if it exists.
+    pub service: Option<ServiceReport>,
+    /// The service's name.
+    pub service_name: String,
+}
+
+/// Reads an application's report and its service.
+pub async fn status(config: &CruiseConfig, app_id: &str) -> anyhow::Result<StatusReport> {
+    let s = yarn_settings(config)?;
+    let (rm, svc) = clients(config, &s)?;
+    let app = rm.app(app_id).await?;
+    let service_name =
+        service_name_for_app(&config.yarn.service_name_prefix, app_id).unwrap_or_default();
+    let service = if service_name.is_empty() {
+        None
+    } else {
+        svc.get(&service_name).await?
+    };
+    Ok(StatusReport {
+        app,
+        service,
+        service_name,
+    })
+}
+
+/// A status report for people.
+pub fn status_text(r: &StatusReport) -> String {
+    use std::fmt::Write;
+    let a = &r.app;
+    let mut out = String::new();
+    let _ = writeln!(out, "application  {} ({})", a.id, a.name);
+    let _ = writeln!(
+        out,
+        "state        {} (final status {}), progress {:.0}%",
+        a.state, a.final_status, a.progress
+    );
+    let _ = writeln!(out, "user/queue   {} / {}", a.user, a.queue);
+    let _ = writeln!(out, "elapsed      {:.1} s", a.elapsed_time as f64 / 1000.0);
+    if !a.tracking_url.is_empty() {
+        let _ = writeln!(out, "tracking     {}", a.tracking_url);
+    }
+    match &r.service {
+        Some(svc) => {
+            let ready: usize = svc
+                .components
+                .iter()
+                .map(|c| c.containers.iter().filter(|x| x.state == "READY").count())
+                .sum();
+            let _ = writeln!(
+                out,
+                "evaluators   service {} {}, {ready} containers ready",
+                svc.name, svc.state
+            );
+        }
+        None => {
+            let _ = writeln!(
+                out,
+                "evaluators   service {} does not exist",
+                r.service_name
+            );
+        }
+    }
+    if !a.diagnostics.trim().is_empty() {
+        let _ = writeln!(out, "diagnostics  {}", a.diagnostics.trim());
+    }
+    out
+}
+
+/// What `cruise kill` did.
+#[derive(Debug, Clone, Serialize)]
+pub struct Killed {
+    /// The application's state afterwards.
+    pub state: String,
+    /// The service.
+    pub service: String,
+    /// Whether the service existed (and was destroyed).
+    pub service_destroyed: bool,
+}
+
+/// Kills an application and destroys its evaluator service.
+pub async fn kill(config: &CruiseConfig, app_id: &str) -> anyhow::Result<Killed> {
+    let s = yarn_settings(config)?;
+    let (rm, svc) = clients(config, &s)?;
+    let state = rm.kill(app_id, Duration::from_secs(60)).await?;
+    let service =
+        service_name_for_app(&config.yarn.service_name_prefix, app_id).unwrap_or_default();
+    let service_destroyed = if service.is_empty() {
+        false
+    } else {
+        svc.destroy(&service).await?
+    };
+    Ok(Killed {
+        state,
+        service,
+        service_destroyed,
+    })
+}
+
+/// Log files of an application's AM container (last attempt unless
+/// `attempt` is given), fetched from its NodeManager.
+pub async fn logs(
+    config: &CruiseConfig,
+    app_id: &str,
+    files: &[String],
+    attempt: Option<i64>,
+) -> anyhow::Result<Vec<(String, Option<String>)>> {
+    let s = yarn_settings(config)?;
+    let (rm, _) = clients(config, &s)?;
+    let attempts = rm.attempts(app_id).await?;
+    let a = match attempt {
+        Some(n) => attempts
+            .iter()
+            .find(|a| a.id == n)
+            .with_context(|| format!("{app_id} has no attempt {n}"))?,
+        None => attempts
+            .iter()
+            .max_by_key(|a| a.id)
+            .with_context(|| format!("{app_id} has no AM attempt yet"))?,
+    };
+    if a.container_id.is_empty() || a.node_http_address.is_empty() {
+        bail!(
+            "attempt {} of {app_id} has no AM container yet (state {})",
+            a.id,
+            a.app_attempt_state
+        );
+    }
+    let mut out = Vec::new();
+    for f in files {
+        let text = rm
+            .container_log(&a.node_http_address, &a.container_id, f)
+            .await?;
+        out.push((format!("{}/{f}", a.container_id), text));
+    }
+    Ok(out)
+}
+
+/// Where the AM writes files `cruise logs` can fetch: the first of
+/// `$LOG_DIRS`, else the working directory.
+pub fn am_log_dir() -> PathBuf {
+    std::env::var("LOG_DIRS")
+        .ok()
+        .and_then(|d| d.split(',').next().map(PathBuf::from))
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or_else(|| PathBuf::from("."))
+}
+
+/// Settings of `cruise appmaster`, worked out from its container.
+pub struct AppmasterSetup {
+    /// The configuration (with `runtime.am_bind` made reachable).
+    pub config: CruiseConfig,
+    /// The application.
+    pub application_id: String,
+    /// The evaluator service.
+    pub service: String,
+    /// Work directory.
+    pub work: PathBuf,
+    /// The resource manager factory.
+    pub factory: crate::am::RmFactory,
+}
+
+/// Prepares the AM inside its YARN container: loads `config_file`, finds its
+/// application from `$CONTAINER_ID`, binds the control port to the node's
+/// address, and builds the YARN runtime for the evaluator service.
+pub async fn appmaster_setup(config_file: &Path) -> anyhow::Result<AppmasterSetup> {
+    let mut config = Layers::from_process_env(Some(config_file.to_path_buf())).load()?;
+    let cid = std::env::var("CONTAINER_ID")
+        .context("CONTAINER_ID is not set: `cruise appmaster` runs inside a YARN AM container (use `cruise submit`)")?;
+    let application_id = application_of_container(&cid)
+        .with_context(|| format!("CONTAINER_ID {cid:?} is not a YARN container id"))?;
+    if config.runtime.kind != RuntimeKind::Yarn {
+        bail!(
+            "{}: runtime.kind is {:?}; the AM in a YARN container runs the yarn runtime",
+            config_file.display(),
+            config.runtime.kind.as_str()
+        );
+    }
+    if config.job.input.is_empty() {
+        bail!("{}: job.input is empty", config_file.display());
+    }
+    let bind: std::net::SocketAddr = config
+        .runtime
+        .am_bind
+        .parse()
+        .with_context(|| format!("runtime.am_bind {:?}", config.runtime.am_bind))?;
+    if (bind.ip().is_loopback() || bind.ip().is_unspecified())
+        && let Ok(host) = std::env::var("NM_HOST")
+        && !host.is_empty()
+    {
+        let ip = tokio::net::lookup_host((host.as_str(), bind.port()))
+            .await
+            .with_context(|| format!("resolving the node's host name NM_HOST={host}"))?
+            .find(|a| a.is_ipv4())
+            .with_context(|| format!("NM_HOST={host} has no IPv4 address"))?;
+        config.runtime.am_bind = ip.to_string();
+    }
+    let service = service_name_for_app(&config.yarn.service_name_prefix, &application_id)
+        .with_context(|| format!("naming the service of {application_id}"))?;
+    let settings = yarn_settings(&config)?;
+    let ship = !config.yarn.evaluator_artifact.is_empty()
+        && Path::new(ARTIFACT_DIR)
+            .join(HADOOP_CONF_IN_TARBALL)
+            .is_dir();
+    let factory = yarn_factory(
+        &config,
+        settings,
+        YarnPlacement {
+            service_name: Some(service.clone()),
+            ship_hadoop_conf: ship,
+        },
+    );
+    let work = std::env::current_dir()
+        .context("reading the working directory")?
+        .join("work");
+    Ok(AppmasterSetup {
+        config,
+        application_id,
+        service,
+        work,
+        factory,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn joins() {
+        assert_eq!(join("hdfs://nn:1/a/", "b"), "hdfs://nn:1/a/b");
+        assert_eq!(join("/a", "b"), "/a/b");
+    }
+}

@@ -1,0 +1,1299 @@
+//! The Mesos resource manager: a framework speaking the v1 scheduler HTTP
+//! API (`protocols.md` §5); every evaluator is a command task.
+//!
+//! One actor task owns the framework: its id (kept for failover), the
+//! current `Mesos-Stream-Id`, the tasks, the number of evaluators still
+//! wanted, and a view of the agents' free resources from the latest offers.
+//! A subscription task reads the event stream ([`recordio`]) and forwards
+//! events; a caller task sends the other calls in order. Trait calls map to
+//! protocol calls like this:
+//!
+//! - [`ResourceManager::request`]: the count is added to the evaluators
+//!   wanted. Each OFFERS event is packed
+//!   with as many evaluators as fit by cpus and mem (ACCEPT with LAUNCH of
+//!   command tasks: the evaluator command, the [`LaunchSpec`] environment,
+//!   and optionally a URI fetching the evaluator binary); offers not needed
+//!   are DECLINEd with a `refuse_seconds` filter (offers keep coming at that
+//!   pace, so the capacity view stays fresh); a new request REVIVEs, which
+//!   clears the filters. The task id is the container id: a command task
+//!   sees it as `MESOS_TASK_ID`.
+//! - [`ResourceManager::release`]: KILL; the task's terminal UPDATE becomes
+//!   `Completed { released: true }`.
+//! - UPDATE events are ACKNOWLEDGEd (when they carry a uuid) and become
+//!   `Running` (TASK_RUNNING) and `Completed` (terminal states, with the exit
+//!   status parsed from the command executor's message).
+//! - [`ResourceManager::capacity`]: held tasks plus how many evaluators fit
+//!   in the agents' free resources as last offered; a change is sent as
+//!   `CapacityChanged`.
+//! - [`ResourceManager::shutdown`]: KILL every task, wait for their ends (at
+//!   most the kill grace), TEARDOWN.
+//!
+//! Liveness: when no event (HEARTBEAT included) arrives for
+//! `missed_heartbeats` heartbeat intervals, or the stream ends, the actor
+//! subscribes again with its framework id (failover) and sends RECONCILE for
+//! its tasks. A 307 from a non-leading master is followed. ERROR events and a
+//! master that stays unreachable end the framework with `AllocationFailed`.
+//! If the actor is dropped without shutdown, [`TeardownGuard`] tears the
+//! framework down (re-subscribing first if its stream is gone); the
+//! `failover_timeout` is the backstop after that.
+
+pub mod client;
+pub mod recordio;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use serde_json::{Value, json};
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
+
+use crate::http::HttpOptions;
+use crate::{
+    Capacity, ContainerId, ContainerRequest, ExitStatus, LaunchSpec, ResourceManager, RmError,
+    RmEvent,
+};
+use client::{SchedulerClient, next_event};
+
+/// Terminal task states (`isTerminalState` in the master).
+pub const TERMINAL_STATES: [&str; 8] = [
+    "TASK_FINISHED",
+    "TASK_FAILED",
+    "TASK_KILLED",
+    "TASK_LOST",
+    "TASK_ERROR",
+    "TASK_DROPPED",
+    "TASK_GONE",
+    "TASK_GONE_BY_OPERATOR",
+];
+
+/// Settings of the Mesos resource manager.
+#[derive(Debug, Clone)]
+pub struct MesosConfig {
+    /// Master addresses (`host:port` or URLs); a non-leader redirects.
+    pub masters: Vec<String>,
+    /// Retries and timeouts of calls (and of SUBSCRIBE).
+    pub http: HttpOptions,
+    /// `framework_info.user`: the user tasks run as.
+    pub user: String,
+    /// `framework_info.name`.
+    pub framework_name: String,
+    /// The role offers are made for.
+    pub role: String,
+    /// `framework_info.failover_timeout`, seconds.
+    pub failover_timeout_secs: f64,
+    /// `refuse_seconds` of DECLINE filters.
+    pub refuse_seconds: f64,
+    /// Heartbeats that may be missed before re-subscribing.
+    pub missed_heartbeats: u32,
+    /// Task ids are `<prefix>-<n>`.
+    pub task_prefix: String,
+    /// A URI every task fetches (the evaluator binary, made executable);
+    /// the command then runs `./<its file name>`.
+    pub evaluator_uri: Option<String>,
+    /// At shutdown, how long killed tasks get to end before TEARDOWN.
+    pub kill_grace: Duration,
+    /// Container size assumed for capacity before the first request.
+    pub default_size: (u32, u32),
+}
+
+enum Cmd {
+    Request(ContainerRequest, oneshot::Sender<Result<(), RmError>>),
+    Release(ContainerId, oneshot::Sender<Result<(), RmError>>),
+    Capacity(oneshot::Sender<Result<Capacity, RmError>>),
+    Shutdown(oneshot::Sender<Result<(), RmError>>),
+}
+
+/// What the subscription and caller tasks tell the actor.
+enum Note {
+    Subscribed {
+        generation: u64,
+        stream_id: String,
+    },
+    Event {
+        generation: u64,
+        event: Value,
+    },
+    Ended {
+        generation: u64,
+        reason: String,
+        /// SUBSCRIBE itself failed after its retries.
+        fatal: bool,
+    },
+    CallFailed {
+        what: String,
+        tasks: Vec<String>,
+        error: RmError,
+    },
+}
+
+/// The Mesos resource manager (a handle to its actor).
+pub struct MesosRm {
+    cmd: mpsc::Sender<Cmd>,
+    actor: std::sync::Mutex<Option<JoinHandle<()>>>,
+    framework: Arc<Mutex<FrameworkIds>>,
+}
+
+/// The framework's id and current stream, shared with the guard.
+#[derive(Debug, Clone, Default)]
+pub struct FrameworkIds {
+    /// Framework id, once subscribed.
+    pub framework_id: Option<String>,
+    /// The current `Mesos-Stream-Id`.
+    pub stream_id: Option<String>,
+}
+
+impl MesosRm {
+    /// Checks the settings and starts the actor, which subscribes at once.
+    /// Events go to `events`.
+    pub fn start(
+        config: MesosConfig,
+        launch: LaunchSpec,
+        events: mpsc::UnboundedSender<RmEvent>,
+    ) -> Result<MesosRm, RmError> {
+        if config.user.is_empty() || config.framework_name.is_empty() {
+            return Err(RmError::BadRequest(
+                "a Mesos framework needs a user and a name".into(),
+            ));
+        }
+        if launch.program.is_empty() {
+            return Err(RmError::BadRequest("empty evaluator program".into()));
+        }
+        let client = Arc::new(SchedulerClient::new(&config.masters, config.http.clone())?);
+        let ids = Arc::new(Mutex::new(FrameworkIds::default()));
+        let guard = TeardownGuard {
+            masters: config.masters.clone(),
+            subscribe: Value::Null,
+            ids: Arc::clone(&ids),
+            armed: false,
+        };
+        let (cmd_tx, cmd_rx) = mpsc::channel(64);
+        let (note_tx, note_rx) = mpsc::unbounded_channel();
+        let (call_tx, call_rx) = mpsc::unbounded_channel();
+        let caller = tokio::spawn(caller(Arc::clone(&client), call_rx, note_tx.clone()));
+        let actor = Actor {
+            cfg: config,
+            launch,
+            events,
+            client,
+            ids: Arc::clone(&ids),
+            note_tx,
+            call_tx: Some(call_tx),
+            caller: Some(caller),
+            stream: None,
+            generation: 0,
+            stream_id: None,
+            heartbeat: Duration::from_secs(15),
+            last_event: Instant::now(),
+            subscribed_once: false,
+            resubscribes: 0,
+            dead: false,
+            tasks: BTreeMap::new(),
+            wanted: 0,
+            size: None,
+            hosts: Vec::new(),
+            filtered: false,
+            seq: 0,
+            agents: HashMap::new(),
+            reported_capacity: None,
+            guard,
+        };
+        let handle = tokio::spawn(actor.run(cmd_rx, note_rx));
+        Ok(MesosRm {
+            cmd: cmd_tx,
+            actor: std::sync::Mutex::new(Some(handle)),
+            framework: ids,
+        })
+    }
+
+    /// The framework id, once subscribed.
+    pub fn framework_id(&self) -> Option<String> {
+        self.framework
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .framework_id
+            .clone()
+    }
+
+    async fn call<T>(&self, make: impl FnOnce(oneshot::Sender<T>) -> Cmd) -> Result<T, RmError> {
+        let (tx, rx) = oneshot::channel();
+        self.cmd
+            .send(make(tx))
+            .await
+            .map_err(|_| RmError::Stopped("mesos"))?;
+        rx.await.map_err(|_| RmError::Stopped("mesos"))
+    }
+}
+
+#[async_trait]
+impl ResourceManager for MesosRm {
+    fn name(&self) -> &'static str {
+        "mesos"
+    }
+
+    async fn request(&self, req: ContainerRequest) -> Result<(), RmError> {
+        self.call(|tx| Cmd::Request(req, tx)).await?
+    }
+
+    async fn release(&self, container: &ContainerId) -> Result<(), RmError> {
+        let id = container.clone();
+        self.call(|tx| Cmd::Release(id, tx)).await?
+    }
+
+    async fn capacity(&self) -> Result<Capacity, RmError> {
+        self.call(Cmd::Capacity).await?
+    }
+
+    async fn shutdown(&self) -> Result<(), RmError> {
+        let r = self.call(Cmd::Shutdown).await;
+        let handle = self.actor.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(h) = handle {
+            let _ = h.await;
+        }
+        match r {
+            Ok(r) => r,
+            Err(RmError::Stopped(_)) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// Tears the framework down when dropped while armed (the actor was dropped
+/// without shutdown). Sends TEARDOWN on the last stream; if the master
+/// refuses it because that stream is gone, subscribes again with the
+/// framework id and tears down on the new stream. Blocks the dropping thread
+/// for at most a few seconds.
+#[derive(Debug)]
+pub struct TeardownGuard {
+    masters: Vec<String>,
+    subscribe: Value,
+    ids: Arc<Mutex<FrameworkIds>>,
+    armed: bool,
+}
+
+impl Drop for TeardownGuard {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let ids = self.ids.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let Some(fid) = ids.framework_id else {
+            return;
+        };
+        let masters = self.masters.clone();
+        let mut subscribe = self.subscribe.clone();
+        let t = std::thread::spawn(move || {
+            let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            else {
+                return;
+            };
+            rt.block_on(async move {
+                let opts = HttpOptions {
+                    retry: crate::http::RetryPolicy {
+                        attempts: 3,
+                        initial_backoff: Duration::from_millis(100),
+                        max_backoff: Duration::from_millis(500),
+                    },
+                    connect_timeout: Duration::from_secs(2),
+                    request_timeout: Duration::from_secs(5),
+                };
+                let Ok(c) = SchedulerClient::new(&masters, opts) else {
+                    return;
+                };
+                let teardown = json!({"type": "TEARDOWN", "framework_id": {"value": fid}});
+                let first = match &ids.stream_id {
+                    Some(s) => c.call(s, &teardown).await,
+                    None => Err(RmError::Other("no stream".into())),
+                };
+                let result = match first {
+                    Ok(()) => Ok(()),
+                    Err(_) => {
+                        subscribe["framework_id"] = json!({"value": fid});
+                        subscribe["subscribe"]["framework_info"]["id"] = json!({"value": fid});
+                        match tokio::time::timeout(Duration::from_secs(5), c.subscribe(&subscribe))
+                            .await
+                        {
+                            Ok(Ok(sub)) => c.call(&sub.stream_id, &teardown).await,
+                            Ok(Err(e)) => Err(e),
+                            Err(_) => Err(RmError::Other("SUBSCRIBE timed out".into())),
+                        }
+                    }
+                };
+                match result {
+                    Ok(()) => tracing::warn!(framework = %fid, "Mesos framework torn down by its guard (the resource manager was dropped without shutdown)"),
+                    Err(e) => tracing::error!(framework = %fid, "could not tear the Mesos framework down: {e}"),
+                }
+            });
+        });
+        let _ = t.join();
+    }
+}
+
+/// A queued call: its JSON, the stream it belongs to, the tasks it launches
+/// (reported back if it fails) and who waits for it.
+struct CallJob {
+    stream_id: String,
+    body: Value,
+    tasks: Vec<String>,
+    done: Option<oneshot::Sender<Result<(), RmError>>>,
+}
+
+/// Sends calls one after the other, in the order the actor made them.
+async fn caller(
+    client: Arc<SchedulerClient>,
+    mut calls: mpsc::UnboundedReceiver<CallJob>,
+    notes: mpsc::UnboundedSender<Note>,
+) {
+    while let Some(job) = calls.recv().await {
+        let r = client.call(&job.stream_id, &job.body).await;
+        match job.done {
+            Some(done) => {
+                let _ = done.send(r);
+            }
+            None => {
+                if let Err(error) = r {
+                    let what = job.body["type"].as_str().unwrap_or("?").to_string();
+                    let _ = notes.send(Note::CallFailed {
+                        what,
+                        tasks: job.tasks,
+                        error,
+                    });
+                }
+            }
+        }
+    }
+}
+
+/// Reads one subscription's events and forwards them.
+async fn subscription(
+    client: Arc<SchedulerClient>,
+    call: Value,
+    generation: u64,
+    notes: mpsc::UnboundedSender<Note>,
+) {
+    let mut sub = match client.subscribe(&call).await {
+        Ok(s) => s,
+        Err(e) => {
+            let _ = notes.send(Note::Ended {
+                generation,
+                reason: e.to_string(),
+                fatal: true,
+            });
+            return;
+        }
+    };
+    tracing::info!(master = %sub.master, "subscribed to the Mesos master");
+    if notes
+        .send(Note::Subscribed {
+            generation,
+            stream_id: sub.stream_id.clone(),
+        })
+        .is_err()
+    {
+        return;
+    }
+    loop {
+        let (reason, stop) = match next_event(&mut sub.events).await {
+            Ok(Some(event)) => {
+                if notes.send(Note::Event { generation, event }).is_err() {
+                    return;
+                }
+                continue;
+            }
+            Ok(None) => ("the event stream ended".to_string(), true),
+            Err(e) => (e, true),
+        };
+        if stop {
+            let _ = notes.send(Note::Ended {
+                generation,
+                reason: format!("{reason} (master {})", sub.master),
+                fatal: false,
+            });
+            return;
+        }
+    }
+}
+
+struct Task {
+    agent_id: String,
+    host: String,
+    state: String,
+    running: bool,
+    released: bool,
+    cpus: f64,
+    mem: f64,
+}
+
+/// Free resources of an agent, as last offered.
+#[derive(Debug, Clone, Default)]
+struct AgentView {
+    cpus: f64,
+    mem: f64,
+    offers: Vec<String>,
+}
+
+struct Actor {
+    cfg: MesosConfig,
+    launch: LaunchSpec,
+    events: mpsc::UnboundedSender<RmEvent>,
+    client: Arc<SchedulerClient>,
+    ids: Arc<Mutex<FrameworkIds>>,
+    note_tx: mpsc::UnboundedSender<Note>,
+    call_tx: Option<mpsc::UnboundedSender<CallJob>>,
+    caller: Option<JoinHandle<()>>,
+    stream: Option<JoinHandle<()>>,
+    /// Generation of the current subscription (older notes are ignored).
+    generation: u64,
+    stream_id: Option<String>,
+    heartbeat: Duration,
+    last_event: Instant,
+    subscribed_once: bool,
+    /// Re-subscriptions since the last heartbeat or offer.
+    resubscribes: u32,
+    /// The framework ended (ERROR, or the master stayed unreachable).
+    dead: bool,
+    tasks: BTreeMap<String, Task>,
+    wanted: u32,
+    size: Option<(u32, u32)>,
+    hosts: Vec<String>,
+    /// Offers were declined with a filter since the last REVIVE.
+    filtered: bool,
+    seq: u64,
+    agents: HashMap<String, AgentView>,
+    reported_capacity: Option<u32>,
+    guard: TeardownGuard,
+}
+
+impl Actor {
+    async fn run(
+        mut self,
+        mut cmds: mpsc::Receiver<Cmd>,
+        mut notes: mpsc::UnboundedReceiver<Note>,
+    ) {
+        self.guard.subscribe = self.subscribe_call(None);
+        self.subscribe();
+        let mut watchdog = tokio::time::interval(Duration::from_millis(250));
+        watchdog.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                cmd = cmds.recv() => match cmd {
+                    Some(Cmd::Request(req, reply)) => {
+                        let r = self.request(req);
+                        let _ = reply.send(r);
+                    }
+                    Some(Cmd::Release(id, reply)) => {
+                        let r = self.release(&id);
+                        let _ = reply.send(r);
+                    }
+                    Some(Cmd::Capacity(reply)) => {
+                        let r = self.capacity();
+                        let _ = reply.send(r);
+                    }
+                    Some(Cmd::Shutdown(reply)) => {
+                        let r = self.shutdown(&mut notes).await;
+                        let _ = reply.send(r);
+                        return;
+                    }
+                    None => {
+                        if let Err(e) = self.shutdown(&mut notes).await {
+                            tracing::error!("Mesos resource manager dropped; teardown failed: {e}");
+                        }
+                        return;
+                    }
+                },
+                Some(note) = notes.recv() => self.on_note(note),
+                _ = watchdog.tick() => self.check_heartbeat(),
+            }
+        }
+    }
+
+    fn emit(&self, ev: RmEvent) {
+        let _ = self.events.send(ev);
+    }
+
+    fn framework_id(&self) -> Option<String> {
+        self.ids
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .framework_id
+            .clone()
+    }
+
+    fn subscribe_call(&self, fid: Option<&str>) -> Value {
+        let mut info = json!({
+            "user": self.cfg.user,
+            "name": self.cfg.framework_name,
+            "roles": [self.cfg.role],
+            "failover_timeout": self.cfg.failover_timeout_secs,
+            "checkpoint": false,
+            "capabilities": [{"type": "MULTI_ROLE"}],
+        });
+        let mut call = json!({"type": "SUBSCRIBE", "subscribe": {"framework_info": info.clone()}});
+        if let Some(f) = fid {
+            info["id"] = json!({"value": f});
+            call = json!({
+                "type": "SUBSCRIBE",
+                "framework_id": {"value": f},
+                "subscribe": {"framework_info": info},
+            });
+        }
+        call
+    }
+
+    /// Starts a (new) subscription, replacing the current one.
+    fn subscribe(&mut self) {
+        if let Some(s) = self.stream.take() {
+            s.abort();
+        }
+        self.generation += 1;
+        self.stream_id = None;
+        self.set_stream(None);
+        let fid = self.framework_id();
+        let call = self.subscribe_call(fid.as_deref());
+        self.last_event = Instant::now();
+        self.stream = Some(tokio::spawn(subscription(
+            Arc::clone(&self.client),
+            call,
+            self.generation,
+            self.note_tx.clone(),
+        )));
+    }
+
+    fn set_stream(&self, stream: Option<String>) {
+        self.ids.lock().unwrap_or_else(|p| p.into_inner()).stream_id = stream;
+    }
+
+    fn check_heartbeat(&mut self) {
+        if self.dead || self.stream_id.is_none() {
+            return;
+        }
+        let limit = self.heartbeat * self.cfg.missed_heartbeats.max(1);
+        if self.last_event.elapsed() > limit {
+            tracing::warn!(
+                silent_secs = self.last_event.elapsed().as_secs_f64(),
+                "no event from the Mesos master for {} heartbeats; subscribing again",
+                self.cfg.missed_heartbeats
+            );
+            self.client.reset_connections();
+            self.resubscribe("heartbeats stopped".into());
+        }
+    }
+
+    fn resubscribe(&mut self, why: String) {
+        self.resubscribes += 1;
+        if self.resubscribes > self.cfg.http.retry.attempts.max(1) {
+            self.fail(format!(
+                "the Mesos master connection keeps failing ({why}); gave up after {} re-subscriptions",
+                self.resubscribes - 1
+            ));
+            return;
+        }
+        self.subscribe();
+    }
+
+    fn fail(&mut self, reason: String) {
+        if self.dead {
+            return;
+        }
+        tracing::error!("Mesos framework failed: {reason}");
+        self.dead = true;
+        if let Some(s) = self.stream.take() {
+            s.abort();
+        }
+        self.emit(RmEvent::AllocationFailed { reason });
+    }
+
+    /// Queues a call on the current stream (dropped when not subscribed).
+    fn send(&self, body: Value, tasks: Vec<String>) -> bool {
+        let (Some(stream_id), Some(tx)) = (self.stream_id.clone(), &self.call_tx) else {
+            return false;
+        };
+        tx.send(CallJob {
+            stream_id,
+            body,
+            tasks,
+            done: None,
+        })
+        .is_ok()
+    }
+
+    /// A call body for this framework.
+    fn body(&self, ty: &str, payload: Value) -> Value {
+        let mut v =
+            json!({"type": ty, "framework_id": {"value": self.framework_id().unwrap_or_default()}});
+        if !payload.is_null() {
+            v[ty.to_ascii_lowercase()] = payload;
+        }
+        v
+    }
+
+    fn request(&mut self, req: ContainerRequest) -> Result<(), RmError> {
+        if self.dead {
+            return Err(RmError::Other(
+                "the Mesos framework has failed; see the earlier error".into(),
+            ));
+        }
+        if req.count == 0 {
+            return Ok(());
+        }
+        if req.memory_mb == 0 || req.cores == 0 {
+            return Err(RmError::BadRequest(format!(
+                "containers need memory and cores (asked for {} MB, {} cores)",
+                req.memory_mb, req.cores
+            )));
+        }
+        match self.size {
+            None => self.size = Some((req.memory_mb, req.cores)),
+            Some(s) if s != (req.memory_mb, req.cores) && self.wanted > 0 => {
+                return Err(RmError::BadRequest(format!(
+                    "{} evaluators of {} MB, {} cores are still pending; cannot ask for {} MB, {} cores at the same time",
+                    self.wanted, s.0, s.1, req.memory_mb, req.cores
+                )));
+            }
+            Some(_) => self.size = Some((req.memory_mb, req.cores)),
+        }
+        self.hosts = req.hosts;
+        self.wanted += req.count;
+        if self.filtered
+            && self.send(
+                self.body("REVIVE", json!({"roles": [self.cfg.role]})),
+                vec![],
+            )
+        {
+            self.filtered = false;
+        }
+        Ok(())
+    }
+
+    fn release(&mut self, id: &ContainerId) -> Result<(), RmError> {
+        let Some(t) = self.tasks.get_mut(id) else {
+            return Err(RmError::UnknownContainer(id.clone()));
+        };
+        if t.released {
+            return Ok(());
+        }
+        t.released = true;
+        let agent = t.agent_id.clone();
+        let kill = self.body(
+            "KILL",
+            json!({"task_id": {"value": id}, "agent_id": {"value": agent}}),
+        );
+        if !self.send(kill, vec![]) {
+            return Err(RmError::Other(format!(
+                "cannot kill task {id}: not subscribed to a Mesos master"
+            )));
+        }
+        Ok(())
+    }
+
+    fn fit(&self) -> u32 {
+        let (mem, cores) = self.size.unwrap_or(self.cfg.default_size);
+        let (mem, cores) = (f64::from(mem.max(1)), f64::from(cores.max(1)));
+        self.agents
+            .values()
+            .map(|a| {
+                ((a.cpus + 1e-9) / cores)
+                    .floor()
+                    .min(((a.mem + 1e-9) / mem).floor())
+                    .max(0.0) as u32
+            })
+            .sum()
+    }
+
+    fn capacity(&self) -> Result<Capacity, RmError> {
+        let held = self.tasks.len() as u32;
+        Ok(Capacity {
+            max_containers: held + self.fit(),
+            running: held,
+        })
+    }
+
+    fn update_capacity(&mut self) {
+        let max = self.tasks.len() as u32 + self.fit();
+        match self.reported_capacity {
+            None => self.reported_capacity = Some(max),
+            Some(r) if r != max => {
+                self.reported_capacity = Some(max);
+                tracing::info!(max_containers = max, "Mesos capacity changed");
+                self.emit(RmEvent::CapacityChanged {
+                    max_containers: max,
+                });
+            }
+            Some(_) => {}
+        }
+    }
+
+    fn on_note(&mut self, note: Note) {
+        match note {
+            Note::Subscribed {
+                generation,
+                stream_id,
+            } if generation == self.generation => {
+                self.stream_id = Some(stream_id.clone());
+                self.set_stream(Some(stream_id));
+                self.last_event = Instant::now();
+            }
+            Note::Event { generation, event } if generation == self.generation => {
+                self.last_event = Instant::now();
+                self.on_event(event);
+            }
+            Note::Ended {
+                generation,
+                reason,
+                fatal,
+            } if generation == self.generation => {
+                self.stream_id = None;
+                self.set_stream(None);
+                if self.dead {
+                    return;
+                }
+                if fatal {
+                    self.fail(reason);
+                } else {
+                    tracing::warn!("Mesos subscription ended: {reason}; subscribing again");
+                    self.resubscribe(reason);
+                }
+            }
+            Note::CallFailed { what, tasks, error } => {
+                tracing::warn!("Mesos {what} call failed: {error}");
+                for t in tasks {
+                    self.finish_task(
+                        &t,
+                        ExitStatus::Unknown,
+                        format!("launching the task failed: the {what} call failed: {error}"),
+                    );
+                }
+            }
+            _ => {} // a note from an older subscription
+        }
+    }
+
+    fn on_event(&mut self, ev: Value) {
+        let ty = ev["type"].as_str().unwrap_or("");
+        match ty {
+            "SUBSCRIBED" => {
+                let s = &ev["subscribed"];
+                let fid = s["framework_id"]["value"]
+                    .as_str()
+                    .unwrap_or("")
+                    .to_string();
+                if let Some(h) = s["heartbeat_interval_seconds"]
+                    .as_f64()
+                    .filter(|h| *h > 0.0)
+                {
+                    self.heartbeat = Duration::from_secs_f64(h);
+                }
+                let again = self.subscribed_once;
+                self.subscribed_once = true;
+                {
+                    let mut ids = self.ids.lock().unwrap_or_else(|p| p.into_inner());
+                    ids.framework_id = Some(fid.clone());
+                }
+                self.guard.armed = true;
+                tracing::info!(framework = %fid, again, "Mesos framework subscribed");
+                if again && !self.tasks.is_empty() {
+                    let list: Vec<Value> = self
+                        .tasks
+                        .iter()
+                        .map(|(id, t)| json!({"task_id": {"value": id}, "agent_id": {"value": t.agent_id}}))
+                        .collect();
+                    self.send(self.body("RECONCILE", json!({"tasks": list})), vec![]);
+                }
+                if self.wanted > 0 {
+                    self.send(
+                        self.body("REVIVE", json!({"roles": [self.cfg.role]})),
+                        vec![],
+                    );
+                    self.filtered = false;
+                }
+            }
+            "HEARTBEAT" => self.resubscribes = 0,
+            "OFFERS" => {
+                self.resubscribes = 0;
+                let offers = ev["offers"]["offers"]
+                    .as_array()
+                    .cloned()
+                    .unwrap_or_default();
+                self.on_offers(&offers);
+                self.update_capacity();
+            }
+            "RESCIND" => {
+                let oid = ev["rescind"]["offer_id"]["value"].as_str().unwrap_or("");
+                self.agents
+                    .retain(|_, a| !a.offers.iter().any(|o| o == oid));
+                self.update_capacity();
+            }
+            "UPDATE" => self.on_update(&ev["update"]["status"]),
+            "FAILURE" => {
+                let f = &ev["failure"];
+                let agent = f["agent_id"]["value"].as_str().unwrap_or("");
+                if f["executor_id"].is_null() {
+                    tracing::warn!(agent, "Mesos agent lost");
+                    self.agents.remove(agent);
+                    self.update_capacity();
+                } else {
+                    tracing::info!(agent, executor = %f["executor_id"]["value"], status = %f["status"], "Mesos executor ended");
+                }
+            }
+            "ERROR" => {
+                let msg = ev["error"]["message"]
+                    .as_str()
+                    .or(ev["message"].as_str())
+                    .unwrap_or("(no message)");
+                self.fail(format!("the Mesos master sent ERROR: {msg}"));
+            }
+            "MESSAGE" | "INVERSE_OFFERS" | "RESCIND_INVERSE_OFFER" | "UPDATE_OPERATION_STATUS" => {
+                tracing::debug!(event = ty, "ignored Mesos event");
+            }
+            other => tracing::debug!(event = other, "unknown Mesos event"),
+        }
+    }
+
+    fn on_offers(&mut self, offers: &[Value]) {
+        let mut decline = Vec::new();
+        // Replace the view of every agent these offers come from.
+        let mut fresh: HashMap<String, AgentView> = HashMap::new();
+        for o in offers {
+            let agent = o["agent_id"]["value"].as_str().unwrap_or("").to_string();
+            let oid = o["id"]["value"].as_str().unwrap_or("").to_string();
+            let v = fresh.entry(agent).or_default();
+            v.cpus += scalar_sum(&o["resources"], "cpus");
+            v.mem += scalar_sum(&o["resources"], "mem");
+            v.offers.push(oid);
+        }
+        for (agent, v) in fresh {
+            self.agents.insert(agent, v);
+        }
+        for o in offers {
+            let oid = o["id"]["value"].as_str().unwrap_or("").to_string();
+            let agent = o["agent_id"]["value"].as_str().unwrap_or("").to_string();
+            let host = o["hostname"].as_str().unwrap_or("").to_string();
+            let launched = match self.size {
+                Some((mem, cores))
+                    if self.wanted > 0 && (self.hosts.is_empty() || self.hosts.contains(&host)) =>
+                {
+                    self.pack(o, &oid, &agent, &host, f64::from(mem), f64::from(cores))
+                }
+                _ => false,
+            };
+            if !launched {
+                decline.push(json!({"value": oid}));
+            }
+        }
+        if !decline.is_empty() {
+            self.filtered = true;
+            self.send(
+                self.body(
+                    "DECLINE",
+                    json!({"offer_ids": decline, "filters": {"refuse_seconds": self.cfg.refuse_seconds}}),
+                ),
+                vec![],
+            );
+        }
+    }
+
+    /// Launches as many evaluators as fit in one offer. Returns whether the
+    /// offer was accepted.
+    fn pack(
+        &mut self,
+        offer: &Value,
+        oid: &str,
+        agent: &str,
+        host: &str,
+        mem: f64,
+        cores: f64,
+    ) -> bool {
+        let mut pool = Pool::new(&offer["resources"]);
+        let mut infos = Vec::new();
+        let mut ids = Vec::new();
+        while self.wanted > 0 && pool.has("cpus", cores) && pool.has("mem", mem) {
+            let mut resources = pool.take("cpus", cores);
+            resources.extend(pool.take("mem", mem));
+            self.seq += 1;
+            let tid = format!("{}-{:06}", self.cfg.task_prefix, self.seq);
+            infos.push(self.task_info(&tid, agent, resources));
+            ids.push(tid);
+            self.wanted -= 1;
+        }
+        if infos.is_empty() {
+            return false;
+        }
+        let accept = self.body(
+            "ACCEPT",
+            json!({
+                "offer_ids": [{"value": oid}],
+                "operations": [{"type": "LAUNCH", "launch": {"task_infos": infos}}],
+                "filters": {"refuse_seconds": self.cfg.refuse_seconds},
+            }),
+        );
+        if !self.send(accept, ids.clone()) {
+            self.wanted += ids.len() as u32;
+            return false;
+        }
+        if let Some(v) = self.agents.get_mut(agent) {
+            v.cpus -= cores * ids.len() as f64;
+            v.mem -= mem * ids.len() as f64;
+        }
+        for tid in ids {
+            tracing::info!(task = %tid, %host, "launching an evaluator task");
+            self.tasks.insert(
+                tid.clone(),
+                Task {
+                    agent_id: agent.to_string(),
+                    host: host.to_string(),
+                    state: "TASK_STAGING".into(),
+                    running: false,
+                    released: false,
+                    cpus: cores,
+                    mem,
+                },
+            );
+            self.emit(RmEvent::Allocated {
+                container: tid,
+                host: host.to_string(),
+            });
+        }
+        true
+    }
+
+    fn task_info(&self, tid: &str, agent: &str, resources: Vec<Value>) -> Value {
+        let vars: Vec<Value> = self
+            .launch
+            .env
+            .iter()
+            .map(|(k, v)| json!({"name": k, "value": v}))
+            .collect();
+        let (program, uris) = match &self.cfg.evaluator_uri {
+            Some(uri) => {
+                let file = uri
+                    .rsplit('/')
+                    .next()
+                    .filter(|f| !f.is_empty())
+                    .unwrap_or("evaluator");
+                (
+                    format!("./{file}"),
+                    json!([{"value": uri, "executable": true, "extract": false, "cache": false}]),
+                )
+            }
+            None => (self.launch.program.clone(), json!([])),
+        };
+        let mut argv = vec![program.clone()];
+        argv.extend(self.launch.args.iter().cloned());
+        json!({
+            "name": format!("{} evaluator {tid}", self.cfg.framework_name),
+            "task_id": {"value": tid},
+            "agent_id": {"value": agent},
+            "resources": resources,
+            "command": {
+                "shell": false,
+                "value": program,
+                "arguments": argv,
+                "environment": {"variables": vars},
+                "uris": uris,
+            },
+        })
+    }
+
+    fn on_update(&mut self, status: &Value) {
+        let tid = status["task_id"]["value"]
+            .as_str()
+            .unwrap_or("")
+            .to_string();
+        let state = status["state"].as_str().unwrap_or("").to_string();
+        let agent = status["agent_id"]["value"].as_str().unwrap_or("");
+        if let Some(uuid) = status["uuid"].as_str().filter(|u| !u.is_empty())
+            && !agent.is_empty()
+        {
+            self.send(
+                self.body(
+                    "ACKNOWLEDGE",
+                    json!({"agent_id": {"value": agent}, "task_id": {"value": tid}, "uuid": uuid}),
+                ),
+                vec![],
+            );
+        }
+        let Some(t) = self.tasks.get_mut(&tid) else {
+            tracing::debug!(task = %tid, %state, "update for a task this framework does not hold");
+            return;
+        };
+        t.state = state.clone();
+        if state == "TASK_RUNNING" && !t.running {
+            t.running = true;
+            let pid = status["container_status"]["executor_pid"]
+                .as_u64()
+                .and_then(|p| u32::try_from(p).ok());
+            self.emit(RmEvent::Running {
+                container: tid.clone(),
+                pid,
+            });
+            return;
+        }
+        if TERMINAL_STATES.contains(&state.as_str()) {
+            let message = status["message"].as_str().unwrap_or("");
+            let reason = status["reason"].as_str().unwrap_or("");
+            let exit = parse_exit(&state, message);
+            let mut diag = state.clone();
+            if !reason.is_empty() {
+                diag.push_str(&format!(" ({reason})"));
+            }
+            if !message.is_empty() {
+                diag.push_str(&format!(": {message}"));
+            }
+            self.finish_task(&tid, exit, diag);
+        } else if matches!(state.as_str(), "TASK_UNREACHABLE" | "TASK_UNKNOWN") {
+            tracing::warn!(task = %tid, %state, "Mesos task state unclear");
+        }
+    }
+
+    fn finish_task(&mut self, tid: &str, exit: ExitStatus, diagnostics: String) {
+        let Some(t) = self.tasks.remove(tid) else {
+            return;
+        };
+        if let Some(a) = self.agents.get_mut(&t.agent_id) {
+            a.cpus += t.cpus;
+            a.mem += t.mem;
+        }
+        tracing::info!(task = %tid, host = %t.host, %exit, released = t.released, "evaluator task ended");
+        self.emit(RmEvent::Completed {
+            container: tid.to_string(),
+            exit,
+            diagnostics,
+            released: t.released,
+        });
+        self.update_capacity();
+    }
+
+    async fn shutdown(&mut self, notes: &mut mpsc::UnboundedReceiver<Note>) -> Result<(), RmError> {
+        self.wanted = 0;
+        let result = self.teardown(notes).await;
+        let ids: Vec<String> = self.tasks.keys().cloned().collect();
+        for id in ids {
+            if let Some(t) = self.tasks.get_mut(&id) {
+                t.released = true;
+            }
+            self.finish_task(
+                &id,
+                ExitStatus::Unknown,
+                "framework torn down at shutdown".into(),
+            );
+        }
+        if let Some(s) = self.stream.take() {
+            s.abort();
+        }
+        // Close the call queue and let the caller finish what is queued.
+        self.call_tx = None;
+        if let Some(c) = self.caller.take() {
+            let _ = tokio::time::timeout(Duration::from_secs(10), c).await;
+        }
+        result
+    }
+
+    async fn teardown(&mut self, notes: &mut mpsc::UnboundedReceiver<Note>) -> Result<(), RmError> {
+        if self.framework_id().is_none() {
+            if let Some(s) = self.stream.take() {
+                s.abort();
+            }
+            return Ok(());
+        }
+        // Kill every task and wait for their ends (bounded).
+        let ids: Vec<String> = self.tasks.keys().cloned().collect();
+        for id in &ids {
+            let _ = self.release(id);
+        }
+        let deadline = Instant::now() + self.cfg.kill_grace + Duration::from_secs(2);
+        while !self.tasks.is_empty() && self.stream_id.is_some() && Instant::now() < deadline {
+            match tokio::time::timeout_at(deadline.into(), notes.recv()).await {
+                Ok(Some(n)) => self.on_note(n),
+                _ => break,
+            }
+        }
+        let Some(stream_id) = self.stream_id.clone() else {
+            // The stream is gone: the guard re-subscribes to tear down.
+            return Err(RmError::Other(
+                "not subscribed at shutdown; tearing the framework down through its guard".into(),
+            ));
+        };
+        let (done_tx, done_rx) = oneshot::channel();
+        let body = self.body("TEARDOWN", Value::Null);
+        let queued = self.call_tx.as_ref().is_some_and(|tx| {
+            tx.send(CallJob {
+                stream_id,
+                body,
+                tasks: vec![],
+                done: Some(done_tx),
+            })
+            .is_ok()
+        });
+        if !queued {
+            return Err(RmError::Stopped("mesos"));
+        }
+        match done_rx.await {
+            Ok(Ok(())) => {
+                self.guard.armed = false;
+                tracing::info!(framework = ?self.framework_id(), "Mesos framework torn down");
+                Ok(())
+            }
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(RmError::Stopped("mesos")),
+        }
+    }
+}
+
+/// Sum of a scalar resource in a resource list.
+fn scalar_sum(resources: &Value, name: &str) -> f64 {
+    resources
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|r| r["name"] == name && r["type"].as_str().unwrap_or("SCALAR") == "SCALAR")
+        .filter_map(|r| r["scalar"]["value"].as_f64())
+        .sum()
+}
+
+/// The scalar resources of one offer, taken piece by piece for tasks. Each
+/// piece keeps the role, allocation and reservation fields of the offered
+/// resource it comes from.
+struct Pool {
+    entries: Vec<(Value, String, f64)>,
+}
+
+impl Pool {
+    fn new(resources: &Value) -> Pool {
+        let entries = resources
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|r| {
+                r["type"].as_str().unwrap_or("SCALAR") == "SCALAR" && r["revocable"].is_null()
+            })
+            .filter_map(|r| {
+                let name = r["name"].as_str()?.to_string();
+                let v = r["scalar"]["value"].as_f64()?;
+                Some((r.clone(), name, v))
+            })
+            .collect();
+        Pool { entries }
+    }
+
+    fn has(&self, name: &str, amount: f64) -> bool {
+        let total: f64 = self
+            .entries
+            .iter()
+            .filter(|e| e.1 == name)
+            .map(|e| e.2)
+            .sum();
+        total + 1e-9 >= amount
+    }
+
+    fn take(&mut self, name: &str, amount: f64) -> Vec<Value> {
+        let mut left = amount;
+        let mut out = Vec::new();
+        for (template, n, avail) in &mut self.entries {
+            if n != name || left <= 1e-9 || *avail <= 1e-9 {
+                continue;
+            }
+            let part = left.min(*avail);
+            *avail -= part;
+            left -= part;
+            let mut r = template.clone();
+            r["scalar"] = json!({"value": part});
+            out.push(r);
+        }
+        out
+    }
+}
+
+/// The exit status in a terminal update, from the command executor's
+/// message ("Command exited with status 3", "Command terminated with signal
+/// Killed").
+pub fn parse_exit(state: &str, message: &str) -> ExitStatus {
+    if let Some(rest) = message.split("exited with status ").nth(1) {
+        let digits: String = rest
+            .chars()
+            .take_while(|c| c.is_ascii_digit() || *c == '-')
+            .collect();
+        if let Ok(c) = digits.parse() {
+            return ExitStatus::Code(c);
+        }
+    }
+    if let Some(rest) = message.split("terminated with signal ").nth(1) {
+        let name = rest.trim().trim_end_matches('.');
+        if let Some(sig) = signal_number(name) {
+            return ExitStatus::Signal(sig);
+        }
+    }
+    if state == "TASK_FINISHED" {
+        return ExitStatus::Code(0);
+    }
+    ExitStatus::Unknown
+}
+
+fn signal_number(name: &str) -> Option<i32> {
+    let n = match name {
+        "Hangup" | "SIGHUP" => 1,
+        "Interrupt" | "SIGINT" => 2,
+        "Quit" | "SIGQUIT" => 3,
+        "Aborted" | "SIGABRT" => 6,
+        "Killed" | "SIGKILL" => 9,
+        "User defined signal 1" | "SIGUSR1" => 10,
+        "Segmentation fault" | "SIGSEGV" => 11,
+        "User defined signal 2" | "SIGUSR2" => 12,
+        "Broken pipe" | "SIGPIPE" => 13,
+        "Terminated" | "SIGTERM" => 15,
+        other => return other.parse().ok(),
+    };
+    Some(n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exits() {
+        assert_eq!(
+            parse_exit("TASK_FAILED", "Command exited with status 3"),
+            ExitStatus::Code(3)
+        );
+        assert_eq!(
+            parse_exit("TASK_KILLED", "Command terminated with signal Killed"),
+            ExitStatus::Signal(9)
+        );
+        assert_eq!(
+            parse_exit("TASK_KILLED", "Command terminated with signal Terminated"),
+            ExitStatus::Signal(15)
+        );
+        assert_eq!(parse_exit("TASK_FINISHED", ""), ExitStatus::Code(0));
+        assert_eq!(
+            parse_exit("TASK_LOST", "Agent removed"),
+            ExitStatus::Unknown
+        );
+    }
+
+    #[test]
+    fn pool_keeps_roles_and_splits() {
+        let res = json!([
+            {"name": "cpus", "type": "SCALAR", "scalar": {"value": 1.0}, "role": "ml", "reservations": [{"role": "ml"}]},
+            {"name": "cpus", "type": "SCALAR", "scalar": {"value": 3.0}, "role": "*"},
+            {"name": "mem", "type": "SCALAR", "scalar": {"value": 4096.0}, "allocation_info": {"role": "*"}},
+            {"name": "ports", "type": "RANGES", "ranges": {"range": [{"begin": 1, "end": 2}]}},
+        ]);
+        assert_eq!(scalar_sum(&res, "cpus"), 4.0);
+        let mut p = Pool::new(&res);
+        assert!(p.has("cpus", 2.0));
+        let t = p.take("cpus", 2.0);
+        assert_eq!(t.len(), 2);
+        assert_eq!(t[0]["role"], "ml");
+        assert_eq!(t[0]["scalar"]["value"], 1.0);
+        assert_eq!(t[1]["scalar"]["value"], 1.0);
+        assert_eq!(t[1]["role"], "*");
+        let m = p.take("mem", 1024.0);
+        assert_eq!(m[0]["allocation_info"]["role"], "*");
+        assert!(p.has("cpus", 2.0));
+        assert!(!p.has("cpus", 2.5));
+        assert!(p.has("mem", 3072.0));
+    }
+}

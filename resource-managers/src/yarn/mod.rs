@@ -1,0 +1,646 @@
+//! The YARN resource manager: evaluators are the containers of one YARN
+//! service component, managed through the Services REST API; capacity comes
+//! from the RM REST API.
+//!
+//! YARN gives containers only to an ApplicationMaster over the (non-REST)
+//! AM–RM protocol (`protocols.md` §3), so this runtime lets YARN's own
+//! ServiceMaster hold them: the first [`ResourceManager::request`] creates a
+//! service with one component whose `launch_command` is the evaluator command
+//! and whose environment is the [`LaunchSpec`]'s, later requests flex the
+//! component up, [`ResourceManager::release`] decommissions the container's
+//! instance (`decommissioned_instances`), and [`ResourceManager::shutdown`]
+//! destroys the service.
+//!
+//! One actor task owns the service. It polls the service every
+//! `poll_interval` and turns what changed into [`RmEvent`]s: a new container
+//! id → `Allocated` (host = its node), `READY` → `Running`, `STOPPED` or gone
+//! → `Completed` (with the exit status and diagnostics when the server
+//! reports them). Container ids are YARN's, the same string the evaluator
+//! reads from `CONTAINER_ID`. Every `capacity_poll_interval` it reads the
+//! running nodes and computes how many containers of the evaluator size the
+//! job could hold (`held + Σ_nodes min(free MB / size, free vcores / cores)`);
+//! a change seen on two consecutive polls is sent as `CapacityChanged`.
+//!
+//! The service is destroyed on `shutdown`, when every handle is dropped, and
+//! — through [`ServiceGuard`] — when the actor itself is dropped (e.g. its
+//! runtime shuts down), so no service outlives the job. A service `lifetime`
+//! can be set as a last backstop against a killed process.
+
+pub mod rm;
+pub mod services;
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
+
+use crate::http::HttpOptions;
+use crate::{
+    Capacity, ContainerId, ContainerRequest, ExitStatus, LaunchSpec, ResourceManager, RmError,
+    RmEvent,
+};
+use rm::RmClient;
+use services::{ComponentSpec, ENDED_CONTAINER_STATES, ServiceSpec, ServicesClient, valid_name};
+
+/// Where a TARBALL artifact is unpacked in a service container
+/// (`YarnServiceConstants.APP_LIB_DIR`).
+pub const ARTIFACT_DIR: &str = "lib";
+
+/// Settings of the YARN resource manager.
+#[derive(Debug, Clone)]
+pub struct YarnConfig {
+    /// RM web addresses (`host:port` or URLs; several for HA).
+    pub rm_addresses: Vec<String>,
+    /// `user.name` for REST calls (simple authentication), if any.
+    pub user: Option<String>,
+    /// Retries and timeouts of REST calls.
+    pub http: HttpOptions,
+    /// The service's name (a DNS label of at most 63 characters).
+    pub service_name: String,
+    /// The evaluator component's name.
+    pub component: String,
+    /// YARN queue.
+    pub queue: String,
+    /// A TARBALL artifact unpacked into `lib/` of every container.
+    pub tarball: Option<String>,
+    /// Service lifetime in seconds (backstop), if any.
+    pub lifetime_secs: Option<u64>,
+    /// How often the service is polled for container changes.
+    pub poll_interval: Duration,
+    /// How often nodes are polled for capacity.
+    pub capacity_poll_interval: Duration,
+    /// `yarn.scheduler.minimum-allocation-mb`: memory requests are rounded
+    /// up to a multiple of it.
+    pub min_allocation_mb: u32,
+    /// Container size assumed for capacity before the first request.
+    pub default_size: (u32, u32),
+}
+
+enum Cmd {
+    Request(ContainerRequest, oneshot::Sender<Result<(), RmError>>),
+    Release(ContainerId, oneshot::Sender<Result<(), RmError>>),
+    Capacity(oneshot::Sender<Result<Capacity, RmError>>),
+    Shutdown(oneshot::Sender<Result<(), RmError>>),
+}
+
+/// The YARN resource manager (a handle to its actor).
+pub struct YarnRm {
+    cmd: mpsc::Sender<Cmd>,
+    actor: std::sync::Mutex<Option<JoinHandle<()>>>,
+    service: String,
+}
+
+impl YarnRm {
+    /// Checks the settings and starts the actor. Nothing is created on the
+    /// cluster until the first request. Events go to `events`.
+    pub fn start(
+        config: YarnConfig,
+        launch: LaunchSpec,
+        events: mpsc::UnboundedSender<RmEvent>,
+    ) -> Result<YarnRm, RmError> {
+        if !valid_name(&config.service_name, 63) {
+            return Err(RmError::BadRequest(format!(
+                "YARN service name {:?} must be a lowercase DNS label of at most 63 characters",
+                config.service_name
+            )));
+        }
+        if !valid_name(&config.component, 44) {
+            return Err(RmError::BadRequest(format!(
+                "YARN component name {:?} must be a lowercase DNS label of at most 44 characters",
+                config.component
+            )));
+        }
+        if launch.program.is_empty() {
+            return Err(RmError::BadRequest("empty evaluator program".into()));
+        }
+        let rm = RmClient::new(
+            &config.rm_addresses,
+            config.user.clone(),
+            config.http.clone(),
+        )?;
+        let svc = ServicesClient::new(
+            &config.rm_addresses,
+            config.user.clone(),
+            config.http.clone(),
+        )?;
+        let guard = ServiceGuard {
+            addresses: config.rm_addresses.clone(),
+            user: config.user.clone(),
+            name: config.service_name.clone(),
+            armed: false,
+        };
+        let (cmd_tx, cmd_rx) = mpsc::channel(64);
+        let service = config.service_name.clone();
+        let actor = Actor {
+            cfg: config,
+            launch,
+            events,
+            rm: Arc::new(rm),
+            svc: Arc::new(svc),
+            created: false,
+            desired: 0,
+            size: None,
+            known: BTreeMap::new(),
+            gone: HashSet::new(),
+            reported_capacity: None,
+            candidate_capacity: None,
+            failed: false,
+            guard,
+        };
+        let handle = tokio::spawn(actor.run(cmd_rx));
+        Ok(YarnRm {
+            cmd: cmd_tx,
+            actor: std::sync::Mutex::new(Some(handle)),
+            service,
+        })
+    }
+
+    /// The service's name.
+    pub fn service_name(&self) -> &str {
+        &self.service
+    }
+
+    async fn call<T>(&self, make: impl FnOnce(oneshot::Sender<T>) -> Cmd) -> Result<T, RmError> {
+        let (tx, rx) = oneshot::channel();
+        self.cmd
+            .send(make(tx))
+            .await
+            .map_err(|_| RmError::Stopped("yarn"))?;
+        rx.await.map_err(|_| RmError::Stopped("yarn"))
+    }
+}
+
+#[async_trait]
+impl ResourceManager for YarnRm {
+    fn name(&self) -> &'static str {
+        "yarn"
+    }
+
+    async fn request(&self, req: ContainerRequest) -> Result<(), RmError> {
+        self.call(|tx| Cmd::Request(req, tx)).await?
+    }
+
+    async fn release(&self, container: &ContainerId) -> Result<(), RmError> {
+        let id = container.clone();
+        self.call(|tx| Cmd::Release(id, tx)).await?
+    }
+
+    async fn capacity(&self) -> Result<Capacity, RmError> {
+        self.call(Cmd::Capacity).await?
+    }
+
+    async fn shutdown(&self) -> Result<(), RmError> {
+        let r = self.call(Cmd::Shutdown).await;
+        let handle = self.actor.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(h) = handle {
+            let _ = h.await;
+        }
+        match r {
+            Ok(r) => r,
+            Err(RmError::Stopped(_)) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// Destroys the service when dropped while armed: the last line of defence
+/// against a leaked service when the actor is dropped without shutting down
+/// (its runtime stopped, a panic). It blocks the dropping thread for at most
+/// a few seconds while a helper thread sends the `DELETE`.
+#[derive(Debug)]
+pub struct ServiceGuard {
+    addresses: Vec<String>,
+    user: Option<String>,
+    name: String,
+    armed: bool,
+}
+
+impl ServiceGuard {
+    fn destroy_blocking(&self) {
+        let addresses = self.addresses.clone();
+        let user = self.user.clone();
+        let name = self.name.clone();
+        let t = std::thread::spawn(move || {
+            let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            else {
+                return;
+            };
+            rt.block_on(async {
+                let opts = HttpOptions {
+                    retry: crate::http::RetryPolicy {
+                        attempts: 3,
+                        initial_backoff: Duration::from_millis(100),
+                        max_backoff: Duration::from_millis(500),
+                    },
+                    connect_timeout: Duration::from_secs(2),
+                    request_timeout: Duration::from_secs(5),
+                };
+                let Ok(c) = ServicesClient::new(&addresses, user, opts) else {
+                    return;
+                };
+                match c.destroy(&name).await {
+                    Ok(_) => tracing::warn!(service = %name, "YARN service destroyed by its guard (the resource manager was dropped without shutdown)"),
+                    Err(e) => tracing::error!(service = %name, "could not destroy the YARN service: {e}"),
+                }
+            });
+        });
+        let _ = t.join();
+    }
+}
+
+impl Drop for ServiceGuard {
+    fn drop(&mut self) {
+        if self.armed {
+            self.destroy_blocking();
+        }
+    }
+}
+
+struct Known {
+    instance: String,
+    running: bool,
+    released: bool,
+}
+
+struct Actor {
+    cfg: YarnConfig,
+    launch: LaunchSpec,
+    events: mpsc::UnboundedSender<RmEvent>,
+    rm: Arc<RmClient>,
+    svc: Arc<ServicesClient>,
+    /// Whether the service exists (as far as this job knows).
+    created: bool,
+    /// The component's count as last set.
+    desired: u32,
+    /// Evaluator size (memory MB, cores), fixed by the first request.
+    size: Option<(u32, u32)>,
+    /// Live containers seen in the service.
+    known: BTreeMap<ContainerId, Known>,
+    /// Containers already reported completed.
+    gone: HashSet<ContainerId>,
+    reported_capacity: Option<u32>,
+    candidate_capacity: Option<u32>,
+    /// Polling gave up (the RM stayed unreachable); reported once.
+    failed: bool,
+    guard: ServiceGuard,
+}
+
+/// `s` quoted for `bash -c` when it needs it.
+pub fn shell_quote(s: &str) -> String {
+    let plain = !s.is_empty()
+        && s.bytes().all(|b| {
+            b.is_ascii_alphanumeric()
+                || matches!(
+                    b,
+                    b'_' | b'.' | b'/' | b':' | b'=' | b'@' | b'%' | b'+' | b',' | b'-'
+                )
+        });
+    if plain {
+        s.to_string()
+    } else {
+        format!("'{}'", s.replace('\'', r"'\''"))
+    }
+}
+
+impl Actor {
+    async fn run(mut self, mut cmds: mpsc::Receiver<Cmd>) {
+        let mut poll = tokio::time::interval(self.cfg.poll_interval);
+        poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut cap = tokio::time::interval(self.cfg.capacity_poll_interval);
+        cap.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                cmd = cmds.recv() => match cmd {
+                    Some(Cmd::Request(req, reply)) => {
+                        let r = self.request(req).await;
+                        let _ = reply.send(r);
+                    }
+                    Some(Cmd::Release(id, reply)) => {
+                        let r = self.release(&id).await;
+                        let _ = reply.send(r);
+                    }
+                    Some(Cmd::Capacity(reply)) => {
+                        let r = self.capacity().await;
+                        let _ = reply.send(r);
+                    }
+                    Some(Cmd::Shutdown(reply)) => {
+                        let r = self.destroy().await;
+                        let _ = reply.send(r);
+                        return;
+                    }
+                    None => {
+                        // Every handle is gone: do not leak the service.
+                        if let Err(e) = self.destroy().await {
+                            tracing::error!("YARN resource manager dropped; destroying the service failed: {e}");
+                        }
+                        return;
+                    }
+                },
+                _ = poll.tick(), if self.created && !self.failed => self.poll().await,
+                _ = cap.tick(), if !self.failed => self.capacity_tick().await,
+            }
+        }
+    }
+
+    fn emit(&self, ev: RmEvent) {
+        let _ = self.events.send(ev);
+    }
+
+    fn launch_command(&self) -> String {
+        let mut parts = vec![shell_quote(&self.launch.program)];
+        parts.extend(self.launch.args.iter().map(|a| shell_quote(a)));
+        parts.join(" ")
+    }
+
+    fn normalize(&self, mem: u32) -> u32 {
+        let m = self.cfg.min_allocation_mb.max(1);
+        mem.div_ceil(m).max(1) * m
+    }
+
+    async fn request(&mut self, req: ContainerRequest) -> Result<(), RmError> {
+        if req.count == 0 {
+            return Ok(());
+        }
+        if req.memory_mb == 0 || req.cores == 0 {
+            return Err(RmError::BadRequest(format!(
+                "containers need memory and cores (asked for {} MB, {} cores)",
+                req.memory_mb, req.cores
+            )));
+        }
+        match self.size {
+            None => self.size = Some((req.memory_mb, req.cores)),
+            Some(s) if s != (req.memory_mb, req.cores) => {
+                return Err(RmError::BadRequest(format!(
+                    "the YARN runtime runs one evaluator size per job: {} MB, {} cores were asked for first, now {} MB, {} cores",
+                    s.0, s.1, req.memory_mb, req.cores
+                )));
+            }
+            Some(_) => {}
+        }
+        if !req.hosts.is_empty() {
+            tracing::debug!(hosts = ?req.hosts, "YARN services place containers themselves; host preferences are ignored");
+        }
+        let target = self.desired + req.count;
+        let name = self.cfg.service_name.clone();
+        if self.created {
+            self.svc.flex(&name, &self.cfg.component, target).await?;
+            tracing::info!(service = %name, from = self.desired, to = target, "flexed the evaluator component");
+        } else {
+            let spec = ServiceSpec {
+                name: name.clone(),
+                version: "1".into(),
+                queue: self.cfg.queue.clone(),
+                lifetime_secs: self.cfg.lifetime_secs,
+                component: ComponentSpec {
+                    name: self.cfg.component.clone(),
+                    count: target,
+                    launch_command: self.launch_command(),
+                    env: self.launch.env.clone(),
+                    memory_mb: req.memory_mb,
+                    cpus: req.cores,
+                    tarball: self.cfg.tarball.clone(),
+                },
+            };
+            // Arm first: a create that times out may still have happened.
+            self.guard.armed = true;
+            match self.svc.create(&spec).await {
+                Ok(()) => {}
+                Err(RmError::Http { message, .. }) if message.contains("already taken") => {
+                    tracing::warn!(service = %name, "a service with this name exists (an earlier attempt of this job?); replacing it");
+                    self.svc.destroy(&name).await?;
+                    self.svc.create(&spec).await?;
+                }
+                Err(e) => return Err(e),
+            }
+            self.created = true;
+            tracing::info!(service = %name, containers = target, "created the YARN service");
+        }
+        self.desired = target;
+        Ok(())
+    }
+
+    async fn release(&mut self, id: &ContainerId) -> Result<(), RmError> {
+        let Some(k) = self.known.get(id) else {
+            return Err(RmError::UnknownContainer(id.clone()));
+        };
+        if k.released {
+            return Ok(());
+        }
+        let instance = k.instance.clone();
+        self.svc
+            .decommission(
+                &self.cfg.service_name,
+                &self.cfg.component,
+                std::slice::from_ref(&instance),
+            )
+            .await?;
+        if let Some(k) = self.known.get_mut(id) {
+            k.released = true;
+        }
+        self.desired = self.desired.saturating_sub(1);
+        tracing::info!(container = %id, %instance, "decommissioned");
+        Ok(())
+    }
+
+    async fn poll(&mut self) {
+        match self.svc.get(&self.cfg.service_name).await {
+            Ok(Some(report)) => self.apply(&report),
+            Ok(None) => {
+                let why = format!(
+                    "YARN service {} no longer exists (destroyed outside this job, or its lifetime ran out)",
+                    self.cfg.service_name
+                );
+                let ids: Vec<ContainerId> = self.known.keys().cloned().collect();
+                for id in ids {
+                    self.complete(&id, ExitStatus::Unknown, why.clone());
+                }
+                self.created = false;
+                self.guard.armed = false;
+                if self.desired > 0 {
+                    self.emit(RmEvent::AllocationFailed { reason: why });
+                }
+            }
+            Err(e) => {
+                self.failed = true;
+                self.emit(RmEvent::AllocationFailed {
+                    reason: format!("polling the YARN service failed: {e}"),
+                });
+            }
+        }
+    }
+
+    fn apply(&mut self, report: &services::ServiceReport) {
+        let Some(comp) = report.component(&self.cfg.component) else {
+            tracing::warn!(service = %self.cfg.service_name, component = %self.cfg.component, "the service has no such component");
+            return;
+        };
+        let mut seen = HashSet::new();
+        for c in &comp.containers {
+            if c.id.is_empty() || self.gone.contains(&c.id) {
+                continue;
+            }
+            seen.insert(c.id.clone());
+            if !self.known.contains_key(&c.id) {
+                let host = if c.bare_host.is_empty() {
+                    c.hostname.clone()
+                } else {
+                    c.bare_host.clone()
+                };
+                self.known.insert(
+                    c.id.clone(),
+                    Known {
+                        instance: c.component_instance_name.clone(),
+                        running: false,
+                        released: false,
+                    },
+                );
+                self.emit(RmEvent::Allocated {
+                    container: c.id.clone(),
+                    host,
+                });
+            }
+            if c.state == "READY"
+                && let Some(k) = self.known.get_mut(&c.id)
+                && !k.running
+            {
+                k.running = true;
+                self.emit(RmEvent::Running {
+                    container: c.id.clone(),
+                    pid: None,
+                });
+            }
+            if ENDED_CONTAINER_STATES.contains(&c.state.as_str()) {
+                let exit = c.exit_status.map_or(ExitStatus::Unknown, ExitStatus::Code);
+                let diag = match &c.diagnostics {
+                    Some(d) if !d.trim().is_empty() => d.trim().to_string(),
+                    _ => format!(
+                        "container {} (instance {}) is {}",
+                        c.id, c.component_instance_name, c.state
+                    ),
+                };
+                self.complete(&c.id, exit, diag);
+            }
+        }
+        let vanished: Vec<ContainerId> = self
+            .known
+            .keys()
+            .filter(|id| !seen.contains(*id))
+            .cloned()
+            .collect();
+        for id in vanished {
+            let instance = self
+                .known
+                .get(&id)
+                .map(|k| k.instance.clone())
+                .unwrap_or_default();
+            self.complete(
+                &id,
+                ExitStatus::Unknown,
+                format!(
+                    "container {id} (instance {instance}) is no longer listed by the YARN Services API"
+                ),
+            );
+        }
+    }
+
+    fn complete(&mut self, id: &ContainerId, exit: ExitStatus, diagnostics: String) {
+        let Some(k) = self.known.remove(id) else {
+            return;
+        };
+        self.gone.insert(id.clone());
+        self.emit(RmEvent::Completed {
+            container: id.clone(),
+            exit,
+            diagnostics,
+            released: k.released,
+        });
+    }
+
+    async fn capacity(&mut self) -> Result<Capacity, RmError> {
+        let fit = self.fit().await?;
+        Ok(Capacity {
+            max_containers: self.known.len() as u32 + fit,
+            running: self.known.len() as u32,
+        })
+    }
+
+    /// How many more evaluators fit on the running nodes.
+    async fn fit(&self) -> Result<u32, RmError> {
+        let nodes = self.rm.running_nodes().await?;
+        let (mem, cores) = self.size.unwrap_or(self.cfg.default_size);
+        let mem = i64::from(self.normalize(mem));
+        let cores = i64::from(cores.max(1));
+        let fit: i64 = nodes
+            .iter()
+            .map(|n| (n.avail_memory_mb.max(0) / mem).min(n.available_virtual_cores.max(0) / cores))
+            .sum();
+        Ok(u32::try_from(fit).unwrap_or(u32::MAX))
+    }
+
+    async fn capacity_tick(&mut self) {
+        let max = match self.fit().await {
+            Ok(fit) => self.known.len() as u32 + fit,
+            Err(e) => {
+                tracing::warn!("reading YARN capacity failed: {e}");
+                return;
+            }
+        };
+        match self.reported_capacity {
+            None => self.reported_capacity = Some(max),
+            Some(r) if r == max => self.candidate_capacity = None,
+            Some(_) => {
+                if self.candidate_capacity == Some(max) {
+                    self.reported_capacity = Some(max);
+                    self.candidate_capacity = None;
+                    tracing::info!(max_containers = max, "YARN capacity changed");
+                    self.emit(RmEvent::CapacityChanged {
+                        max_containers: max,
+                    });
+                } else {
+                    self.candidate_capacity = Some(max);
+                }
+            }
+        }
+    }
+
+    async fn destroy(&mut self) -> Result<(), RmError> {
+        if !self.created {
+            return Ok(());
+        }
+        let name = self.cfg.service_name.clone();
+        let existed = self.svc.destroy(&name).await?;
+        self.created = false;
+        self.guard.armed = false;
+        tracing::info!(service = %name, existed, "destroyed the YARN service");
+        let ids: Vec<ContainerId> = self.known.keys().cloned().collect();
+        for id in ids {
+            if let Some(k) = self.known.get_mut(&id) {
+                k.released = true;
+            }
+            self.complete(
+                &id,
+                ExitStatus::Unknown,
+                format!("YARN service {name} destroyed at shutdown"),
+            );
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quoting() {
+        assert_eq!(shell_quote("./lib/cruise"), "./lib/cruise");
+        assert_eq!(shell_quote("a b"), "'a b'");
+        assert_eq!(shell_quote("it's"), r"'it'\''s'");
+        assert_eq!(shell_quote(""), "''");
+    }
+}
