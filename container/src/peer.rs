@@ -142,6 +142,8 @@ struct Inner {
     conns: Mutex<HashMap<EvaluatorId, Arc<OutConn>>>,
     counters: ServeCounters,
     faults: Faults,
+    /// Fault hooks of bulk (move) connections only, on both ends.
+    bulk_faults: Faults,
     /// Everything stops.
     cancel: CancellationToken,
     /// Inbound connections say goodbye.
@@ -186,6 +188,7 @@ impl DataPlane {
                 conns: Mutex::new(HashMap::new()),
                 counters: ServeCounters::default(),
                 faults,
+                bulk_faults: Faults::default(),
                 cancel: parent.child_token(),
                 leaving: CancellationToken::new(),
                 tasks: TaskTracker::new(),
@@ -203,6 +206,18 @@ impl DataPlane {
     /// The listening address.
     pub fn local_addr(&self) -> SocketAddr {
         self.inner.local_addr
+    }
+
+    /// Fault hooks of this data plane's bulk (block-move) connections only,
+    /// as source and as destination: a test breaks a move with them without
+    /// touching request traffic. The hooks given to [`DataPlane::start`]
+    /// apply to bulk connections too.
+    pub fn bulk_faults(&self) -> &Faults {
+        &self.inner.bulk_faults
+    }
+
+    fn bulk_broken(&self) -> bool {
+        self.inner.faults.is_broken() || self.inner.bulk_faults.is_broken()
     }
 
     /// The store this data plane serves.
@@ -369,8 +384,10 @@ impl DataPlane {
 
     /// Moves `blocks` of `table` to `to`, one block at a time over one bulk
     /// connection. Reports each installed block with [`EvalToAm::BlockMoved`]
-    /// on `report`. On failure the block in flight returns to this evaluator
-    /// and the error is returned; blocks already moved stay moved.
+    /// on `report`. On failure the block in flight ends up with exactly one
+    /// owner — here, or at `to` if it had landed there before the connection
+    /// failed (then it is reported too) — and the error is returned; blocks
+    /// already moved stay moved.
     pub async fn move_blocks(
         &self,
         move_id: u64,
@@ -383,53 +400,63 @@ impl DataPlane {
         let mut bulk: Framed<TcpStream, FrameCodec<BulkToDest, BulkToSource>> =
             self.open(to, addr, Purpose::Bulk).await?;
         let mut total = 0u64;
+        let moved = |block: BlockId, bytes: u64| EvalToAm::BlockMoved {
+            move_id,
+            table,
+            block,
+            to,
+            bytes,
+        };
         for &block in blocks {
-            self.request(
-                to,
-                PeerRequest::Handover {
-                    table,
-                    block,
-                    move_id,
-                },
-            )
-            .await?;
+            let handover = PeerRequest::Handover {
+                table,
+                block,
+                move_id,
+            };
+            if let Err(e) = self.request(to, handover).await {
+                // The destination may have taken the handover before the
+                // connection failed: let it go (the block never left here).
+                let _ = self.call_off(to, table, block).await;
+                return Err(e);
+            }
             let data = match self.inner.store.take_for_move(table, block, to) {
                 Ok(d) => d,
                 Err(e) => {
-                    let _ = self
-                        .request(to, PeerRequest::AbortHandover { table, block })
-                        .await;
+                    let _ = self.call_off(to, table, block).await;
                     return Err(e.into());
                 }
             };
+            let encoded = data.encode();
+            let bytes = encoded.len() as u64;
             match self
-                .stream_block(&mut bulk, move_id, table, block, &data, to)
+                .stream_block(&mut bulk, move_id, table, block, &encoded, to)
                 .await
             {
-                Ok(bytes) => {
+                Ok(()) => {
                     self.inner.store.finish_move(table, block)?;
                     total += bytes;
-                    let _ = report
-                        .send(EvalToAm::BlockMoved {
-                            move_id,
-                            table,
-                            block,
-                            to,
-                            bytes,
-                        })
-                        .await;
+                    let _ = report.send(moved(block, bytes)).await;
                 }
                 Err(e) => {
-                    // Take the block back first, then let the destination
-                    // release what it queued (nothing of it was applied).
-                    self.inner.store.restore(table, block, data)?;
-                    if let Err(abort) = self
-                        .request(to, PeerRequest::AbortHandover { table, block })
-                        .await
-                    {
-                        tracing::warn!(
-                            "abort of block {block} of table {table} at evaluator {to}: {abort}"
-                        );
+                    // Whether the block landed is unknown: queue operations
+                    // on it here and ask the destination, which decides
+                    // under its block lock.
+                    self.inner.store.recall(table, block)?;
+                    match self.call_off(to, table, block).await {
+                        Some(true) => {
+                            // It landed: the move took place. What queued
+                            // here meanwhile goes to the new owner.
+                            self.inner.store.abort_incoming(table, block)?;
+                            let _ = report.send(moved(block, bytes)).await;
+                        }
+                        answer => {
+                            if answer.is_none() {
+                                tracing::warn!(
+                                    "evaluator {to} did not answer whether block {block} of table {table} landed; keeping it here"
+                                );
+                            }
+                            self.inner.store.install(table, block, data)?;
+                        }
                     }
                     return Err(e);
                 }
@@ -439,20 +466,47 @@ impl DataPlane {
         Ok(total)
     }
 
+    /// Asks `to` to call off the handover of a block (idempotent, so it is
+    /// sent again if the connection fails). `Some(installed)` is its answer;
+    /// `None` if it could not be reached.
+    async fn call_off(&self, to: EvaluatorId, table: TableId, block: BlockId) -> Option<bool> {
+        let mut backoff = Duration::from_millis(10);
+        for _ in 0..8 {
+            match self
+                .request(to, PeerRequest::AbortHandover { table, block })
+                .await
+            {
+                Ok(PeerResponse::HandoverOutcome { installed }) => return Some(installed),
+                Ok(other) => {
+                    tracing::warn!("evaluator {to} answered a call-off with {other:?}");
+                    return None;
+                }
+                Err(e) => {
+                    tracing::debug!("calling off block {block} of table {table} at {to}: {e}");
+                }
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(backoff) => {}
+                _ = self.inner.cancel.cancelled() => return None,
+            }
+            backoff = (backoff * 2).min(Duration::from_millis(500));
+        }
+        None
+    }
+
     async fn stream_block(
         &self,
         bulk: &mut Framed<TcpStream, FrameCodec<BulkToDest, BulkToSource>>,
         move_id: u64,
         table: TableId,
         block: BlockId,
-        data: &BlockData,
+        bytes: &[u8],
         to: EvaluatorId,
-    ) -> Result<u64, PeerError> {
+    ) -> Result<(), PeerError> {
         let conn_err = |e: protocol::ProtocolError| PeerError::Connection {
             peer: to,
             message: e.to_string(),
         };
-        let bytes = data.encode();
         bulk.feed(BulkToDest::Begin {
             move_id,
             table,
@@ -462,7 +516,7 @@ impl DataPlane {
         .await
         .map_err(conn_err)?;
         for chunk in bytes.chunks(self.inner.settings.chunk_bytes.max(1)) {
-            if self.inner.faults.is_broken() {
+            if self.bulk_broken() {
                 return Err(PeerError::Connection {
                     peer: to,
                     message: "connection broken (injected fault)".into(),
@@ -476,12 +530,14 @@ impl DataPlane {
         let answer = tokio::select! {
             a = bulk.next() => a,
             _ = self.inner.cancel.cancelled() => None,
+            _ = self.inner.faults.broken() => None,
+            _ = self.inner.bulk_faults.broken() => None,
         };
         match answer {
             Some(Ok(BulkToSource::Installed { table: t, block: b }))
                 if t == table && b == block =>
             {
-                Ok(bytes.len() as u64)
+                Ok(())
             }
             Some(Ok(BulkToSource::Failed { reason, .. })) => Err(PeerError::Remote {
                 peer: to,
@@ -780,7 +836,9 @@ impl DataPlane {
                     .inner
                     .store
                     .abort_incoming(table, block)
-                    .map(|()| PeerResponse::Done)
+                    .map(|o| PeerResponse::HandoverOutcome {
+                        installed: o == store::AbortOutcome::Installed,
+                    })
                     .map_err(|e| RemoteError::fatal(e.to_string()));
                 futures::future::ready(r).boxed()
             }
@@ -811,6 +869,7 @@ impl DataPlane {
             let frame = tokio::select! {
                 _ = self.inner.cancel.cancelled() => return,
                 _ = self.inner.faults.broken() => return,
+                _ = self.inner.bulk_faults.broken() => return,
                 f = stream.next() => f,
             };
             let frame = match frame {

@@ -27,10 +27,17 @@
 //! where it is queued. When the data lands, `D` installs it, applies the queue in
 //! arrival order and owns the block ([`Store::install`]). Each operation is
 //! applied exactly once: before the handover on `S` (and so included in the
-//! data) or after it on `D`. If the transfer fails, `S` takes the block back
-//! ([`Store::restore`]) and `D` answers what it queued with a retryable error
-//! ([`Store::abort_incoming`]) — nothing queued had been applied, so sending it
-//! again is safe.
+//! data) or after it on `D`.
+//!
+//! If the transfer fails, `S` cannot tell whether `D` installed the block just
+//! before (the answer may be lost with the connection), so it does not simply
+//! take the block back: it queues operations on it ([`Store::recall`]) and asks
+//! `D` to call the move off ([`Store::abort_incoming`], under `D`'s block lock).
+//! If `D` had not installed it, `D` answers what it queued with a retryable
+//! error — nothing queued had been applied, so sending it again is safe — and
+//! `S` owns the block again ([`Store::install`] of its own data, applying its
+//! queue). If `D` had, the move took place: `S`'s queue goes to `D`. Either
+//! way exactly one of them owns the block.
 
 mod block;
 
@@ -170,6 +177,30 @@ impl StoreOp {
     pub fn byte_len(&self) -> usize {
         self.values.byte_len() + self.keys.len() * 8
     }
+}
+
+/// What one store holds for one block, as seen by [`Store::slot_kind`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SlotKind {
+    /// Never held here.
+    Absent,
+    /// Held here: operations are applied.
+    Owned,
+    /// Handed over to this evaluator, data on its way: operations queue.
+    Incoming,
+    /// Being moved away: the data is in transit and may come back.
+    MovingOut,
+    /// Moved away: operations are forwarded to the new owner.
+    MovedAway,
+}
+
+/// The answer of [`Store::abort_incoming`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AbortOutcome {
+    /// The block was not installed here; the source owns it.
+    Aborted,
+    /// The block had already been installed here: the move took place.
+    Installed,
 }
 
 /// The outcome of (part of) an operation.
@@ -630,6 +661,22 @@ impl Store {
         Ok(())
     }
 
+    /// The state of one block's slot here (for checks and tests; takes the
+    /// block's lock briefly, nothing else).
+    pub fn slot_kind(&self, table: TableId, block: BlockId) -> Result<SlotKind, StoreError> {
+        let t = self.table(table)?;
+        let slot = lock(Self::slot(&t, table, block)?);
+        Ok(match &*slot {
+            Slot::Absent => SlotKind::Absent,
+            Slot::Owned(_) => SlotKind::Owned,
+            Slot::Incoming { .. } => SlotKind::Incoming,
+            Slot::Forwarding {
+                in_flight: true, ..
+            } => SlotKind::MovingOut,
+            Slot::Forwarding { .. } => SlotKind::MovedAway,
+        })
+    }
+
     /// Blocks of a table owned here, in order.
     pub fn local_blocks(&self, table: TableId) -> Vec<BlockId> {
         let Ok(t) = self.table(table) else {
@@ -727,21 +774,42 @@ impl Store {
         }
     }
 
-    /// Destination: the move failed, the source keeps the block. Answers every
-    /// queued operation with a retryable error (none was applied) and forwards
-    /// later operations to the source.
-    pub fn abort_incoming(&self, table: TableId, block: BlockId) -> Result<(), StoreError> {
+    /// Destination: the source asks to call the move off (its transfer
+    /// failed). Under the block's lock, one of:
+    /// - still `Incoming`: answers every queued operation with a retryable
+    ///   error (none was applied), forwards later operations to the source,
+    ///   and returns [`AbortOutcome::Aborted`];
+    /// - `Owned`: the data had already landed (the source lost the answer
+    ///   with its connection): nothing changes, [`AbortOutcome::Installed`]
+    ///   tells the source that the move took place;
+    /// - `Absent` or moved away: the handover never arrived or was already
+    ///   called off (the request is idempotent): [`AbortOutcome::Aborted`].
+    ///
+    /// A source that [recalled](Store::recall) a block uses this too, when the
+    /// destination answers `Installed`: its queue goes to the destination.
+    pub fn abort_incoming(
+        &self,
+        table: TableId,
+        block: BlockId,
+    ) -> Result<AbortOutcome, StoreError> {
         let t = self.table(table)?;
         let queue = {
             let mut slot = lock(Self::slot(&t, table, block)?);
-            let Slot::Incoming { from, .. } = &*slot else {
-                return Err(StoreError::BadState {
-                    table,
-                    block,
-                    message: format!("cannot abort receiving a block that is {}", slot.name()),
-                });
+            let from = match &*slot {
+                Slot::Incoming { from, .. } => *from,
+                Slot::Owned(_) => return Ok(AbortOutcome::Installed),
+                Slot::Absent
+                | Slot::Forwarding {
+                    in_flight: false, ..
+                } => return Ok(AbortOutcome::Aborted),
+                other => {
+                    return Err(StoreError::BadState {
+                        table,
+                        block,
+                        message: format!("cannot abort receiving a block that is {}", other.name()),
+                    });
+                }
             };
-            let from = *from;
             match std::mem::replace(
                 &mut *slot,
                 Slot::Forwarding {
@@ -755,10 +823,10 @@ impl Store {
         };
         for q in queue {
             let _ = q.reply.send(Err(RemoteError::retry(format!(
-                "the move of block {block} of table {table} was aborted; send again"
+                "the move of block {block} of table {table} was called off; send again"
             ))));
         }
-        Ok(())
+        Ok(AbortOutcome::Aborted)
     }
 
     /// Destination: the data arrived. Applies the queued operations in order
@@ -838,6 +906,36 @@ impl Store {
                 table,
                 block,
                 message: "changed while handing over".into(),
+            }),
+        }
+    }
+
+    /// Source: the transfer failed without telling whether the destination
+    /// installed the block (its answer may have been lost with the
+    /// connection). Takes the block `Incoming` here, so operations on it
+    /// queue, until the destination says: not installed → [`Store::install`]
+    /// the data kept for the move (this evaluator owns the block again and
+    /// applies the queue); installed → [`Store::abort_incoming`] (the queue
+    /// is answered retryably and later operations are forwarded to the
+    /// destination).
+    pub fn recall(&self, table: TableId, block: BlockId) -> Result<(), StoreError> {
+        let t = self.table(table)?;
+        let mut slot = lock(Self::slot(&t, table, block)?);
+        match &*slot {
+            Slot::Forwarding {
+                to,
+                in_flight: true,
+            } => {
+                *slot = Slot::Incoming {
+                    from: *to,
+                    queue: Vec::new(),
+                };
+                Ok(())
+            }
+            other => Err(StoreError::BadState {
+                table,
+                block,
+                message: format!("recalling a block that is {}", other.name()),
             }),
         }
     }

@@ -200,7 +200,15 @@ async fn aborted_move_restores_source_and_fails_queue_retryably() {
         panic!("expected queued")
     };
     src.restore(MODEL_TABLE, 1, data).unwrap();
-    dst.abort_incoming(MODEL_TABLE, 1).unwrap();
+    assert_eq!(
+        dst.abort_incoming(MODEL_TABLE, 1).unwrap(),
+        AbortOutcome::Aborted
+    );
+    assert_eq!(
+        dst.abort_incoming(MODEL_TABLE, 1).unwrap(),
+        AbortOutcome::Aborted,
+        "calling off twice is harmless"
+    );
     let err = rx.await.unwrap().unwrap_err();
     assert!(err.retry, "{err}");
     // The source owns it again and the queued update was not applied anywhere.
@@ -339,5 +347,78 @@ fn state_blocks_are_held_during_access() {
             floats: vec![2.0],
             ints: vec![]
         })
+    );
+}
+
+/// The source's transfer failed after the block landed (the answer was lost
+/// with the connection): the source recalls the block, the destination says
+/// it is installed, and the source's queue goes there. One owner, every
+/// operation applied once.
+#[tokio::test]
+async fn recall_after_a_lost_answer_hands_the_queue_to_the_destination() {
+    let src = store(1);
+    let dst = store(2);
+    src.create_blocks(MODEL_TABLE, &[2]).unwrap();
+    let k = keys_in_block(2, 1);
+    dst.begin_incoming(MODEL_TABLE, 2, 1).unwrap();
+    let data = src.take_for_move(MODEL_TABLE, 2, 2).unwrap();
+    dst.install(MODEL_TABLE, 2, data.clone()).unwrap();
+    // The source did not hear back: it queues operations and asks.
+    src.recall(MODEL_TABLE, 2).unwrap();
+    assert_eq!(src.slot_kind(MODEL_TABLE, 2).unwrap(), SlotKind::Incoming);
+    let q = src.submit(&update(&k, 3.0)).unwrap();
+    let Pending::Queued(rx) = q.parts.into_iter().next().unwrap().pending else {
+        panic!("expected queued at the recalling source")
+    };
+    assert_eq!(
+        dst.abort_incoming(MODEL_TABLE, 2).unwrap(),
+        AbortOutcome::Installed
+    );
+    src.abort_incoming(MODEL_TABLE, 2).unwrap();
+    let err = rx.await.unwrap().unwrap_err();
+    assert!(err.retry, "the queued update was not applied: {err}");
+    assert_eq!(src.slot_kind(MODEL_TABLE, 2).unwrap(), SlotKind::MovedAway);
+    assert_eq!(dst.slot_kind(MODEL_TABLE, 2).unwrap(), SlotKind::Owned);
+    // Sent again, it is forwarded to the destination and applied there once.
+    let sub = src.submit(&update(&k, 3.0)).unwrap();
+    let Pending::Forward { to: 2, op } = sub.parts.into_iter().next().unwrap().pending else {
+        panic!("expected a forward to the destination")
+    };
+    ready(dst.submit(&op).unwrap());
+    assert_eq!(
+        values(ready(dst.submit(&get(&k)).unwrap()))[0],
+        vec![k[0] as f32 + 3.0, 1.0]
+    );
+}
+
+/// The destination never got the block: the recalling source installs its
+/// own data and applies what queued meanwhile.
+#[tokio::test]
+async fn recall_then_not_installed_restores_and_applies_the_queue() {
+    let src = store(1);
+    let dst = store(2);
+    src.create_blocks(MODEL_TABLE, &[3]).unwrap();
+    let k = keys_in_block(3, 1);
+    dst.begin_incoming(MODEL_TABLE, 3, 1).unwrap();
+    let data = src.take_for_move(MODEL_TABLE, 3, 2).unwrap();
+    src.recall(MODEL_TABLE, 3).unwrap();
+    let q = src.submit(&update(&k, 4.0)).unwrap();
+    let Pending::Queued(rx) = q.parts.into_iter().next().unwrap().pending else {
+        panic!("expected queued")
+    };
+    assert_eq!(
+        dst.abort_incoming(MODEL_TABLE, 3).unwrap(),
+        AbortOutcome::Aborted
+    );
+    src.install(MODEL_TABLE, 3, data).unwrap();
+    assert_eq!(rx.await.unwrap().unwrap(), PeerResponse::Done);
+    assert_eq!(
+        values(ready(src.submit(&get(&k)).unwrap()))[0],
+        vec![k[0] as f32 + 4.0, 1.0]
+    );
+    assert_eq!(dst.slot_kind(MODEL_TABLE, 3).unwrap(), SlotKind::MovedAway);
+    assert!(
+        src.recall(MODEL_TABLE, 3).is_err(),
+        "only a block moving out"
     );
 }
