@@ -1,8 +1,10 @@
 //! Support for the end-to-end tests and benchmarks: finding the built
 //! binaries, running them with their output captured, waiting on conditions
-//! with deadlines, reading the AM's status endpoint, and a scriptable fake AM
-//! that drives one real evaluator process over the real control protocol.
+//! with deadlines, reading the AM's status endpoint, a scriptable fake AM
+//! that drives one real evaluator process over the real control protocol, and
+//! the shared pieces of the benchmarks ([`bench`]).
 
+pub mod bench;
 pub mod fake_am;
 
 use std::path::PathBuf;
