@@ -302,6 +302,36 @@ pub fn assemble(
     {
         return Ok(resp);
     }
+    // Parts that are consecutive runs of positions (a large read split into
+    // requests) are concatenated, one copy per part.
+    parts.sort_by_key(|(positions, _)| positions.first().copied().unwrap_or(usize::MAX));
+    let mut next = 0usize;
+    let runs = parts.iter().all(|(positions, resp)| {
+        let ok = matches!(resp, PeerResponse::Values(b) if b.len() == positions.len())
+            && positions.iter().enumerate().all(|(i, &p)| p == next + i);
+        next += positions.len();
+        ok
+    });
+    if runs && next == keys {
+        let total: usize = parts
+            .iter()
+            .map(|(_, r)| match r {
+                PeerResponse::Values(b) => b.data.len(),
+                _ => 0,
+            })
+            .sum();
+        let mut out = ValueBatch {
+            lens: Vec::with_capacity(keys),
+            data: Vec::with_capacity(total),
+        };
+        for (_, resp) in parts {
+            if let PeerResponse::Values(b) = resp {
+                out.lens.extend_from_slice(&b.lens);
+                out.data.extend_from_slice(&b.data);
+            }
+        }
+        return Ok(PeerResponse::Values(out));
+    }
     let mut batches = Vec::with_capacity(parts.len());
     let mut at: Vec<(u32, u32)> = vec![(u32::MAX, 0); keys];
     for (pi, (positions, resp)) in parts.into_iter().enumerate() {
@@ -538,25 +568,63 @@ impl Store {
                 op.values.len()
             )));
         }
+        if op.kind != OpKind::Get
+            && op.values.lens.iter().map(|&l| l as usize).sum::<usize>() != op.values.data.len()
+        {
+            return Err(StoreError::BadOp(
+                "value lengths do not add up to the values given".into(),
+            ));
+        }
+        let n = op.keys.len();
         let nblocks = t.slots.len() as u32;
+        let block_of: Vec<BlockId> = op.keys.iter().map(|&k| block_of_key(k, nblocks)).collect();
         // Group positions by block, keeping key order within a block.
         let mut groups: BTreeMap<BlockId, Vec<usize>> = BTreeMap::new();
-        for (i, &k) in op.keys.iter().enumerate() {
-            groups.entry(block_of_key(k, nblocks)).or_default().push(i);
+        for (i, &b) in block_of.iter().enumerate() {
+            groups.entry(b).or_default().push(i);
         }
-        let offsets = value_offsets(&op.values);
+        let offsets = if op.kind == OpKind::Get {
+            Vec::new()
+        } else {
+            value_offsets(&op.values)
+        };
+        let want = model.value_len();
         let mut parts = Vec::new();
-        let mut forwards: BTreeMap<EvaluatorId, (Vec<usize>, StoreOp)> = BTreeMap::new();
+        // Reads of blocks held here go straight into one buffer laid out like
+        // the answer (a pull served wholly here is then answered without
+        // reassembly); writes are applied from the operation as it is.
+        let mut read: Option<Vec<f32>> = None;
+        let mut read_positions: Vec<usize> = Vec::new();
+        let mut targets: BTreeMap<BlockId, EvaluatorId> = BTreeMap::new();
         for (block, positions) in groups {
-            let sub = sub_op(op, &positions, &offsets);
             let mut slot = lock(Self::slot(&t, op.table, block)?);
             let target = match &mut *slot {
                 Slot::Owned(BlockData::Keyed(data)) => {
-                    let r = apply(&*model, data, &sub);
-                    parts.push(Part {
-                        positions,
-                        pending: Pending::Ready(r),
-                    });
+                    if op.kind == OpKind::Get {
+                        let out = read.get_or_insert_with(|| vec![0.0; n * want]);
+                        for &p in &positions {
+                            let k = op.keys[p];
+                            let v = data.values.entry(k).or_insert_with(|| model.init(k));
+                            if v.len() != want {
+                                return Err(StoreError::BadState {
+                                    table: op.table,
+                                    block,
+                                    message: format!(
+                                        "key {k} holds {} values; the table's values have {want}",
+                                        v.len()
+                                    ),
+                                });
+                            }
+                            out[p * want..(p + 1) * want].copy_from_slice(v);
+                        }
+                        read_positions.extend_from_slice(&positions);
+                    } else {
+                        let r = apply_write(&*model, data, op, &positions, &offsets);
+                        parts.push(Part {
+                            positions,
+                            pending: Pending::Ready(r),
+                        });
+                    }
                     continue;
                 }
                 Slot::Owned(_) => {
@@ -568,7 +636,10 @@ impl Store {
                 }
                 Slot::Incoming { queue, .. } => {
                     let (tx, rx) = oneshot::channel();
-                    queue.push(Queued { op: sub, reply: tx });
+                    queue.push(Queued {
+                        op: sub_op(op, &positions, &offsets),
+                        reply: tx,
+                    });
                     parts.push(Part {
                         positions,
                         pending: Pending::Queued(rx),
@@ -581,22 +652,7 @@ impl Store {
             drop(slot);
             match target {
                 Some(to) => {
-                    let e = forwards.entry(to).or_insert_with(|| {
-                        (
-                            Vec::new(),
-                            StoreOp {
-                                kind: op.kind,
-                                table: op.table,
-                                keys: Vec::new(),
-                                values: ValueBatch::default(),
-                            },
-                        )
-                    });
-                    e.0.extend_from_slice(&positions);
-                    e.1.keys.extend_from_slice(&sub.keys);
-                    for v in sub.values.iter() {
-                        e.1.values.push(v);
-                    }
+                    targets.insert(block, to);
                 }
                 None => parts.push(Part {
                     positions,
@@ -607,15 +663,51 @@ impl Store {
                 }),
             }
         }
-        for (to, (positions, op)) in forwards {
+        if let Some(data) = read {
+            let batch = if read_positions.len() == n {
+                read_positions = (0..n).collect();
+                ValueBatch {
+                    lens: vec![want as u32; n],
+                    data,
+                }
+            } else {
+                read_positions.sort_unstable();
+                let mut b = ValueBatch {
+                    lens: Vec::with_capacity(read_positions.len()),
+                    data: Vec::with_capacity(read_positions.len() * want),
+                };
+                for &p in &read_positions {
+                    b.push(&data[p * want..(p + 1) * want]);
+                }
+                b
+            };
             parts.push(Part {
-                positions,
-                pending: Pending::Forward { to, op },
+                positions: read_positions,
+                pending: Pending::Ready(Ok(PeerResponse::Values(batch))),
             });
+        }
+        if !targets.is_empty() {
+            // One request per owner, with its keys in the operation's order
+            // (a pull served by one owner then needs no reassembly).
+            let mut per: BTreeMap<EvaluatorId, Vec<usize>> = BTreeMap::new();
+            for (p, b) in block_of.iter().enumerate() {
+                if let Some(&to) = targets.get(b) {
+                    per.entry(to).or_default().push(p);
+                }
+            }
+            for (to, positions) in per {
+                for piece in split_positions(op, positions, want) {
+                    let op = sub_op(op, &piece, &offsets);
+                    parts.push(Part {
+                        positions: piece,
+                        pending: Pending::Forward { to, op },
+                    });
+                }
+            }
         }
         Ok(Submission {
             kind: op.kind,
-            keys: op.keys.len(),
+            keys: n,
             parts,
         })
     }
@@ -982,6 +1074,45 @@ impl Store {
     }
 }
 
+/// Most bytes of values one forwarded request carries (sent or answered).
+/// Larger operations go as several requests, in order on the same
+/// connection: the owner works on one while the previous answer is on the
+/// wire and the one before is being decoded, and no buffer on the way is
+/// larger than this.
+pub const MAX_REQUEST_VALUE_BYTES: usize = 4 << 20;
+
+/// Splits `positions` (of `op`, going to one owner) into runs of at most
+/// [`MAX_REQUEST_VALUE_BYTES`] of values (read: `want` floats per key).
+fn split_positions(op: &StoreOp, positions: Vec<usize>, want: usize) -> Vec<Vec<usize>> {
+    let bytes_of = |p: usize| {
+        4 * if op.kind == OpKind::Get {
+            want
+        } else {
+            op.values.lens[p] as usize
+        }
+    };
+    let total: usize = positions.iter().map(|&p| bytes_of(p)).sum();
+    if total <= MAX_REQUEST_VALUE_BYTES {
+        return vec![positions];
+    }
+    let mut out = Vec::with_capacity(total / MAX_REQUEST_VALUE_BYTES + 1);
+    let mut cur = Vec::new();
+    let mut cur_bytes = 0;
+    for p in positions {
+        let b = bytes_of(p);
+        if !cur.is_empty() && cur_bytes + b > MAX_REQUEST_VALUE_BYTES {
+            out.push(std::mem::take(&mut cur));
+            cur_bytes = 0;
+        }
+        cur.push(p);
+        cur_bytes += b;
+    }
+    if !cur.is_empty() {
+        out.push(cur);
+    }
+    out
+}
+
 /// Start of each value in `v.data`.
 pub fn value_offsets(v: &ValueBatch) -> Vec<usize> {
     let mut offs = Vec::with_capacity(v.lens.len());
@@ -998,6 +1129,9 @@ pub fn sub_op(op: &StoreOp, positions: &[usize], offsets: &[usize]) -> StoreOp {
     let keys = positions.iter().map(|&p| op.keys[p]).collect();
     let mut values = ValueBatch::default();
     if op.kind != OpKind::Get {
+        let total = positions.iter().map(|&p| op.values.lens[p] as usize).sum();
+        values.lens.reserve_exact(positions.len());
+        values.data.reserve_exact(total);
         for &p in positions {
             let (o, l) = (offsets[p], op.values.lens[p] as usize);
             values.push(&op.values.data[o..o + l]);
@@ -1009,6 +1143,38 @@ pub fn sub_op(op: &StoreOp, positions: &[usize], offsets: &[usize]) -> StoreOp {
         keys,
         values,
     }
+}
+
+/// Applies the writes of `op` at `positions` to a block held here; every
+/// value's length is checked before anything is applied.
+fn apply_write(
+    model: &dyn ModelFunctions,
+    block: &mut KeyedBlock,
+    op: &StoreOp,
+    positions: &[usize],
+    offsets: &[usize],
+) -> PartResult {
+    let want = model.value_len();
+    if let Some(&p) = positions
+        .iter()
+        .find(|&&p| op.values.lens[p] as usize != want)
+    {
+        return Err(RemoteError::fatal(format!(
+            "value of length {} for a table whose values have length {want}",
+            op.values.lens[p]
+        )));
+    }
+    for &p in positions {
+        let k = op.keys[p];
+        let v = &op.values.data[offsets[p]..offsets[p] + want];
+        if op.kind == OpKind::Put {
+            block.values.insert(k, v.to_vec());
+        } else {
+            let cur = block.values.entry(k).or_insert_with(|| model.init(k));
+            model.update(k, cur, v);
+        }
+    }
+    Ok(PeerResponse::Done)
 }
 
 fn apply(model: &dyn ModelFunctions, block: &mut KeyedBlock, op: &StoreOp) -> PartResult {

@@ -422,3 +422,105 @@ async fn recall_then_not_installed_restores_and_applies_the_queue() {
         "only a block moving out"
     );
 }
+
+struct Wide;
+
+impl ModelFunctions for Wide {
+    fn value_len(&self) -> usize {
+        1024
+    }
+    fn init(&self, key: Key) -> Vec<f32> {
+        vec![key as f32; 1024]
+    }
+    fn update(&self, _key: Key, value: &mut [f32], delta: &[f32]) {
+        for (v, d) in value.iter_mut().zip(delta) {
+            *v += d;
+        }
+    }
+}
+
+/// A read larger than MAX_REQUEST_VALUE_BYTES goes to its owner as several
+/// requests, each a run of the operation's keys in order; the answers,
+/// whatever order they come in, reassemble into the answer.
+#[test]
+fn large_reads_are_split_in_key_order_and_reassembled() {
+    let s = Store::new(1);
+    s.configure(&[(MODEL_TABLE, BLOCKS)], Arc::new(Wide));
+    s.apply_ownership(&OwnershipUpdate {
+        version: 1,
+        owners: (0..BLOCKS).map(|b| (MODEL_TABLE, b, 2)).collect(),
+    });
+    let n = 3000usize; // 12 MB of values: three requests
+    let keys: Vec<Key> = (0..n as u64).rev().collect();
+    let sub = s.submit(&get(&keys)).unwrap();
+    assert_eq!(sub.parts.len(), 3);
+    let mut answers = Vec::new();
+    let mut next = 0;
+    for p in sub.parts {
+        let Pending::Forward { to: 2, op } = p.pending else {
+            panic!("expected forwards to evaluator 2")
+        };
+        assert!(op.keys.len() * 4096 <= MAX_REQUEST_VALUE_BYTES);
+        assert_eq!(
+            p.positions,
+            (next..next + op.keys.len()).collect::<Vec<_>>()
+        );
+        next += op.keys.len();
+        let expected: Vec<Key> = p.positions.iter().map(|&i| keys[i]).collect();
+        assert_eq!(op.keys, expected, "keys in the operation's order");
+        let mut b = ValueBatch::default();
+        for &k in &op.keys {
+            b.push(&Wide.init(k));
+        }
+        answers.push((p.positions, PeerResponse::Values(b)));
+    }
+    assert_eq!(next, n);
+    answers.reverse();
+    let v = values(assemble(OpKind::Get, n, answers).unwrap());
+    for (i, row) in v.iter().enumerate() {
+        assert_eq!(row.len(), 1024);
+        assert_eq!(row[0], keys[i] as f32, "key {i}");
+    }
+}
+
+/// A large write is split the same way; a read served here is answered in
+/// one piece laid out in the operation's order.
+#[test]
+fn large_writes_split_and_local_reads_come_back_in_order() {
+    let s = Store::new(1);
+    s.configure(&[(MODEL_TABLE, BLOCKS)], Arc::new(Wide));
+    s.apply_ownership(&OwnershipUpdate {
+        version: 1,
+        owners: (0..BLOCKS).map(|b| (MODEL_TABLE, b, 2)).collect(),
+    });
+    let n = 2100usize;
+    let keys: Vec<Key> = (0..n as u64).collect();
+    let mut deltas = ValueBatch::default();
+    for &k in &keys {
+        deltas.push(&[k as f32; 1024]);
+    }
+    let op = StoreOp {
+        kind: OpKind::Update,
+        table: MODEL_TABLE,
+        keys: keys.clone(),
+        values: deltas,
+    };
+    let sub = s.submit(&op).unwrap();
+    assert_eq!(sub.parts.len(), 3);
+    // The owner applies them.
+    let owner = Store::new(2);
+    owner.configure(&[(MODEL_TABLE, BLOCKS)], Arc::new(Wide));
+    owner
+        .create_blocks(MODEL_TABLE, &(0..BLOCKS).collect::<Vec<_>>())
+        .unwrap();
+    for p in sub.parts {
+        let Pending::Forward { op, .. } = p.pending else {
+            panic!("expected forwards")
+        };
+        ready(owner.submit(&op).unwrap());
+    }
+    let v = values(ready(owner.submit(&get(&keys)).unwrap()));
+    for (i, row) in v.iter().enumerate() {
+        assert_eq!(row[1023], 2.0 * i as f32, "init + delta of key {i}");
+    }
+}

@@ -6,7 +6,7 @@
 //!
 //! ```text
 //! integration/bench/setup.sh          # iperf3 (once)
-//! cargo run --release -p cruise-integration --bin bench-dataplane [-- REPS]
+//! cargo run --release -p cruise-integration --bin bench-dataplane [-- REPS [SIZE_MIB...]]
 //! ```
 //!
 //! Target (issue #2): a 64 MiB pull at ≥ 0.5× iperf3.
@@ -70,7 +70,7 @@ async fn timed(dp: &DataPlane, o: StoreOp, want_values: usize) -> anyhow::Result
     }
 }
 
-async fn run(reps: usize) -> anyhow::Result<()> {
+async fn run(reps: usize, sizes: Vec<usize>) -> anyhow::Result<()> {
     println!("## PS pull/push throughput ({})", machine_note());
     let mut iperf = vec![iperf3_loopback(2).await?];
 
@@ -93,7 +93,7 @@ async fn run(reps: usize) -> anyhow::Result<()> {
 
     let mut rows = Vec::new();
     let mut results = Vec::new();
-    for size in [1usize << 20, 64 << 20] {
+    for size in sizes {
         let n = size / (VALUE_LEN * 4);
         let keys: Vec<Key> = (0..n as u64).collect();
         // Random values: model values do not compress, and the codec sends
@@ -169,9 +169,19 @@ fn main() -> anyhow::Result<()> {
             .with_context(|| format!("REPS {a:?} is not a number"))?,
         None => 7,
     };
+    let mut sizes = Vec::new();
+    for a in std::env::args().skip(2) {
+        let mib: usize = a
+            .parse()
+            .with_context(|| format!("SIZE_MIB {a:?} is not a number"))?;
+        sizes.push(mib << 20);
+    }
+    if sizes.is_empty() {
+        sizes = vec![1 << 20, 64 << 20];
+    }
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()?
-        .block_on(run(reps))
+        .block_on(run(reps, sizes))
 }
