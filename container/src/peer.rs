@@ -426,10 +426,21 @@ impl DataPlane {
                     return Err(e.into());
                 }
             };
-            let encoded = data.encode();
-            let bytes = encoded.len() as u64;
+            // Encoding a large block takes milliseconds: off the async
+            // threads, so requests on other blocks are served meanwhile.
+            let chunk = self.inner.settings.chunk_bytes.max(1);
+            let (data, chunks) = tokio::task::spawn_blocking(move || {
+                let chunks = data.encode_chunks(chunk);
+                (data, chunks)
+            })
+            .await
+            .map_err(|e| PeerError::Connection {
+                peer: to,
+                message: format!("encoding block {block} failed: {e}"),
+            })?;
+            let bytes = chunks.iter().map(|c| c.len() as u64).sum();
             match self
-                .stream_block(&mut bulk, move_id, table, block, &encoded, to)
+                .stream_block(&mut bulk, move_id, table, block, chunks, to)
                 .await
             {
                 Ok(()) => {
@@ -500,9 +511,10 @@ impl DataPlane {
         move_id: u64,
         table: TableId,
         block: BlockId,
-        bytes: &[u8],
+        chunks: Vec<Vec<u8>>,
         to: EvaluatorId,
     ) -> Result<(), PeerError> {
+        let bytes = chunks.iter().map(|c| c.len() as u64).sum();
         let conn_err = |e: protocol::ProtocolError| PeerError::Connection {
             peer: to,
             message: e.to_string(),
@@ -511,18 +523,18 @@ impl DataPlane {
             move_id,
             table,
             block,
-            bytes: bytes.len() as u64,
+            bytes,
         })
         .await
         .map_err(conn_err)?;
-        for chunk in bytes.chunks(self.inner.settings.chunk_bytes.max(1)) {
+        for chunk in chunks {
             if self.bulk_broken() {
                 return Err(PeerError::Connection {
                     peer: to,
                     message: "connection broken (injected fault)".into(),
                 });
             }
-            bulk.send(BulkToDest::Chunk(chunk.to_vec()))
+            bulk.send(BulkToDest::Chunk(chunk))
                 .await
                 .map_err(conn_err)?;
         }
@@ -864,7 +876,7 @@ impl DataPlane {
         framed: Framed<TcpStream, FrameCodec<BulkToSource, BulkToDest>>,
     ) {
         let (mut sink, mut stream) = framed.split();
-        let mut current: Option<(TableId, BlockId, u64, Vec<u8>)> = None;
+        let mut current: Option<Arriving> = None;
         loop {
             let frame = tokio::select! {
                 _ = self.inner.cancel.cancelled() => return,
@@ -887,12 +899,18 @@ impl DataPlane {
                     bytes,
                     ..
                 } => {
-                    let cap = usize::try_from(bytes).unwrap_or(usize::MAX).min(1 << 30);
-                    current = Some((table, block, bytes, Vec::with_capacity(cap)));
+                    current = Some(Arriving {
+                        table,
+                        block,
+                        bytes,
+                        got: 0,
+                        pieces: Vec::new(),
+                    });
                 }
                 BulkToDest::Chunk(c) => match &mut current {
-                    Some((_, _, total, buf)) if (buf.len() + c.len()) as u64 <= *total => {
-                        buf.extend_from_slice(&c)
+                    Some(a) if a.got + c.len() as u64 <= a.bytes => {
+                        a.got += c.len() as u64;
+                        a.pieces.push(c);
                     }
                     _ => {
                         tracing::warn!(
@@ -902,18 +920,35 @@ impl DataPlane {
                     }
                 },
                 BulkToDest::End => {
-                    let Some((table, block, _, buf)) = current.take() else {
+                    let Some(Arriving {
+                        table,
+                        block,
+                        pieces,
+                        ..
+                    }) = current.take()
+                    else {
                         tracing::warn!("bulk transfer from evaluator {peer}: end without begin");
                         return;
                     };
-                    let answer = match BlockData::decode(&buf)
-                        .and_then(|d| self.inner.store.install(table, block, d))
-                    {
-                        Ok(()) => BulkToSource::Installed { table, block },
-                        Err(e) => BulkToSource::Failed {
+                    // Decoding takes milliseconds for a large block: off the
+                    // async threads, so requests on other blocks go on.
+                    let store = self.inner.store.clone();
+                    let installed = tokio::task::spawn_blocking(move || {
+                        BlockData::decode_chunks(&pieces)
+                            .and_then(|d| store.install(table, block, d))
+                    })
+                    .await;
+                    let answer = match installed {
+                        Ok(Ok(())) => BulkToSource::Installed { table, block },
+                        Ok(Err(e)) => BulkToSource::Failed {
                             table,
                             block,
                             reason: e.to_string(),
+                        },
+                        Err(e) => BulkToSource::Failed {
+                            table,
+                            block,
+                            reason: format!("decoding failed: {e}"),
                         },
                     };
                     if sink.send(answer).await.is_err() {
@@ -950,6 +985,18 @@ impl DataPlane {
             c.fail_all(RemoteError::fatal("the data plane stopped"));
         }
     }
+}
+
+/// A block arriving on a bulk connection.
+struct Arriving {
+    table: TableId,
+    block: BlockId,
+    /// Bytes announced.
+    bytes: u64,
+    /// Bytes received so far.
+    got: u64,
+    /// The pieces, in order.
+    pieces: Vec<Vec<u8>>,
 }
 
 enum Wait {

@@ -5,8 +5,9 @@
 //!    default settings (4 MiB chunks, `compression = auto`), back and forth,
 //!    against `iperf3` single-stream TCP on 127.0.0.1 in the same run.
 //! 2. Latency of `get` on model keys that are NOT being moved, served by the
-//!    source of the move, while idle and while the move runs (p50/p99): the
-//!    design promises that moves never block unrelated keys.
+//!    source of the move, while idle and while the move runs (p50/p99), one
+//!    `get` per millisecond: the design promises that moves never block
+//!    unrelated keys.
 //!
 //! ```text
 //! integration/bench/setup.sh          # iperf3 (once)
@@ -42,6 +43,8 @@ const DEST: EvaluatorId = 2;
 const CLIENT: EvaluatorId = 3;
 /// Keys per `get` in the latency probe.
 const GET_KEYS: u64 = 8;
+/// One probe `get` this often.
+const PROBE_EVERY: Duration = Duration::from_millis(1);
 
 /// An input block of about `bytes` bytes: records of 40 entries with feature
 /// indices below 100,000 and values like libsvm's `0.123`.
@@ -91,8 +94,9 @@ async fn move_all(
     Ok((bytes, secs))
 }
 
-/// Latencies (seconds) of sequential `get`s of keys owned by the source,
-/// until `stop` says so (or `max` gets).
+/// Latencies (seconds) of `get`s of keys owned by the source, one every
+/// [`PROBE_EVERY`] (so the probe itself takes little of the machine), until
+/// `stop` says so or `max` gets were made.
 async fn probe(
     client: DataPlane,
     stop: tokio::sync::watch::Receiver<bool>,
@@ -100,7 +104,10 @@ async fn probe(
 ) -> anyhow::Result<Vec<f64>> {
     let mut lat = Vec::new();
     let mut rng = ChaCha8Rng::seed_from_u64(3);
+    let mut tick = tokio::time::interval(PROBE_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     while !*stop.borrow() && lat.len() < max {
+        tick.tick().await;
         let first = rng.random_range(0..1000u64);
         let keys: Vec<Key> = (first..first + GET_KEYS).collect();
         let op = StoreOp {
@@ -115,7 +122,6 @@ async fn probe(
             other => bail!("get failed: {other:?}"),
         }
         lat.push(t0.elapsed().as_secs_f64());
-        tokio::task::yield_now().await;
     }
     Ok(lat)
 }
@@ -154,32 +160,38 @@ async fn run(reps: usize) -> anyhow::Result<()> {
     let mid = &sample[sample.len() / 2..sample.len() / 2 + (64 << 10)];
     let lz4_ratio = lz4_flex::block::compress(mid).len() as f64 / mid.len() as f64;
 
-    // Idle latency.
     let client = cluster.plane(CLIENT).clone();
     let (_never, idle_rx) = tokio::sync::watch::channel(false);
-    probe(client.clone(), idle_rx.clone(), 200).await?; // warm-up
-    let mut idle = probe(client.clone(), idle_rx, 3000).await?;
+    probe(client.clone(), idle_rx.clone(), 100).await?; // warm-up
 
-    // Moves back and forth; the probe runs during the moves of the first
-    // half (the source serves the probe's keys and streams at once).
+    // Throughput: moves back and forth, nothing else running.
     let mut thr = Vec::new();
-    let mut busy = Vec::new();
+    let mut move_id = 0;
     let (mut from, mut to) = (SOURCE, DEST);
-    for move_id in 1..=reps as u64 {
-        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-        let probing = if from == SOURCE {
-            Some(tokio::spawn(probe(client.clone(), stop_rx, usize::MAX)))
-        } else {
-            None
-        };
+    for _ in 0..reps {
+        move_id += 1;
         let (bytes, secs) = move_all(&mut cluster, from, to, move_id).await?;
-        let _ = stop_tx.send(true);
-        if let Some(p) = probing {
-            busy.extend(p.await??);
-        }
         thr.push(bytes as f64 / secs);
         std::mem::swap(&mut from, &mut to);
-        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    if from != SOURCE {
+        move_id += 1;
+        move_all(&mut cluster, from, to, move_id).await?;
+    }
+    // Latency: the probe while idle, then while the source moves its input
+    // blocks away (and back, unprobed), alternating.
+    let mut idle = Vec::new();
+    let mut busy = Vec::new();
+    for _ in 0..reps.div_ceil(2).max(2) {
+        idle.extend(probe(client.clone(), idle_rx.clone(), 300).await?);
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let probing = tokio::spawn(probe(client.clone(), stop_rx, usize::MAX));
+        move_id += 1;
+        move_all(&mut cluster, SOURCE, DEST, move_id).await?;
+        let _ = stop_tx.send(true);
+        busy.extend(probing.await??);
+        move_id += 1;
+        move_all(&mut cluster, DEST, SOURCE, move_id).await?;
     }
     cluster.stop().await;
     iperf.push(iperf3_loopback(2).await?);
