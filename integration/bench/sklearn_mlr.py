@@ -13,6 +13,8 @@ import sys
 import time
 import warnings
 
+import numpy as np
+import scipy.sparse as sp
 from sklearn.datasets import load_svmlight_file
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.linear_model import SGDClassifier
@@ -24,6 +26,10 @@ def main() -> None:
     # Indices are used as they are (cruise accepts 0..=features), so both
     # sides see the same feature space.
     x, y = load_svmlight_file(path, n_features=int(features) + 1, zero_based=True)
+    # SGDClassifier takes 32-bit sparse indices only.
+    x = sp.csr_matrix(
+        (x.data, x.indices.astype(np.int32), x.indptr.astype(np.int32)), shape=x.shape
+    )
     clf = SGDClassifier(
         loss="log_loss",
         learning_rate="constant",

@@ -8,7 +8,7 @@
 //! are not comparable, ratios taken seconds apart are.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -183,6 +183,8 @@ pub fn cruise_release_binary() -> anyhow::Result<PathBuf> {
             "--bin",
             "cruise",
         ])
+        .arg("--manifest-path")
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("../Cargo.toml"))
         .status()
         .with_context(|| format!("running {cargo} build"))?;
     if !status.success() {
