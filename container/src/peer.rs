@@ -142,6 +142,8 @@ struct Inner {
     conns: Mutex<HashMap<EvaluatorId, Arc<OutConn>>>,
     counters: ServeCounters,
     faults: Faults,
+    /// Fault hooks of bulk (move) connections only, on both ends.
+    bulk_faults: Faults,
     /// Everything stops.
     cancel: CancellationToken,
     /// Inbound connections say goodbye.
@@ -186,6 +188,7 @@ impl DataPlane {
                 conns: Mutex::new(HashMap::new()),
                 counters: ServeCounters::default(),
                 faults,
+                bulk_faults: Faults::default(),
                 cancel: parent.child_token(),
                 leaving: CancellationToken::new(),
                 tasks: TaskTracker::new(),
@@ -203,6 +206,18 @@ impl DataPlane {
     /// The listening address.
     pub fn local_addr(&self) -> SocketAddr {
         self.inner.local_addr
+    }
+
+    /// Fault hooks of this data plane's bulk (block-move) connections only,
+    /// as source and as destination: a test breaks a move with them without
+    /// touching request traffic. The hooks given to [`DataPlane::start`]
+    /// apply to bulk connections too.
+    pub fn bulk_faults(&self) -> &Faults {
+        &self.inner.bulk_faults
+    }
+
+    fn bulk_broken(&self) -> bool {
+        self.inner.faults.is_broken() || self.inner.bulk_faults.is_broken()
     }
 
     /// The store this data plane serves.
@@ -340,7 +355,7 @@ impl DataPlane {
                 if let (Some((p, out_bytes)), Ok(resp)) = (peer, &r) {
                     let in_bytes = match resp {
                         PeerResponse::Values(v) => v.byte_len() as u64,
-                        PeerResponse::Done => 0,
+                        PeerResponse::Done | PeerResponse::HandoverOutcome { .. } => 0,
                         PeerResponse::Blob(b) => b.len() as u64,
                     };
                     links.push(LinkSample { peer: p, bytes: out_bytes + in_bytes, secs });
@@ -430,8 +445,10 @@ impl DataPlane {
     /// connection. Reports each installed block with [`EvalToAm::BlockMoved`]
     /// on `report`. An input block's worker-local state (if it has any here)
     /// moves with it, first: a destination that owns the input then always
-    /// owns its state. On failure the block in flight returns to this
-    /// evaluator and the error is returned; blocks already moved stay moved.
+    /// owns its state. On failure the block in flight ends up with exactly
+    /// one owner — here, or at `to` if it had landed there before the
+    /// connection failed (then it is reported too) — and the error is
+    /// returned; blocks already moved stay moved.
     pub async fn move_blocks(
         &self,
         move_id: u64,
@@ -451,17 +468,9 @@ impl DataPlane {
             }
             tables.push(table);
             for t in tables {
-                let bytes = self.move_one(&mut bulk, move_id, t, block, to).await?;
-                total += bytes;
-                let _ = report
-                    .send(EvalToAm::BlockMoved {
-                        move_id,
-                        table: t,
-                        block,
-                        to,
-                        bytes,
-                    })
-                    .await;
+                total += self
+                    .move_one(&mut bulk, move_id, t, block, to, report)
+                    .await?;
             }
         }
         let _ = bulk.close().await;
@@ -469,6 +478,8 @@ impl DataPlane {
     }
 
     /// Hands one block over to `to` and streams it (see the module docs).
+    /// Reports the block on `report` once `to` owns it, also when the
+    /// stream failed after the block had landed (then the error is returned).
     async fn move_one(
         &self,
         bulk: &mut Framed<TcpStream, FrameCodec<BulkToDest, BulkToSource>>,
@@ -476,48 +487,107 @@ impl DataPlane {
         table: TableId,
         block: BlockId,
         to: EvaluatorId,
+        report: &mpsc::Sender<EvalToAm>,
     ) -> Result<u64, PeerError> {
-        self.request(
+        let moved = |bytes: u64| EvalToAm::BlockMoved {
+            move_id,
+            table,
+            block,
             to,
-            PeerRequest::Handover {
-                table,
-                block,
-                move_id,
-            },
-        )
-        .await?;
+            bytes,
+        };
+        let handover = PeerRequest::Handover {
+            table,
+            block,
+            move_id,
+        };
+        if let Err(e) = self.request(to, handover).await {
+            // The destination may have taken the handover before the
+            // connection failed: let it go (the block never left here).
+            let _ = self.call_off(to, table, block).await;
+            return Err(e);
+        }
         let data = match self.inner.store.take_for_move(table, block, to) {
             Ok(d) => d,
             Err(e) => {
-                let _ = self
-                    .request(to, PeerRequest::AbortHandover { table, block })
-                    .await;
+                let _ = self.call_off(to, table, block).await;
                 return Err(e.into());
             }
         };
+        // Encoding a large block takes milliseconds: off the async threads,
+        // so requests on other blocks are served meanwhile.
+        let chunk = self.inner.settings.chunk_bytes.max(1);
+        let (data, chunks) = tokio::task::spawn_blocking(move || {
+            let chunks = data.encode_chunks(chunk);
+            (data, chunks)
+        })
+        .await
+        .map_err(|e| PeerError::Connection {
+            peer: to,
+            message: format!("encoding block {block} failed: {e}"),
+        })?;
+        let bytes = chunks.iter().map(|c| c.len() as u64).sum();
         match self
-            .stream_block(bulk, move_id, table, block, &data, to)
+            .stream_block(bulk, move_id, table, block, chunks, to)
             .await
         {
-            Ok(bytes) => {
+            Ok(()) => {
                 self.inner.store.finish_move(table, block)?;
+                let _ = report.send(moved(bytes)).await;
                 Ok(bytes)
             }
             Err(e) => {
-                // Take the block back first, then let the destination
-                // release what it queued (nothing of it was applied).
-                self.inner.store.restore(table, block, data)?;
-                if let Err(abort) = self
-                    .request(to, PeerRequest::AbortHandover { table, block })
-                    .await
-                {
-                    tracing::warn!(
-                        "abort of block {block} of table {table} at evaluator {to}: {abort}"
-                    );
+                // Whether the block landed is unknown: queue operations on it
+                // here and ask the destination, which decides under its
+                // block lock.
+                self.inner.store.recall(table, block)?;
+                match self.call_off(to, table, block).await {
+                    Some(true) => {
+                        // It landed: the move took place. What queued here
+                        // meanwhile goes to the new owner.
+                        self.inner.store.abort_incoming(table, block)?;
+                        let _ = report.send(moved(bytes)).await;
+                    }
+                    answer => {
+                        if answer.is_none() {
+                            tracing::warn!(
+                                "evaluator {to} did not answer whether block {block} of table {table} landed; keeping it here"
+                            );
+                        }
+                        self.inner.store.install(table, block, data)?;
+                    }
                 }
                 Err(e)
             }
         }
+    }
+
+    /// Asks `to` to call off the handover of a block (idempotent, so it is
+    /// sent again if the connection fails). `Some(installed)` is its answer;
+    /// `None` if it could not be reached.
+    async fn call_off(&self, to: EvaluatorId, table: TableId, block: BlockId) -> Option<bool> {
+        let mut backoff = Duration::from_millis(10);
+        for _ in 0..8 {
+            match self
+                .request(to, PeerRequest::AbortHandover { table, block })
+                .await
+            {
+                Ok(PeerResponse::HandoverOutcome { installed }) => return Some(installed),
+                Ok(other) => {
+                    tracing::warn!("evaluator {to} answered a call-off with {other:?}");
+                    return None;
+                }
+                Err(e) => {
+                    tracing::debug!("calling off block {block} of table {table} at {to}: {e}");
+                }
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(backoff) => {}
+                _ = self.inner.cancel.cancelled() => return None,
+            }
+            backoff = (backoff * 2).min(Duration::from_millis(500));
+        }
+        None
     }
 
     async fn stream_block(
@@ -526,30 +596,30 @@ impl DataPlane {
         move_id: u64,
         table: TableId,
         block: BlockId,
-        data: &BlockData,
+        chunks: Vec<Vec<u8>>,
         to: EvaluatorId,
-    ) -> Result<u64, PeerError> {
+    ) -> Result<(), PeerError> {
+        let bytes = chunks.iter().map(|c| c.len() as u64).sum();
         let conn_err = |e: protocol::ProtocolError| PeerError::Connection {
             peer: to,
             message: e.to_string(),
         };
-        let bytes = data.encode();
         bulk.feed(BulkToDest::Begin {
             move_id,
             table,
             block,
-            bytes: bytes.len() as u64,
+            bytes,
         })
         .await
         .map_err(conn_err)?;
-        for chunk in bytes.chunks(self.inner.settings.chunk_bytes.max(1)) {
-            if self.inner.faults.is_broken() {
+        for chunk in chunks {
+            if self.bulk_broken() {
                 return Err(PeerError::Connection {
                     peer: to,
                     message: "connection broken (injected fault)".into(),
                 });
             }
-            bulk.send(BulkToDest::Chunk(chunk.to_vec()))
+            bulk.send(BulkToDest::Chunk(chunk))
                 .await
                 .map_err(conn_err)?;
         }
@@ -557,12 +627,14 @@ impl DataPlane {
         let answer = tokio::select! {
             a = bulk.next() => a,
             _ = self.inner.cancel.cancelled() => None,
+            _ = self.inner.faults.broken() => None,
+            _ = self.inner.bulk_faults.broken() => None,
         };
         match answer {
             Some(Ok(BulkToSource::Installed { table: t, block: b }))
                 if t == table && b == block =>
             {
-                Ok(bytes.len() as u64)
+                Ok(())
             }
             Some(Ok(BulkToSource::Failed { reason, .. })) => Err(PeerError::Remote {
                 peer: to,
@@ -870,7 +942,9 @@ impl DataPlane {
                     .inner
                     .store
                     .abort_incoming(table, block)
-                    .map(|()| PeerResponse::Done)
+                    .map(|o| PeerResponse::HandoverOutcome {
+                        installed: o == store::AbortOutcome::Installed,
+                    })
                     .map_err(|e| RemoteError::fatal(e.to_string()));
                 futures::future::ready(r).boxed()
             }
@@ -896,11 +970,12 @@ impl DataPlane {
         framed: Framed<TcpStream, FrameCodec<BulkToSource, BulkToDest>>,
     ) {
         let (mut sink, mut stream) = framed.split();
-        let mut current: Option<(TableId, BlockId, u64, Vec<u8>)> = None;
+        let mut current: Option<Arriving> = None;
         loop {
             let frame = tokio::select! {
                 _ = self.inner.cancel.cancelled() => return,
                 _ = self.inner.faults.broken() => return,
+                _ = self.inner.bulk_faults.broken() => return,
                 f = stream.next() => f,
             };
             let frame = match frame {
@@ -918,12 +993,18 @@ impl DataPlane {
                     bytes,
                     ..
                 } => {
-                    let cap = usize::try_from(bytes).unwrap_or(usize::MAX).min(1 << 30);
-                    current = Some((table, block, bytes, Vec::with_capacity(cap)));
+                    current = Some(Arriving {
+                        table,
+                        block,
+                        bytes,
+                        got: 0,
+                        pieces: Vec::new(),
+                    });
                 }
                 BulkToDest::Chunk(c) => match &mut current {
-                    Some((_, _, total, buf)) if (buf.len() + c.len()) as u64 <= *total => {
-                        buf.extend_from_slice(&c)
+                    Some(a) if a.got + c.len() as u64 <= a.bytes => {
+                        a.got += c.len() as u64;
+                        a.pieces.push(c);
                     }
                     _ => {
                         tracing::warn!(
@@ -933,18 +1014,35 @@ impl DataPlane {
                     }
                 },
                 BulkToDest::End => {
-                    let Some((table, block, _, buf)) = current.take() else {
+                    let Some(Arriving {
+                        table,
+                        block,
+                        pieces,
+                        ..
+                    }) = current.take()
+                    else {
                         tracing::warn!("bulk transfer from evaluator {peer}: end without begin");
                         return;
                     };
-                    let answer = match BlockData::decode(&buf)
-                        .and_then(|d| self.inner.store.install(table, block, d))
-                    {
-                        Ok(()) => BulkToSource::Installed { table, block },
-                        Err(e) => BulkToSource::Failed {
+                    // Decoding takes milliseconds for a large block: off the
+                    // async threads, so requests on other blocks go on.
+                    let store = self.inner.store.clone();
+                    let installed = tokio::task::spawn_blocking(move || {
+                        BlockData::decode_chunks(&pieces)
+                            .and_then(|d| store.install(table, block, d))
+                    })
+                    .await;
+                    let answer = match installed {
+                        Ok(Ok(())) => BulkToSource::Installed { table, block },
+                        Ok(Err(e)) => BulkToSource::Failed {
                             table,
                             block,
                             reason: e.to_string(),
+                        },
+                        Err(e) => BulkToSource::Failed {
+                            table,
+                            block,
+                            reason: format!("decoding failed: {e}"),
                         },
                     };
                     if sink.send(answer).await.is_err() {
@@ -981,6 +1079,18 @@ impl DataPlane {
             c.fail_all(RemoteError::fatal("the data plane stopped"));
         }
     }
+}
+
+/// A block arriving on a bulk connection.
+struct Arriving {
+    table: TableId,
+    block: BlockId,
+    /// Bytes announced.
+    bytes: u64,
+    /// Bytes received so far.
+    got: u64,
+    /// The pieces, in order.
+    pieces: Vec<Vec<u8>>,
 }
 
 enum Wait {

@@ -10,10 +10,12 @@
 //! - [`Spawned`]: a child process with its output captured, [`status`] /
 //!   [`await_status`] for the AM's status endpoint, [`mlr_data`];
 //! - [`fake_am`]: a scriptable fake AM that drives one real evaluator process
-//!   over the real control protocol.
+//!   over the real control protocol;
+//! - [`bench`]: the shared pieces of the benchmarks;
 //! - [`pid_alive`], [`free_port`] and [`FreezingProxy`] (a TCP proxy whose
 //!   open connections can be stalled, to starve a client of heartbeats).
 
+pub mod bench;
 pub mod fake_am;
 
 use std::net::SocketAddr;

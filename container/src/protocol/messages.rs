@@ -614,10 +614,12 @@ pub enum PeerRequest {
         /// How many bytes.
         bytes: u64,
     },
-    /// Migration failed after handover: the source owns the block again. The
-    /// destination stops queueing, answers every operation it queued with a
-    /// retryable error (none of them was applied), forwards later ones to the
-    /// source, and answers with [`PeerResponse::Done`].
+    /// Migration failed after handover: the source asks to call the move
+    /// off. If the block has not landed, the destination stops queueing,
+    /// answers every operation it queued with a retryable error (none of them
+    /// was applied) and forwards later ones to the source. If it has landed
+    /// (the source lost the answer with its connection), the move stands.
+    /// Idempotent. Answered by [`PeerResponse::HandoverOutcome`].
     AbortHandover {
         /// The table.
         table: TableId,
@@ -635,6 +637,12 @@ pub enum PeerResponse {
     Done,
     /// Opaque bytes (the answer to a probe).
     Blob(#[serde(with = "serde_bytes")] Vec<u8>),
+    /// The answer to [`PeerRequest::AbortHandover`].
+    HandoverOutcome {
+        /// The destination had already installed the block: the move took
+        /// place and the destination owns it. Otherwise the source does.
+        installed: bool,
+    },
 }
 
 /// An error answered to a request.

@@ -54,6 +54,13 @@ impl Faults {
         self.inner.notify.notify_waiters();
     }
 
+    /// Undoes [`Faults::break_now`]: connections opened from now on work
+    /// (those already broken stay closed). Lets a test fail one transfer and
+    /// then carry on.
+    pub fn heal(&self) {
+        self.inner.broken.store(false, Ordering::SeqCst);
+    }
+
     /// Whether [`Faults::break_now`] was called.
     pub fn is_broken(&self) -> bool {
         self.inner.broken.load(Ordering::SeqCst)

@@ -16,7 +16,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use crate::protocol::{Key, le_bytes_to_f32s};
+use crate::protocol::Key;
 
 use super::StoreError;
 
@@ -135,38 +135,51 @@ impl BlockData {
 
     /// Encodes the block for a move.
     pub fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(self.byte_size() + 64);
+        self.encode_chunks(usize::MAX).concat()
+    }
+
+    /// Encodes the block as pieces of at most `chunk` bytes (the last may be
+    /// shorter), written straight into them: a move sends each piece as one
+    /// frame without copying the block whole first.
+    pub fn encode_chunks(&self, chunk: usize) -> Vec<Vec<u8>> {
+        let mut w = ChunkWriter::new(chunk.max(1), self.byte_size() + 64);
         match self {
             BlockData::Keyed(b) => {
-                out.push(KIND_KEYED);
-                out.extend_from_slice(&(b.values.len() as u64).to_le_bytes());
+                w.put(&[KIND_KEYED]);
+                w.put(&(b.values.len() as u64).to_le_bytes());
                 // A stable order makes encodings comparable in tests.
                 let mut keys: Vec<&Key> = b.values.keys().collect();
                 keys.sort_unstable();
                 for k in keys {
-                    out.extend_from_slice(&k.to_le_bytes());
-                    put_f32s(&mut out, &b.values[k]);
+                    w.put(&k.to_le_bytes());
+                    put_f32s(&mut w, &b.values[k]);
                 }
             }
             BlockData::Input(b) => {
-                out.push(KIND_INPUT);
-                put_f32s(&mut out, &b.labels);
-                put_u32s(&mut out, &b.offsets);
-                put_u32s(&mut out, &b.indices);
-                put_f32s(&mut out, &b.values);
+                w.put(&[KIND_INPUT]);
+                put_f32s(&mut w, &b.labels);
+                put_u32s(&mut w, &b.offsets);
+                put_u32s(&mut w, &b.indices);
+                put_f32s(&mut w, &b.values);
             }
             BlockData::State(b) => {
-                out.push(KIND_STATE);
-                put_f32s(&mut out, &b.floats);
-                put_u32s(&mut out, &b.ints);
+                w.put(&[KIND_STATE]);
+                put_f32s(&mut w, &b.floats);
+                put_u32s(&mut w, &b.ints);
             }
         }
-        out
+        w.finish()
     }
 
     /// Decodes a block encoded by [`BlockData::encode`].
     pub fn decode(bytes: &[u8]) -> Result<BlockData, StoreError> {
-        let mut r = Reader { b: bytes, pos: 0 };
+        Self::decode_chunks(&[bytes])
+    }
+
+    /// Decodes a block from the pieces it arrived in (in order), copying each
+    /// array once, straight into place.
+    pub fn decode_chunks<B: AsRef<[u8]>>(chunks: &[B]) -> Result<BlockData, StoreError> {
+        let mut r = Reader::new(chunks);
         let kind = r.u8()?;
         let data = match kind {
             KIND_KEYED => {
@@ -202,83 +215,161 @@ impl BlockData {
             }),
             k => return Err(StoreError::Decode(format!("unknown block kind {k}"))),
         };
-        if r.pos != bytes.len() {
+        let left = r.remaining();
+        if left != 0 {
             return Err(StoreError::Decode(format!(
-                "{} trailing bytes after block",
-                bytes.len() - r.pos
+                "{left} trailing bytes after block"
             )));
         }
         Ok(data)
     }
 }
 
-fn put_f32s(out: &mut Vec<u8>, v: &[f32]) {
-    out.extend_from_slice(&(v.len() as u64).to_le_bytes());
-    out.extend_from_slice(&crate::protocol::f32s_to_le_bytes(v));
+/// Writes bytes into pieces of a fixed size.
+struct ChunkWriter {
+    chunk: usize,
+    cur: Vec<u8>,
+    done: Vec<Vec<u8>>,
 }
 
-fn put_u32s(out: &mut Vec<u8>, v: &[u32]) {
-    out.extend_from_slice(&(v.len() as u64).to_le_bytes());
+impl ChunkWriter {
+    fn new(chunk: usize, total_hint: usize) -> Self {
+        ChunkWriter {
+            chunk,
+            cur: Vec::with_capacity(chunk.min(total_hint)),
+            done: Vec::new(),
+        }
+    }
+
+    fn put(&mut self, mut b: &[u8]) {
+        while !b.is_empty() {
+            if self.cur.len() == self.chunk {
+                let next = Vec::with_capacity(self.chunk.min(b.len().max(4096)));
+                self.done.push(std::mem::replace(&mut self.cur, next));
+            }
+            let n = (self.chunk - self.cur.len()).min(b.len());
+            self.cur.extend_from_slice(&b[..n]);
+            b = &b[n..];
+        }
+    }
+
+    fn finish(mut self) -> Vec<Vec<u8>> {
+        if !self.cur.is_empty() || self.done.is_empty() {
+            self.done.push(self.cur);
+        }
+        self.done
+    }
+}
+
+fn put_f32s(out: &mut ChunkWriter, v: &[f32]) {
+    out.put(&(v.len() as u64).to_le_bytes());
+    out.put(&crate::protocol::f32s_to_le_bytes(v));
+}
+
+fn put_u32s(out: &mut ChunkWriter, v: &[u32]) {
+    out.put(&(v.len() as u64).to_le_bytes());
     if cfg!(target_endian = "little") {
-        out.extend_from_slice(bytemuck::cast_slice(v));
+        out.put(bytemuck::cast_slice(v));
     } else {
         for x in v {
-            out.extend_from_slice(&x.to_le_bytes());
+            out.put(&x.to_le_bytes());
         }
     }
 }
 
-struct Reader<'a> {
-    b: &'a [u8],
+/// Reads across the pieces a block arrived in.
+struct Reader<'a, B> {
+    chunks: &'a [B],
+    /// The current piece and the position in it.
+    at: usize,
     pos: usize,
+    /// Bytes not read yet.
+    left: usize,
 }
 
-impl Reader<'_> {
-    fn take(&mut self, n: usize) -> Result<&[u8], StoreError> {
-        let end = self
-            .pos
-            .checked_add(n)
-            .filter(|&e| e <= self.b.len())
-            .ok_or_else(|| StoreError::Decode("block data truncated".into()))?;
-        let s = &self.b[self.pos..end];
-        self.pos = end;
-        Ok(s)
+impl<'a, B: AsRef<[u8]>> Reader<'a, B> {
+    fn new(chunks: &'a [B]) -> Self {
+        Reader {
+            chunks,
+            at: 0,
+            pos: 0,
+            left: chunks.iter().map(|c| c.as_ref().len()).sum(),
+        }
+    }
+
+    fn remaining(&self) -> usize {
+        self.left
+    }
+
+    /// Fills `dst` from the pieces.
+    fn read_into(&mut self, mut dst: &mut [u8]) -> Result<(), StoreError> {
+        while !dst.is_empty() {
+            let Some(c) = self.chunks.get(self.at) else {
+                return Err(StoreError::Decode("block data truncated".into()));
+            };
+            let c = &c.as_ref()[self.pos..];
+            if c.is_empty() {
+                self.at += 1;
+                self.pos = 0;
+                continue;
+            }
+            let n = c.len().min(dst.len());
+            dst[..n].copy_from_slice(&c[..n]);
+            dst = &mut dst[n..];
+            self.pos += n;
+            self.left -= n;
+        }
+        Ok(())
     }
 
     fn u8(&mut self) -> Result<u8, StoreError> {
-        Ok(self.take(1)?[0])
+        let mut a = [0u8; 1];
+        self.read_into(&mut a)?;
+        Ok(a[0])
     }
 
     fn u64(&mut self) -> Result<u64, StoreError> {
-        let s = self.take(8)?;
         let mut a = [0u8; 8];
-        a.copy_from_slice(s);
+        self.read_into(&mut a)?;
         Ok(u64::from_le_bytes(a))
     }
 
+    /// An array length, checked against what is left (so that a corrupt
+    /// length cannot make us allocate more than arrived).
     fn len4(&mut self) -> Result<usize, StoreError> {
         let n = self.u64()?;
-        usize::try_from(n)
+        let n = usize::try_from(n)
             .ok()
-            .and_then(|n| n.checked_mul(4))
-            .ok_or_else(|| StoreError::Decode("array length overflows".into()))
+            .filter(|n| n.checked_mul(4).is_some())
+            .ok_or_else(|| StoreError::Decode("array length overflows".into()))?;
+        if n * 4 > self.remaining() {
+            return Err(StoreError::Decode("block data truncated".into()));
+        }
+        Ok(n)
     }
 
     fn f32s(&mut self) -> Result<Vec<f32>, StoreError> {
         let n = self.len4()?;
-        Ok(le_bytes_to_f32s(self.take(n)?))
+        let mut v = vec![0f32; n];
+        self.read_into(bytemuck::cast_slice_mut(&mut v))?;
+        if cfg!(target_endian = "big") {
+            for x in &mut v {
+                *x = f32::from_bits(u32::from_le(x.to_bits()));
+            }
+        }
+        Ok(v)
     }
 
     fn u32s(&mut self) -> Result<Vec<u32>, StoreError> {
         let n = self.len4()?;
-        let s = self.take(n)?;
-        Ok(if cfg!(target_endian = "little") {
-            bytemuck::pod_collect_to_vec(s)
-        } else {
-            s.chunks_exact(4)
-                .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .collect()
-        })
+        let mut v = vec![0u32; n];
+        self.read_into(bytemuck::cast_slice_mut(&mut v))?;
+        if cfg!(target_endian = "big") {
+            for x in &mut v {
+                *x = u32::from_le(*x);
+            }
+        }
+        Ok(v)
     }
 }
 
@@ -322,6 +413,17 @@ mod tests {
         fn encode_decode_round_trip(b in arb_block()) {
             let bytes = b.encode();
             prop_assert_eq!(BlockData::decode(&bytes).unwrap(), b);
+        }
+
+        /// Any piece size gives the same bytes, and decoding the pieces
+        /// gives the block back.
+        #[test]
+        fn chunked_encoding_round_trips(b in arb_block(), chunk in 1usize..64) {
+            let whole = b.encode();
+            let pieces = b.encode_chunks(chunk);
+            prop_assert!(pieces.iter().all(|p| p.len() <= chunk && !p.is_empty()));
+            prop_assert_eq!(pieces.concat(), whole);
+            prop_assert_eq!(BlockData::decode_chunks(&pieces).unwrap(), b);
         }
 
         #[test]

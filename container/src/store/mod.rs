@@ -27,10 +27,17 @@
 //! where it is queued. When the data lands, `D` installs it, applies the queue in
 //! arrival order and owns the block ([`Store::install`]). Each operation is
 //! applied exactly once: before the handover on `S` (and so included in the
-//! data) or after it on `D`. If the transfer fails, `S` takes the block back
-//! ([`Store::restore`]) and `D` answers what it queued with a retryable error
-//! ([`Store::abort_incoming`]) — nothing queued had been applied, so sending it
-//! again is safe.
+//! data) or after it on `D`.
+//!
+//! If the transfer fails, `S` cannot tell whether `D` installed the block just
+//! before (the answer may be lost with the connection), so it does not simply
+//! take the block back: it queues operations on it ([`Store::recall`]) and asks
+//! `D` to call the move off ([`Store::abort_incoming`], under `D`'s block lock).
+//! If `D` had not installed it, `D` answers what it queued with a retryable
+//! error — nothing queued had been applied, so sending it again is safe — and
+//! `S` owns the block again ([`Store::install`] of its own data, applying its
+//! queue). If `D` had, the move took place: `S`'s queue goes to `D`. Either
+//! way exactly one of them owns the block.
 
 mod block;
 
@@ -172,6 +179,30 @@ impl StoreOp {
     }
 }
 
+/// What one store holds for one block, as seen by [`Store::slot_kind`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SlotKind {
+    /// Never held here.
+    Absent,
+    /// Held here: operations are applied.
+    Owned,
+    /// Handed over to this evaluator, data on its way: operations queue.
+    Incoming,
+    /// Being moved away: the data is in transit and may come back.
+    MovingOut,
+    /// Moved away: operations are forwarded to the new owner.
+    MovedAway,
+}
+
+/// The answer of [`Store::abort_incoming`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AbortOutcome {
+    /// The block was not installed here; the source owns it.
+    Aborted,
+    /// The block had already been installed here: the move took place.
+    Installed,
+}
+
 /// The outcome of (part of) an operation.
 pub type PartResult = Result<PeerResponse, RemoteError>;
 
@@ -270,6 +301,36 @@ pub fn assemble(
         && let Some((_, resp)) = parts.pop()
     {
         return Ok(resp);
+    }
+    // Parts that are consecutive runs of positions (a large read split into
+    // requests) are concatenated, one copy per part.
+    parts.sort_by_key(|(positions, _)| positions.first().copied().unwrap_or(usize::MAX));
+    let mut next = 0usize;
+    let runs = parts.iter().all(|(positions, resp)| {
+        let ok = matches!(resp, PeerResponse::Values(b) if b.len() == positions.len())
+            && positions.iter().enumerate().all(|(i, &p)| p == next + i);
+        next += positions.len();
+        ok
+    });
+    if runs && next == keys {
+        let total: usize = parts
+            .iter()
+            .map(|(_, r)| match r {
+                PeerResponse::Values(b) => b.data.len(),
+                _ => 0,
+            })
+            .sum();
+        let mut out = ValueBatch {
+            lens: Vec::with_capacity(keys),
+            data: Vec::with_capacity(total),
+        };
+        for (_, resp) in parts {
+            if let PeerResponse::Values(b) = resp {
+                out.lens.extend_from_slice(&b.lens);
+                out.data.extend_from_slice(&b.data);
+            }
+        }
+        return Ok(PeerResponse::Values(out));
     }
     let mut batches = Vec::with_capacity(parts.len());
     if parts
@@ -513,25 +574,63 @@ impl Store {
                 op.values.len()
             )));
         }
+        if op.kind != OpKind::Get
+            && op.values.lens.iter().map(|&l| l as usize).sum::<usize>() != op.values.data.len()
+        {
+            return Err(StoreError::BadOp(
+                "value lengths do not add up to the values given".into(),
+            ));
+        }
+        let n = op.keys.len();
         let nblocks = t.slots.len() as u32;
+        let block_of: Vec<BlockId> = op.keys.iter().map(|&k| block_of_key(k, nblocks)).collect();
         // Group positions by block, keeping key order within a block.
         let mut groups: BTreeMap<BlockId, Vec<usize>> = BTreeMap::new();
-        for (i, &k) in op.keys.iter().enumerate() {
-            groups.entry(block_of_key(k, nblocks)).or_default().push(i);
+        for (i, &b) in block_of.iter().enumerate() {
+            groups.entry(b).or_default().push(i);
         }
-        let offsets = value_offsets(&op.values);
+        let offsets = if op.kind == OpKind::Get {
+            Vec::new()
+        } else {
+            value_offsets(&op.values)
+        };
+        let want = model.value_len();
         let mut parts = Vec::new();
-        let mut forwards: BTreeMap<EvaluatorId, (Vec<usize>, StoreOp)> = BTreeMap::new();
+        // Reads of blocks held here go straight into one buffer laid out like
+        // the answer (a pull served wholly here is then answered without
+        // reassembly); writes are applied from the operation as it is.
+        let mut read: Option<Vec<f32>> = None;
+        let mut read_positions: Vec<usize> = Vec::new();
+        let mut targets: BTreeMap<BlockId, EvaluatorId> = BTreeMap::new();
         for (block, positions) in groups {
-            let sub = sub_op(op, &positions, &offsets);
             let mut slot = lock(Self::slot(&t, op.table, block)?);
             let target = match &mut *slot {
                 Slot::Owned(BlockData::Keyed(data)) => {
-                    let r = apply(&*model, data, &sub);
-                    parts.push(Part {
-                        positions,
-                        pending: Pending::Ready(r),
-                    });
+                    if op.kind == OpKind::Get {
+                        let out = read.get_or_insert_with(|| vec![0.0; n * want]);
+                        for &p in &positions {
+                            let k = op.keys[p];
+                            let v = data.values.entry(k).or_insert_with(|| model.init(k));
+                            if v.len() != want {
+                                return Err(StoreError::BadState {
+                                    table: op.table,
+                                    block,
+                                    message: format!(
+                                        "key {k} holds {} values; the table's values have {want}",
+                                        v.len()
+                                    ),
+                                });
+                            }
+                            out[p * want..(p + 1) * want].copy_from_slice(v);
+                        }
+                        read_positions.extend_from_slice(&positions);
+                    } else {
+                        let r = apply_write(&*model, data, op, &positions, &offsets);
+                        parts.push(Part {
+                            positions,
+                            pending: Pending::Ready(r),
+                        });
+                    }
                     continue;
                 }
                 Slot::Owned(_) => {
@@ -543,7 +642,10 @@ impl Store {
                 }
                 Slot::Incoming { queue, .. } => {
                     let (tx, rx) = oneshot::channel();
-                    queue.push(Queued { op: sub, reply: tx });
+                    queue.push(Queued {
+                        op: sub_op(op, &positions, &offsets),
+                        reply: tx,
+                    });
                     parts.push(Part {
                         positions,
                         pending: Pending::Queued(rx),
@@ -556,22 +658,7 @@ impl Store {
             drop(slot);
             match target {
                 Some(to) => {
-                    let e = forwards.entry(to).or_insert_with(|| {
-                        (
-                            Vec::new(),
-                            StoreOp {
-                                kind: op.kind,
-                                table: op.table,
-                                keys: Vec::new(),
-                                values: ValueBatch::default(),
-                            },
-                        )
-                    });
-                    e.0.extend_from_slice(&positions);
-                    e.1.keys.extend_from_slice(&sub.keys);
-                    for v in sub.values.iter() {
-                        e.1.values.push(v);
-                    }
+                    targets.insert(block, to);
                 }
                 None => parts.push(Part {
                     positions,
@@ -582,15 +669,51 @@ impl Store {
                 }),
             }
         }
-        for (to, (positions, op)) in forwards {
+        if let Some(data) = read {
+            let batch = if read_positions.len() == n {
+                read_positions = (0..n).collect();
+                ValueBatch {
+                    lens: vec![want as u32; n],
+                    data,
+                }
+            } else {
+                read_positions.sort_unstable();
+                let mut b = ValueBatch {
+                    lens: Vec::with_capacity(read_positions.len()),
+                    data: Vec::with_capacity(read_positions.len() * want),
+                };
+                for &p in &read_positions {
+                    b.push(&data[p * want..(p + 1) * want]);
+                }
+                b
+            };
             parts.push(Part {
-                positions,
-                pending: Pending::Forward { to, op },
+                positions: read_positions,
+                pending: Pending::Ready(Ok(PeerResponse::Values(batch))),
             });
+        }
+        if !targets.is_empty() {
+            // One request per owner, with its keys in the operation's order
+            // (a pull served by one owner then needs no reassembly).
+            let mut per: BTreeMap<EvaluatorId, Vec<usize>> = BTreeMap::new();
+            for (p, b) in block_of.iter().enumerate() {
+                if let Some(&to) = targets.get(b) {
+                    per.entry(to).or_default().push(p);
+                }
+            }
+            for (to, positions) in per {
+                for piece in split_positions(op, positions, want) {
+                    let op = sub_op(op, &piece, &offsets);
+                    parts.push(Part {
+                        positions: piece,
+                        pending: Pending::Forward { to, op },
+                    });
+                }
+            }
         }
         Ok(Submission {
             kind: op.kind,
-            keys: op.keys.len(),
+            keys: n,
             parts,
         })
     }
@@ -634,6 +757,22 @@ impl Store {
         }
         *slot = Slot::Owned(data);
         Ok(())
+    }
+
+    /// The state of one block's slot here (for checks and tests; takes the
+    /// block's lock briefly, nothing else).
+    pub fn slot_kind(&self, table: TableId, block: BlockId) -> Result<SlotKind, StoreError> {
+        let t = self.table(table)?;
+        let slot = lock(Self::slot(&t, table, block)?);
+        Ok(match &*slot {
+            Slot::Absent => SlotKind::Absent,
+            Slot::Owned(_) => SlotKind::Owned,
+            Slot::Incoming { .. } => SlotKind::Incoming,
+            Slot::Forwarding {
+                in_flight: true, ..
+            } => SlotKind::MovingOut,
+            Slot::Forwarding { .. } => SlotKind::MovedAway,
+        })
     }
 
     /// Blocks of a table owned here, in order.
@@ -743,21 +882,42 @@ impl Store {
         }
     }
 
-    /// Destination: the move failed, the source keeps the block. Answers every
-    /// queued operation with a retryable error (none was applied) and forwards
-    /// later operations to the source.
-    pub fn abort_incoming(&self, table: TableId, block: BlockId) -> Result<(), StoreError> {
+    /// Destination: the source asks to call the move off (its transfer
+    /// failed). Under the block's lock, one of:
+    /// - still `Incoming`: answers every queued operation with a retryable
+    ///   error (none was applied), forwards later operations to the source,
+    ///   and returns [`AbortOutcome::Aborted`];
+    /// - `Owned`: the data had already landed (the source lost the answer
+    ///   with its connection): nothing changes, [`AbortOutcome::Installed`]
+    ///   tells the source that the move took place;
+    /// - `Absent` or moved away: the handover never arrived or was already
+    ///   called off (the request is idempotent): [`AbortOutcome::Aborted`].
+    ///
+    /// A source that [recalled](Store::recall) a block uses this too, when the
+    /// destination answers `Installed`: its queue goes to the destination.
+    pub fn abort_incoming(
+        &self,
+        table: TableId,
+        block: BlockId,
+    ) -> Result<AbortOutcome, StoreError> {
         let t = self.table(table)?;
         let queue = {
             let mut slot = lock(Self::slot(&t, table, block)?);
-            let Slot::Incoming { from, .. } = &*slot else {
-                return Err(StoreError::BadState {
-                    table,
-                    block,
-                    message: format!("cannot abort receiving a block that is {}", slot.name()),
-                });
+            let from = match &*slot {
+                Slot::Incoming { from, .. } => *from,
+                Slot::Owned(_) => return Ok(AbortOutcome::Installed),
+                Slot::Absent
+                | Slot::Forwarding {
+                    in_flight: false, ..
+                } => return Ok(AbortOutcome::Aborted),
+                other => {
+                    return Err(StoreError::BadState {
+                        table,
+                        block,
+                        message: format!("cannot abort receiving a block that is {}", other.name()),
+                    });
+                }
             };
-            let from = *from;
             match std::mem::replace(
                 &mut *slot,
                 Slot::Forwarding {
@@ -771,10 +931,10 @@ impl Store {
         };
         for q in queue {
             let _ = q.reply.send(Err(RemoteError::retry(format!(
-                "the move of block {block} of table {table} was aborted; send again"
+                "the move of block {block} of table {table} was called off; send again"
             ))));
         }
-        Ok(())
+        Ok(AbortOutcome::Aborted)
     }
 
     /// Destination: the data arrived. Applies the queued operations in order
@@ -858,6 +1018,36 @@ impl Store {
         }
     }
 
+    /// Source: the transfer failed without telling whether the destination
+    /// installed the block (its answer may have been lost with the
+    /// connection). Takes the block `Incoming` here, so operations on it
+    /// queue, until the destination says: not installed → [`Store::install`]
+    /// the data kept for the move (this evaluator owns the block again and
+    /// applies the queue); installed → [`Store::abort_incoming`] (the queue
+    /// is answered retryably and later operations are forwarded to the
+    /// destination).
+    pub fn recall(&self, table: TableId, block: BlockId) -> Result<(), StoreError> {
+        let t = self.table(table)?;
+        let mut slot = lock(Self::slot(&t, table, block)?);
+        match &*slot {
+            Slot::Forwarding {
+                to,
+                in_flight: true,
+            } => {
+                *slot = Slot::Incoming {
+                    from: *to,
+                    queue: Vec::new(),
+                };
+                Ok(())
+            }
+            other => Err(StoreError::BadState {
+                table,
+                block,
+                message: format!("recalling a block that is {}", other.name()),
+            }),
+        }
+    }
+
     /// Source: the destination installed the block.
     pub fn finish_move(&self, table: TableId, block: BlockId) -> Result<(), StoreError> {
         let t = self.table(table)?;
@@ -900,6 +1090,45 @@ impl Store {
     }
 }
 
+/// Most bytes of values one forwarded request carries (sent or answered).
+/// Larger operations go as several requests, in order on the same
+/// connection: the owner works on one while the previous answer is on the
+/// wire and the one before is being decoded, and no buffer on the way is
+/// larger than this.
+pub const MAX_REQUEST_VALUE_BYTES: usize = 4 << 20;
+
+/// Splits `positions` (of `op`, going to one owner) into runs of at most
+/// [`MAX_REQUEST_VALUE_BYTES`] of values (read: `want` floats per key).
+fn split_positions(op: &StoreOp, positions: Vec<usize>, want: usize) -> Vec<Vec<usize>> {
+    let bytes_of = |p: usize| {
+        4 * if op.kind == OpKind::Get {
+            want
+        } else {
+            op.values.lens[p] as usize
+        }
+    };
+    let total: usize = positions.iter().map(|&p| bytes_of(p)).sum();
+    if total <= MAX_REQUEST_VALUE_BYTES {
+        return vec![positions];
+    }
+    let mut out = Vec::with_capacity(total / MAX_REQUEST_VALUE_BYTES + 1);
+    let mut cur = Vec::new();
+    let mut cur_bytes = 0;
+    for p in positions {
+        let b = bytes_of(p);
+        if !cur.is_empty() && cur_bytes + b > MAX_REQUEST_VALUE_BYTES {
+            out.push(std::mem::take(&mut cur));
+            cur_bytes = 0;
+        }
+        cur.push(p);
+        cur_bytes += b;
+    }
+    if !cur.is_empty() {
+        out.push(cur);
+    }
+    out
+}
+
 /// Start of each value in `v.data`.
 pub fn value_offsets(v: &ValueBatch) -> Vec<usize> {
     let mut offs = Vec::with_capacity(v.lens.len());
@@ -916,6 +1145,9 @@ pub fn sub_op(op: &StoreOp, positions: &[usize], offsets: &[usize]) -> StoreOp {
     let keys = positions.iter().map(|&p| op.keys[p]).collect();
     let mut values = ValueBatch::default();
     if op.kind != OpKind::Get {
+        let total = positions.iter().map(|&p| op.values.lens[p] as usize).sum();
+        values.lens.reserve_exact(positions.len());
+        values.data.reserve_exact(total);
         for &p in positions {
             let (o, l) = (offsets[p], op.values.lens[p] as usize);
             values.push(&op.values.data[o..o + l]);
@@ -927,6 +1159,38 @@ pub fn sub_op(op: &StoreOp, positions: &[usize], offsets: &[usize]) -> StoreOp {
         keys,
         values,
     }
+}
+
+/// Applies the writes of `op` at `positions` to a block held here; every
+/// value's length is checked before anything is applied.
+fn apply_write(
+    model: &dyn ModelFunctions,
+    block: &mut KeyedBlock,
+    op: &StoreOp,
+    positions: &[usize],
+    offsets: &[usize],
+) -> PartResult {
+    let want = model.value_len();
+    if let Some(&p) = positions
+        .iter()
+        .find(|&&p| op.values.lens[p] as usize != want)
+    {
+        return Err(RemoteError::fatal(format!(
+            "value of length {} for a table whose values have length {want}",
+            op.values.lens[p]
+        )));
+    }
+    for &p in positions {
+        let k = op.keys[p];
+        let v = &op.values.data[offsets[p]..offsets[p] + want];
+        if op.kind == OpKind::Put {
+            block.values.insert(k, v.to_vec());
+        } else {
+            let cur = block.values.entry(k).or_insert_with(|| model.init(k));
+            model.update(k, cur, v);
+        }
+    }
+    Ok(PeerResponse::Done)
 }
 
 fn apply(model: &dyn ModelFunctions, block: &mut KeyedBlock, op: &StoreOp) -> PartResult {

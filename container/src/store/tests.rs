@@ -200,7 +200,15 @@ async fn aborted_move_restores_source_and_fails_queue_retryably() {
         panic!("expected queued")
     };
     src.restore(MODEL_TABLE, 1, data).unwrap();
-    dst.abort_incoming(MODEL_TABLE, 1).unwrap();
+    assert_eq!(
+        dst.abort_incoming(MODEL_TABLE, 1).unwrap(),
+        AbortOutcome::Aborted
+    );
+    assert_eq!(
+        dst.abort_incoming(MODEL_TABLE, 1).unwrap(),
+        AbortOutcome::Aborted,
+        "calling off twice is harmless"
+    );
     let err = rx.await.unwrap().unwrap_err();
     assert!(err.retry, "{err}");
     // The source owns it again and the queued update was not applied anywhere.
@@ -340,4 +348,179 @@ fn state_blocks_are_held_during_access() {
             ints: vec![]
         })
     );
+}
+
+/// The source's transfer failed after the block landed (the answer was lost
+/// with the connection): the source recalls the block, the destination says
+/// it is installed, and the source's queue goes there. One owner, every
+/// operation applied once.
+#[tokio::test]
+async fn recall_after_a_lost_answer_hands_the_queue_to_the_destination() {
+    let src = store(1);
+    let dst = store(2);
+    src.create_blocks(MODEL_TABLE, &[2]).unwrap();
+    let k = keys_in_block(2, 1);
+    dst.begin_incoming(MODEL_TABLE, 2, 1).unwrap();
+    let data = src.take_for_move(MODEL_TABLE, 2, 2).unwrap();
+    dst.install(MODEL_TABLE, 2, data.clone()).unwrap();
+    // The source did not hear back: it queues operations and asks.
+    src.recall(MODEL_TABLE, 2).unwrap();
+    assert_eq!(src.slot_kind(MODEL_TABLE, 2).unwrap(), SlotKind::Incoming);
+    let q = src.submit(&update(&k, 3.0)).unwrap();
+    let Pending::Queued(rx) = q.parts.into_iter().next().unwrap().pending else {
+        panic!("expected queued at the recalling source")
+    };
+    assert_eq!(
+        dst.abort_incoming(MODEL_TABLE, 2).unwrap(),
+        AbortOutcome::Installed
+    );
+    src.abort_incoming(MODEL_TABLE, 2).unwrap();
+    let err = rx.await.unwrap().unwrap_err();
+    assert!(err.retry, "the queued update was not applied: {err}");
+    assert_eq!(src.slot_kind(MODEL_TABLE, 2).unwrap(), SlotKind::MovedAway);
+    assert_eq!(dst.slot_kind(MODEL_TABLE, 2).unwrap(), SlotKind::Owned);
+    // Sent again, it is forwarded to the destination and applied there once.
+    let sub = src.submit(&update(&k, 3.0)).unwrap();
+    let Pending::Forward { to: 2, op } = sub.parts.into_iter().next().unwrap().pending else {
+        panic!("expected a forward to the destination")
+    };
+    ready(dst.submit(&op).unwrap());
+    assert_eq!(
+        values(ready(dst.submit(&get(&k)).unwrap()))[0],
+        vec![k[0] as f32 + 3.0, 1.0]
+    );
+}
+
+/// The destination never got the block: the recalling source installs its
+/// own data and applies what queued meanwhile.
+#[tokio::test]
+async fn recall_then_not_installed_restores_and_applies_the_queue() {
+    let src = store(1);
+    let dst = store(2);
+    src.create_blocks(MODEL_TABLE, &[3]).unwrap();
+    let k = keys_in_block(3, 1);
+    dst.begin_incoming(MODEL_TABLE, 3, 1).unwrap();
+    let data = src.take_for_move(MODEL_TABLE, 3, 2).unwrap();
+    src.recall(MODEL_TABLE, 3).unwrap();
+    let q = src.submit(&update(&k, 4.0)).unwrap();
+    let Pending::Queued(rx) = q.parts.into_iter().next().unwrap().pending else {
+        panic!("expected queued")
+    };
+    assert_eq!(
+        dst.abort_incoming(MODEL_TABLE, 3).unwrap(),
+        AbortOutcome::Aborted
+    );
+    src.install(MODEL_TABLE, 3, data).unwrap();
+    assert_eq!(rx.await.unwrap().unwrap(), PeerResponse::Done);
+    assert_eq!(
+        values(ready(src.submit(&get(&k)).unwrap()))[0],
+        vec![k[0] as f32 + 4.0, 1.0]
+    );
+    assert_eq!(dst.slot_kind(MODEL_TABLE, 3).unwrap(), SlotKind::MovedAway);
+    assert!(
+        src.recall(MODEL_TABLE, 3).is_err(),
+        "only a block moving out"
+    );
+}
+
+struct Wide;
+
+impl ModelFunctions for Wide {
+    fn value_len(&self) -> usize {
+        1024
+    }
+    fn init(&self, key: Key) -> Vec<f32> {
+        vec![key as f32; 1024]
+    }
+    fn update(&self, _key: Key, value: &mut [f32], delta: &[f32]) {
+        for (v, d) in value.iter_mut().zip(delta) {
+            *v += d;
+        }
+    }
+}
+
+/// A read larger than MAX_REQUEST_VALUE_BYTES goes to its owner as several
+/// requests, each a run of the operation's keys in order; the answers,
+/// whatever order they come in, reassemble into the answer.
+#[test]
+fn large_reads_are_split_in_key_order_and_reassembled() {
+    let s = Store::new(1);
+    s.configure(&[(MODEL_TABLE, BLOCKS)], Arc::new(Wide));
+    s.apply_ownership(&OwnershipUpdate {
+        version: 1,
+        owners: (0..BLOCKS).map(|b| (MODEL_TABLE, b, 2)).collect(),
+    });
+    let n = 3000usize; // 12 MB of values: three requests
+    let keys: Vec<Key> = (0..n as u64).rev().collect();
+    let sub = s.submit(&get(&keys)).unwrap();
+    assert_eq!(sub.parts.len(), 3);
+    let mut answers = Vec::new();
+    let mut next = 0;
+    for p in sub.parts {
+        let Pending::Forward { to: 2, op } = p.pending else {
+            panic!("expected forwards to evaluator 2")
+        };
+        assert!(op.keys.len() * 4096 <= MAX_REQUEST_VALUE_BYTES);
+        assert_eq!(
+            p.positions,
+            (next..next + op.keys.len()).collect::<Vec<_>>()
+        );
+        next += op.keys.len();
+        let expected: Vec<Key> = p.positions.iter().map(|&i| keys[i]).collect();
+        assert_eq!(op.keys, expected, "keys in the operation's order");
+        let mut b = ValueBatch::default();
+        for &k in &op.keys {
+            b.push(&Wide.init(k));
+        }
+        answers.push((p.positions, PeerResponse::Values(b)));
+    }
+    assert_eq!(next, n);
+    answers.reverse();
+    let v = values(assemble(OpKind::Get, n, answers).unwrap());
+    for (i, row) in v.iter().enumerate() {
+        assert_eq!(row.len(), 1024);
+        assert_eq!(row[0], keys[i] as f32, "key {i}");
+    }
+}
+
+/// A large write is split the same way; a read served here is answered in
+/// one piece laid out in the operation's order.
+#[test]
+fn large_writes_split_and_local_reads_come_back_in_order() {
+    let s = Store::new(1);
+    s.configure(&[(MODEL_TABLE, BLOCKS)], Arc::new(Wide));
+    s.apply_ownership(&OwnershipUpdate {
+        version: 1,
+        owners: (0..BLOCKS).map(|b| (MODEL_TABLE, b, 2)).collect(),
+    });
+    let n = 2100usize;
+    let keys: Vec<Key> = (0..n as u64).collect();
+    let mut deltas = ValueBatch::default();
+    for &k in &keys {
+        deltas.push(&[k as f32; 1024]);
+    }
+    let op = StoreOp {
+        kind: OpKind::Update,
+        table: MODEL_TABLE,
+        keys: keys.clone(),
+        values: deltas,
+    };
+    let sub = s.submit(&op).unwrap();
+    assert_eq!(sub.parts.len(), 3);
+    // The owner applies them.
+    let owner = Store::new(2);
+    owner.configure(&[(MODEL_TABLE, BLOCKS)], Arc::new(Wide));
+    owner
+        .create_blocks(MODEL_TABLE, &(0..BLOCKS).collect::<Vec<_>>())
+        .unwrap();
+    for p in sub.parts {
+        let Pending::Forward { op, .. } = p.pending else {
+            panic!("expected forwards")
+        };
+        ready(owner.submit(&op).unwrap());
+    }
+    let v = values(ready(owner.submit(&get(&keys)).unwrap()));
+    for (i, row) in v.iter().enumerate() {
+        assert_eq!(row[1023], 2.0 * i as f32, "init + delta of key {i}");
+    }
 }

@@ -1,0 +1,187 @@
+//! Benchmark: parameter-server pull/push throughput, one worker and one
+//! server (two data planes over loopback, each with its own store, the
+//! default data-plane settings), dense pulls and pushes of 1 MiB and 64 MiB
+//! of random model values, against `iperf3` single-stream TCP on 127.0.0.1
+//! measured in the same run (before and after; the median is the reference).
+//!
+//! ```text
+//! integration/bench/setup.sh          # iperf3 (once)
+//! cargo run --release -p cruise-integration --bin bench-dataplane [-- REPS [SIZE_MIB...]]
+//! ```
+//!
+//! Target (issue #2): a 64 MiB pull at ≥ 0.5× iperf3.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{Context, bail};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use cruise_container::peer::DataPlane;
+use cruise_container::protocol::{Key, MODEL_TABLE, PeerResponse, ValueBatch};
+use cruise_container::store::{OpKind, StoreOp};
+use cruise_integration::bench::{
+    AddModel, Cluster, Row, default_settings, iperf3_loopback, machine_note, mb_s, median,
+    print_table,
+};
+
+/// Floats per key: 4 KiB values, like a dense model row block.
+const VALUE_LEN: usize = 1024;
+const MODEL_BLOCKS: u32 = 64;
+const SERVER: u32 = 1;
+const WORKER: u32 = 2;
+
+fn op(kind: OpKind, keys: &[Key], values: ValueBatch) -> StoreOp {
+    StoreOp {
+        kind,
+        table: MODEL_TABLE,
+        keys: keys.to_vec(),
+        values,
+    }
+}
+
+fn random_values(n: usize, rng: &mut ChaCha8Rng) -> ValueBatch {
+    let mut v = ValueBatch {
+        lens: Vec::with_capacity(n),
+        data: Vec::with_capacity(n * VALUE_LEN),
+    };
+    let mut row = vec![0f32; VALUE_LEN];
+    for _ in 0..n {
+        for x in row.iter_mut() {
+            *x = rng.random_range(-1.0..1.0);
+        }
+        v.push(&row);
+    }
+    v
+}
+
+async fn timed(dp: &DataPlane, o: StoreOp, want_values: usize) -> anyhow::Result<f64> {
+    let t0 = Instant::now();
+    let r = dp.execute(o).await;
+    let secs = t0.elapsed().as_secs_f64();
+    match r {
+        Ok(PeerResponse::Values(v)) if v.data.len() == want_values => Ok(secs),
+        Ok(PeerResponse::Done) if want_values == 0 => Ok(secs),
+        other => bail!(
+            "unexpected answer: {:?}",
+            other.map(|_| "values of the wrong size")
+        ),
+    }
+}
+
+async fn run(reps: usize, sizes: Vec<usize>) -> anyhow::Result<()> {
+    println!("## PS pull/push throughput ({})", machine_note());
+    let mut iperf = vec![iperf3_loopback(2).await?];
+
+    let mut cluster = Cluster::start(
+        2,
+        &[(MODEL_TABLE, MODEL_BLOCKS)],
+        Arc::new(AddModel { len: VALUE_LEN }),
+        default_settings(),
+    )
+    .await?;
+    let blocks: Vec<u32> = (0..MODEL_BLOCKS).collect();
+    cluster
+        .plane(SERVER)
+        .store()
+        .create_blocks(MODEL_TABLE, &blocks)
+        .context("creating model blocks")?;
+    cluster.set_owners(blocks.iter().map(|&b| (MODEL_TABLE, b, SERVER)).collect());
+    let worker = cluster.plane(WORKER).clone();
+    let mut rng = ChaCha8Rng::seed_from_u64(7);
+
+    let mut rows = Vec::new();
+    let mut results = Vec::new();
+    for size in sizes {
+        let n = size / (VALUE_LEN * 4);
+        let keys: Vec<Key> = (0..n as u64).collect();
+        // Random values: model values do not compress, and the codec sends
+        // them raw (as `channel.compression = auto` decides).
+        timed(
+            &worker,
+            op(OpKind::Put, &keys, random_values(n, &mut rng)),
+            0,
+        )
+        .await?;
+        let deltas = random_values(n, &mut rng);
+        let (mut pulls, mut pushes) = (Vec::new(), Vec::new());
+        // One untimed round first (connections, allocator).
+        timed(
+            &worker,
+            op(OpKind::Get, &keys, ValueBatch::default()),
+            n * VALUE_LEN,
+        )
+        .await?;
+        for _ in 0..reps {
+            let pull = op(OpKind::Get, &keys, ValueBatch::default());
+            pulls.push(size as f64 / timed(&worker, pull, n * VALUE_LEN).await?);
+            let push = op(OpKind::Update, &keys, deltas.clone());
+            pushes.push(size as f64 / timed(&worker, push, 0).await?);
+        }
+        results.push((size, median(&mut pulls), median(&mut pushes)));
+    }
+    cluster.stop().await;
+    iperf.push(iperf3_loopback(2).await?);
+    let iperf_bps = median(&mut iperf);
+
+    for (size, pull, push) in results {
+        let label = if size >= 1 << 20 {
+            format!("{} MiB", size >> 20)
+        } else {
+            format!("{} KiB", size >> 10)
+        };
+        for (what, bps) in [("pull", pull), ("push", push)] {
+            let ratio = bps / iperf_bps;
+            let big = size == 64 << 20;
+            rows.push(Row {
+                figure: format!("dense {what}, {label}"),
+                value: format!("{:.0} MB/s", mb_s(bps)),
+                reference: format!("iperf3 {:.0} MB/s", mb_s(iperf_bps)),
+                ratio: Some(ratio),
+                target: if big {
+                    "≥ 0.50×".into()
+                } else {
+                    "—".into()
+                },
+                pass: big.then_some(ratio >= 0.5),
+            });
+        }
+    }
+    print_table(
+        &format!(
+            "Pull/push throughput, 1 worker + 1 server on loopback, median of {reps}; iperf3 runs: {}",
+            iperf
+                .iter()
+                .map(|b| format!("{:.0} MB/s", mb_s(*b)))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        &rows,
+    );
+    Ok(())
+}
+
+fn main() -> anyhow::Result<()> {
+    let reps: usize = match std::env::args().nth(1) {
+        Some(a) => a
+            .parse()
+            .with_context(|| format!("REPS {a:?} is not a number"))?,
+        None => 7,
+    };
+    let mut sizes = Vec::new();
+    for a in std::env::args().skip(2) {
+        let mib: usize = a
+            .parse()
+            .with_context(|| format!("SIZE_MIB {a:?} is not a number"))?;
+        sizes.push(mib << 20);
+    }
+    if sizes.is_empty() {
+        sizes = vec![1 << 20, 64 << 20];
+    }
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?
+        .block_on(run(reps, sizes))
+}
