@@ -640,44 +640,78 @@ fn convert_triplets(
 pub fn summary_text(s: &JobSummary, config: &CruiseConfig) -> String {
     use std::fmt::Write;
     let mut out = String::new();
-    let _ = writeln!(out, "cruise: job {} finished", s.job_id);
-    let _ = writeln!(out, "  app            {}", s.app);
-    let _ = writeln!(out, "  epochs         {}", s.epochs.len());
-    let _ = writeln!(out, "  records        {}", s.records);
+    let mut line = |label: &str, value: String| {
+        let _ = writeln!(out, "  {label:<15}{value}");
+    };
+    line("app", s.app.to_string());
+    line("epochs", s.epochs.len().to_string());
+    line("records", s.records.to_string());
     let app = cruise_container::apps::params(config)
         .ok()
         .and_then(|p| cruise_container::apps::build(config, &p).ok());
     let mut figures = |what: &str, stats: &cruise_container::protocol::Stats| {
-        let _ = writeln!(out, "  {what} {:<9} {:.4}", s.loss_name, stats.mean_loss());
+        line(
+            &format!("{what} {}", s.loss_name),
+            format!("{:.4}", stats.mean_loss()),
+        );
         if let Some((name, v)) = app.as_ref().and_then(|a| a.derived_metric(stats)) {
-            let _ = writeln!(out, "  {what} {name:<9} {v:.4}");
+            line(&format!("{what} {name}"), format!("{v:.4}"));
         }
         if s.has_accuracy {
-            let _ = writeln!(out, "  {what} accuracy  {:.2}%", 100.0 * stats.accuracy());
+            line(
+                &format!("{what} accuracy"),
+                format!("{:.2}%", 100.0 * stats.accuracy()),
+            );
         }
     };
     figures("final", &s.final_stats);
     if let Some(e) = &s.eval_stats {
-        figures("eval ", e);
+        figures("eval", e);
     }
     if let Some(path) = &s.model_out {
-        let _ = writeln!(out, "  model          {path}");
+        line("model", path.clone());
     }
-    let _ = writeln!(
-        out,
-        "  wall time      {:.2} s (training {:.2} s)",
-        s.wall_secs, s.train_secs
+    line(
+        "wall time",
+        format!("{:.2} s (training {:.2} s)", s.wall_secs, s.train_secs),
     );
     let sync = match config.job.sync {
         cruise_conf::SyncMode::Async => "async".to_string(),
         cruise_conf::SyncMode::Ssp => format!("ssp, staleness {}", config.job.staleness),
     };
-    let _ = writeln!(
-        out,
-        "  configuration  {} containers: {}, {sync}, mini-batch {}",
-        s.containers,
-        crate::am::split_text(s.workers, s.servers),
-        config.job.mini_batch
+    let end = s
+        .epochs
+        .last()
+        .filter(|e| (e.workers, e.servers) != (s.workers, s.servers))
+        .map(|e| {
+            format!(
+                "; ended with {}",
+                crate::am::split_text(e.workers, e.servers)
+            )
+        })
+        .unwrap_or_default();
+    line(
+        "configuration",
+        format!(
+            "{} containers: {}, {sync}, mini-batch {}{end}",
+            s.containers,
+            crate::am::split_text(s.workers, s.servers),
+            config.job.mini_batch
+        ),
     );
-    out
+    for r in &s.reconfigurations {
+        let failed = if r.failed.is_empty() {
+            String::new()
+        } else {
+            format!(" ({} failed)", r.failed.len())
+        };
+        line(
+            "reconfigured",
+            format!(
+                "at {:.1} s in {:.2} s: {}{failed}",
+                r.at_secs, r.secs, r.summary
+            ),
+        );
+    }
+    format!("cruise: job {} finished\n{out}", s.job_id)
 }

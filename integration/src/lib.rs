@@ -496,6 +496,17 @@ pub async fn status(addr: &str) -> anyhow::Result<serde_json::Value> {
         .with_context(|| format!("GET {url}: not JSON"))
 }
 
+/// Waits for a `cruise run` job to print its status endpoint on stderr and
+/// returns the endpoint's `host:port`.
+pub async fn status_address(job: &Spawned, timeout: Duration) -> anyhow::Result<String> {
+    let line = job.wait_for_stderr("status at http://", timeout).await?;
+    let addr = line
+        .split("http://")
+        .nth(1)
+        .with_context(|| format!("no address in {line:?}"))?;
+    Ok(addr.trim().trim_end_matches("/status").to_string())
+}
+
 /// Polls the status endpoint until `pred` holds.
 pub async fn await_status(
     addr: &str,

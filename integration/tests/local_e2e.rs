@@ -13,7 +13,7 @@ use cruise_container::protocol::{
 };
 use cruise_hdfs::Split;
 use cruise_integration::fake_am::FakeAm;
-use cruise_integration::{Spawned, await_status, binary, mlr_data};
+use cruise_integration::{Spawned, await_status, binary, mlr_data, status_address};
 
 const WAIT: Duration = Duration::from_secs(120);
 
@@ -234,16 +234,7 @@ async fn endless_job(work: &std::path::Path) -> (Spawned, String) {
     c.args(["run", "--epochs", "100000", "--work-dir"])
         .arg(work);
     let job = Spawned::spawn(c).unwrap();
-    let line = job
-        .wait_for_stderr("status at http://", WAIT)
-        .await
-        .unwrap();
-    let addr = line
-        .split("http://")
-        .nth(1)
-        .unwrap()
-        .trim_end_matches("/status")
-        .to_string();
+    let addr = status_address(&job, WAIT).await.unwrap();
     (job, addr)
 }
 

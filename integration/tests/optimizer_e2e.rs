@@ -1,0 +1,216 @@
+//! The optimizer end to end on the local runtime: `cruise run` and its
+//! evaluators are separate OS processes, the job measures itself and
+//! reconfigures while it trains.
+//!
+//! These tests compare epoch times, so they run one at a time (a lock held
+//! for the whole test): two jobs sharing the two cores would measure each
+//! other.
+
+use std::time::Duration;
+
+use serde_json::Value;
+use tokio::process::Command;
+use tokio::sync::Mutex;
+
+use cruise_integration::{Spawned, await_status, binary, status_address};
+
+const WAIT: Duration = Duration::from_secs(300);
+
+/// Held by each test for its whole run.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::const_new(());
+
+fn cruise() -> Command {
+    let mut c = Command::new(binary("cruise").expect("cruise is built"));
+    c.env_remove("RUST_LOG");
+    c
+}
+
+/// MLR on 100k generated samples (the README's self-configuration example),
+/// with the optimizer looking every half second once each worker has
+/// reported `min_mini_batches`.
+fn job(work: &std::path::Path, workers: u64, epochs: u32, min_mini_batches: u32) -> Command {
+    let mut c = cruise();
+    c.args(["run", "--json", "--quiet", "-n", "4"])
+        .args(["-w", &workers.to_string(), "-e", &epochs.to_string()])
+        .args(["--set", "mlr.generate_samples=100000"])
+        .args(["--set", "optimizer.interval_ms=500"])
+        .args([
+            "--set",
+            &format!("optimizer.min_mini_batches={min_mini_batches}"),
+        ])
+        .arg("--work-dir")
+        .arg(work);
+    c
+}
+
+async fn finish(c: Command) -> Value {
+    let mut p = Spawned::spawn(c).unwrap();
+    let status = p.wait(WAIT).await.unwrap();
+    assert!(status.success(), "cruise run failed:\n{}", p.stderr());
+    serde_json::from_str(&p.stdout()).expect("JSON summary on stdout")
+}
+
+fn accuracy(s: &Value) -> f64 {
+    let f = &s["final_stats"];
+    f["correct"].as_f64().unwrap() / f["records"].as_f64().unwrap()
+}
+
+fn epochs(s: &Value) -> Vec<(u64, u64, f64)> {
+    s["epochs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (
+                e["workers"].as_u64().unwrap(),
+                e["servers"].as_u64().unwrap(),
+                e["secs"].as_f64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// A job started at a bad split (1 worker, 3 servers) is moved by the
+/// optimizer to a split with more workers, its measured epoch time drops,
+/// and nothing is lost on the way; a job started where that one ended
+/// stays where it is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_split_is_improved_and_the_optimum_stays() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    // One worker runs 1000 mini-batches an epoch: waiting for 2500 leaves
+    // two whole epochs at the bad split to compare with.
+    let s = finish(job(dir.path(), 1, 14, 2500)).await;
+
+    let plans = s["reconfigurations"].as_array().unwrap();
+    assert!(!plans.is_empty(), "no reconfiguration: {s}");
+    for p in plans {
+        assert!(p["failed"].as_array().unwrap().is_empty(), "{p}");
+    }
+    let e = epochs(&s);
+    let (w_end, s_end, _) = *e.last().unwrap();
+    assert!(w_end > 1, "ended with {w_end} workers: {s}");
+    assert_eq!(w_end + s_end, 4, "containers are kept: {s}");
+    assert_eq!(
+        s["final_stats"]["records"], s["records"],
+        "every record evaluated once after the moves"
+    );
+    assert!(accuracy(&s) >= 0.9, "accuracy {}", accuracy(&s));
+
+    // Epoch time before (epoch 1 warms up; skipped) and after (the epoch in
+    // which the plan ran is skipped) the first reconfiguration.
+    let first_after = e.iter().position(|&(w, _, _)| w != 1).unwrap();
+    let before: Vec<f64> = e[1..first_after].iter().map(|x| x.2).collect();
+    let after: Vec<f64> = e[first_after + 1..].iter().map(|x| x.2).collect();
+    assert!(
+        !before.is_empty() && after.len() >= 2,
+        "reconfigured in epoch {}: too early or too late to compare: {e:?}",
+        first_after + 1
+    );
+    let (b, a) = (median(before), median(after));
+    eprintln!("epoch time: {b:.3} s at 1 worker, 3 servers; {a:.3} s after; epochs {e:?}");
+    assert!(a < b, "epoch time did not drop: {b:.3} s → {a:.3} s; {e:?}");
+
+    // The split the optimizer chose is its optimum: started there, the job
+    // does not move.
+    let dir = tempfile::tempdir().unwrap();
+    let s2 = finish(job(dir.path(), w_end, 8, 5)).await;
+    assert!(
+        s2["reconfigurations"].as_array().unwrap().is_empty(),
+        "a job at the optimum reconfigured: {}",
+        s2["reconfigurations"]
+    );
+    assert!(
+        epochs(&s2).iter().all(|&(w, _, _)| w == w_end),
+        "{:?}",
+        epochs(&s2)
+    );
+}
+
+/// The local runtime offers 6 containers a few seconds in and takes 2 back
+/// later: the job grows into the offer, gives the containers back (moving
+/// their blocks off first), and keeps training.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn capacity_schedule_grows_and_shrinks_the_job() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    // Shrink at 40 s: well after the optimizer's first looks, even on a
+    // loaded machine; the test checks that the growth came first.
+    const SHRINK_AT: f64 = 40.0;
+    let mut c = cruise();
+    c.args(["run", "-n", "4", "-w", "2", "--epochs", "100000"])
+        .args(["--set", "mlr.generate_samples=40000"])
+        .args(["--set", "optimizer.interval_ms=300"])
+        .args([
+            "--set",
+            &format!("runtime.capacity_schedule=2:6,{SHRINK_AT}:4"),
+        ])
+        .arg("--work-dir")
+        .arg(dir.path());
+    let mut job = Spawned::spawn(c).unwrap();
+    let addr = status_address(&job, WAIT).await.unwrap();
+
+    let active = |s: &Value| {
+        s["evaluators"]
+            .as_array()
+            .map(|e| e.iter().filter(|e| e["role"] != "idle").count())
+            .unwrap_or(0)
+    };
+    // The plan is recorded when it has finished; its evaluators take their
+    // roles while it runs.
+    let grown = await_status(&addr, WAIT, |s| {
+        active(s) > 4
+            && s["reconfigurations"]
+                .as_array()
+                .is_some_and(|r| !r.is_empty())
+    })
+    .await
+    .unwrap();
+    assert_eq!(grown["capacity"], 6, "{grown}");
+    let grown_at = grown["reconfigurations"][0]["at_secs"].as_f64().unwrap();
+    assert!(
+        grown_at < SHRINK_AT,
+        "grew only at {grown_at} s, after the capacity was taken back"
+    );
+
+    let shrunk = await_status(&addr, WAIT, |s| {
+        s["capacity"] == 4
+            && active(s) <= 4
+            && s["reconfigurations"].as_array().is_some_and(|r| {
+                r.iter()
+                    .any(|p| p["summary"].as_str().unwrap_or("").contains("forced"))
+            })
+    })
+    .await
+    .unwrap();
+    for p in shrunk["reconfigurations"].as_array().unwrap() {
+        assert!(p["failed"].as_array().unwrap().is_empty(), "{p}");
+    }
+    // Training goes on after the shrink.
+    let records = shrunk["records_processed"].as_u64().unwrap();
+    let later = await_status(&addr, WAIT, |s| {
+        s["records_processed"].as_u64().unwrap_or(0) > records + 40_000
+    })
+    .await
+    .unwrap();
+    assert_eq!(later["phase"], "training", "{later}");
+    assert!(active(&later) <= 4, "{later}");
+
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(job.child.id().unwrap() as i32),
+        nix::sys::signal::Signal::SIGINT,
+    )
+    .unwrap();
+    let _ = job.wait(WAIT).await.unwrap();
+    assert!(job.stderr().contains("cancelled"), "{}", job.stderr());
+    assert!(
+        !job.stderr().contains("failed"),
+        "nothing failed on the way:\n{}",
+        job.stderr()
+    );
+}
