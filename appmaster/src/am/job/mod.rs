@@ -775,6 +775,7 @@ impl Driver {
                 message: "the input has no records".into(),
             });
         }
+        self.learn_capacity().await;
         let (w, s) = self.role_counts();
         self.phase(
             Phase::Training,

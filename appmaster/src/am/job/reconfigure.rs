@@ -965,6 +965,33 @@ impl Driver {
     }
 
     /// The resource manager's capacity changed.
+    /// Asks a cluster's resource manager what the job may hold when training
+    /// starts: until it reports a change, the optimizer plans with that, not
+    /// with the configured ceiling (a cluster with room for fewer would
+    /// leave the plan's adds waiting for containers that never come).
+    pub(super) async fn learn_capacity(&mut self) {
+        if self.config.runtime.kind == cruise_conf::RuntimeKind::Local {
+            return;
+        }
+        let held = self.members().count() as u32;
+        match self.rm.capacity().await {
+            Ok(c) => {
+                let ceiling = self.config.runtime.capacity_ceiling(&self.config.job);
+                self.rc.capacity = c.max_containers.min(ceiling).max(held);
+                tracing::info!(
+                    capacity = self.rc.capacity,
+                    offered = c.max_containers,
+                    ceiling,
+                    "resource manager capacity at the start of training"
+                );
+            }
+            Err(e) => tracing::warn!(
+                "reading the resource manager's capacity failed ({e}); planning with {}",
+                self.rc.capacity
+            ),
+        }
+    }
+
     pub(super) fn on_capacity(&mut self, offered: u32) {
         // A cluster may offer more than the job is allowed to hold; the local
         // runtime's capacity is the job's own setting already.
