@@ -437,8 +437,18 @@ async fn handle(
     match msg {
         AmToEval::Peers(peers) => job.dp.set_peers(&peers),
         AmToEval::Ownership(u) => {
+            // Requests already on their way were routed by the older table:
+            // the update counts as applied here once they are done (an
+            // evaluator released after every member acknowledged cannot cut
+            // one off). Waited for off the control loop: one of them may be
+            // queued on a block that a command to this evaluator moves.
             let version = store.apply_ownership(&u);
-            send(EvalToAm::OwnershipApplied { version }).await?;
+            let mark = job.dp.request_mark();
+            let (dp, tx) = (job.dp.clone(), to_am.clone());
+            tracker.spawn(async move {
+                dp.requests_done_before(mark).await;
+                let _ = tx.send(EvalToAm::OwnershipApplied { version }).await;
+            });
         }
         AmToEval::CreateBlocks { table, blocks } => {
             store

@@ -23,7 +23,7 @@
 //! A request written on a connection that then broke fails for good: whether
 //! it was applied is unknown, and retrying could apply it twice.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -141,6 +141,8 @@ struct Inner {
     ever_seen: Mutex<HashSet<EvaluatorId>>,
     conns: Mutex<HashMap<EvaluatorId, Arc<OutConn>>>,
     counters: ServeCounters,
+    /// Outbound requests in flight, in issue order (all connections).
+    inflight: Arc<Inflight>,
     faults: Faults,
     /// Fault hooks of bulk (move) connections only, on both ends.
     bulk_faults: Faults,
@@ -187,6 +189,7 @@ impl DataPlane {
                 ever_seen: Mutex::new(HashSet::new()),
                 conns: Mutex::new(HashMap::new()),
                 counters: ServeCounters::default(),
+                inflight: Arc::new(Inflight::default()),
                 faults,
                 bulk_faults: Faults::default(),
                 cancel: parent.child_token(),
@@ -236,6 +239,21 @@ impl DataPlane {
         }
     }
 
+    /// A mark in the order of outbound requests: everything issued so far
+    /// is before it.
+    pub fn request_mark(&self) -> u64 {
+        self.inner.inflight.mark()
+    }
+
+    /// Waits until every outbound request issued before `mark` has been
+    /// answered or has failed. An evaluator acknowledges an ownership update
+    /// only then: once every member has, no request routed by an older
+    /// table is still on its way, and an evaluator that owns nothing in the
+    /// new one can leave without cutting a request off.
+    pub async fn requests_done_before(&self, mark: u64) {
+        self.inner.inflight.done_before(mark).await
+    }
+
     /// Replaces the peer directory. Evaluators that were known and are no
     /// longer listed have left: forwarding pointers to them are dropped and
     /// their connections closed.
@@ -274,6 +292,7 @@ impl DataPlane {
             peer,
             tx,
             pending: Mutex::new(HashMap::new()),
+            inflight: Arc::clone(&self.inner.inflight),
             next_id: AtomicU64::new(1),
             closed: AtomicBool::new(false),
         });
@@ -1103,7 +1122,8 @@ enum Wait {
 struct OutConn {
     peer: EvaluatorId,
     tx: mpsc::UnboundedSender<ToOwner>,
-    pending: Mutex<HashMap<u64, oneshot::Sender<PartResult>>>,
+    pending: Mutex<HashMap<u64, (oneshot::Sender<PartResult>, InflightGuard)>>,
+    inflight: Arc<Inflight>,
     next_id: AtomicU64,
     closed: AtomicBool,
 }
@@ -1120,9 +1140,9 @@ impl OutConn {
             return rx;
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        lock(&self.pending).insert(id, tx);
+        lock(&self.pending).insert(id, (tx, self.inflight.begin()));
         if self.tx.send(ToOwner::Request { id, req }).is_err()
-            && let Some(tx) = lock(&self.pending).remove(&id)
+            && let Some((tx, _)) = lock(&self.pending).remove(&id)
         {
             let _ = tx.send(Err(RemoteError::retry(format!(
                 "connection to evaluator {} is closed",
@@ -1133,7 +1153,7 @@ impl OutConn {
     }
 
     fn complete(&self, id: u64, result: PartResult) {
-        if let Some(tx) = lock(&self.pending).remove(&id) {
+        if let Some((tx, _)) = lock(&self.pending).remove(&id) {
             let _ = tx.send(result);
         }
     }
@@ -1143,7 +1163,7 @@ impl OutConn {
     }
 
     fn fail_all(&self, err: RemoteError) {
-        for (_, tx) in lock(&self.pending).drain() {
+        for (_, (tx, _)) in lock(&self.pending).drain() {
             let _ = tx.send(Err(err.clone()));
         }
     }
@@ -1156,5 +1176,62 @@ impl OutConn {
         self.closed.store(true, Ordering::SeqCst);
         lock(conns).retain(|_, c| !Arc::ptr_eq(c, self));
         self.fail_all(err);
+    }
+}
+
+/// Sequence numbers of the outbound requests in flight.
+#[derive(Default)]
+struct Inflight {
+    /// The next sequence number and the ones not finished yet.
+    state: Mutex<(u64, BTreeSet<u64>)>,
+    finished: tokio::sync::Notify,
+}
+
+/// One request in flight; finished when dropped (answered, failed or
+/// abandoned alike).
+struct InflightGuard {
+    seq: u64,
+    of: Arc<Inflight>,
+}
+
+impl Drop for InflightGuard {
+    fn drop(&mut self) {
+        lock(&self.of.state).1.remove(&self.seq);
+        self.of.finished.notify_waiters();
+    }
+}
+
+impl Inflight {
+    fn begin(self: &Arc<Self>) -> InflightGuard {
+        let mut st = lock(&self.state);
+        let seq = st.0;
+        st.0 += 1;
+        st.1.insert(seq);
+        InflightGuard {
+            seq,
+            of: Arc::clone(self),
+        }
+    }
+
+    fn mark(&self) -> u64 {
+        lock(&self.state).0
+    }
+
+    async fn done_before(&self, mark: u64) {
+        loop {
+            let finished = self.finished.notified();
+            tokio::pin!(finished);
+            // Registered before the check: a request finishing in between
+            // still wakes us.
+            finished.as_mut().enable();
+            if lock(&self.state)
+                .1
+                .first()
+                .is_none_or(|&first| first >= mark)
+            {
+                return;
+            }
+            finished.await;
+        }
     }
 }

@@ -795,6 +795,7 @@ impl Driver {
         } else {
             DeleteStage::Draining(self.version)
         };
+        tracing::debug!(evaluator = id, ?stage, "delete started");
         self.rc.deletes.insert(id, DeleteOp { stage, reply });
         if let Some(m) = task {
             self.send(id, m).await;
@@ -810,10 +811,29 @@ impl Driver {
                 continue;
             };
             if let DeleteStage::Draining(v) = stage {
-                let acked = self
+                // Evaluators already told to leave acknowledge nothing more
+                // (and own nothing): waiting for them would never end.
+                let behind: Vec<EvaluatorId> = self
                     .members()
-                    .filter(|&m| m != id)
-                    .all(|m| self.evaluators[&m].acked_version >= v);
+                    .filter(|&m| {
+                        m != id
+                            && self.evaluators[&m].acked_version < v
+                            && !self
+                                .rc
+                                .deletes
+                                .get(&m)
+                                .is_some_and(|d| d.stage == DeleteStage::Exiting)
+                    })
+                    .collect();
+                let acked = behind.is_empty();
+                if !acked {
+                    tracing::debug!(
+                        evaluator = id,
+                        version = v,
+                        ?behind,
+                        "delete waits for members to acknowledge the ownership"
+                    );
+                }
                 if acked {
                     if let Some(d) = self.rc.deletes.get_mut(&id) {
                         d.stage = DeleteStage::Exiting;
