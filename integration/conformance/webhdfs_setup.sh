@@ -64,6 +64,11 @@ have_jars() {
 if ! have_jars; then
     tmp="$(mktemp -d "$CACHE/pyspark-download.XXXXXX")"
     trap 'rm -rf "$tmp"' EXIT
+    # pip reads the sdist's metadata with the venv's own setuptools
+    # (--no-build-isolation), which needs `wheel` for bdist_wheel; a fresh
+    # venv has neither.
+    "$VENV/bin/pip" install --quiet --disable-pip-version-check setuptools wheel \
+        || die "pip install setuptools wheel failed"
     log "downloading the pyspark==$PYSPARK_VERSION source distribution (about 450 MB, once)"
     "$VENV/bin/pip" download --quiet --disable-pip-version-check \
         --no-binary :all: --no-deps --no-build-isolation --dest "$tmp" "pyspark==$PYSPARK_VERSION" \
