@@ -808,11 +808,15 @@ impl<'a> Search<'a> {
         let workers = Self::members(roles, Role::Worker);
         let servers = Self::members(roles, Role::Server);
         let t_bar = bar.max(part.t);
-        // Model: keep the current split if the servers are the same and it is as good.
+        // Model: keep the current split if the servers are the same, it is as
+        // good, and they hold the whole model now (not so when a container
+        // that is given back holds blocks: it is not in this model).
         let same_servers = servers
             .iter()
             .all(|&j| cur[j].role == Role::Server && cur[j].model_blocks > 0)
-            && cur.iter().filter(|p| p.model_blocks > 0).count() == servers.len();
+            && cur.iter().filter(|p| p.model_blocks > 0).count() == servers.len()
+            && cur.iter().map(|p| u64::from(p.model_blocks)).sum::<u64>()
+                == u64::from(m.job().model_blocks);
         let mut l = part.l.clone();
         if same_servers {
             let cur_l: Vec<u32> = cur.iter().map(|p| p.model_blocks).collect();
