@@ -55,6 +55,7 @@ fn fail(e: impl std::fmt::Display) -> ExitCode {
 }
 
 fn main() -> ExitCode {
+    cruise_container::os::tune_allocator();
     let cli = Cli::parse();
     match cli.command {
         Command::Evaluator => {
