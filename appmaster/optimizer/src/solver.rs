@@ -118,11 +118,11 @@ pub fn solve_homogeneous(
             w as f64 * l / l_total as f64 * m_bytes * (per_byte + u.server_secs_per_byte);
         let worker_bound = m_bytes * per_byte;
         let comp = u.compute_secs_per_record * records;
-        let comm = nb * server_bound.max(worker_bound);
+        let comm = nb * (server_bound.max(worker_bound) + job.latency_secs_per_mini_batch);
         splits.push(Split {
             workers,
             servers,
-            epoch_secs: comp + comm,
+            epoch_secs: crate::cost::epoch_of(job, comp, comm),
             comp_secs: comp,
             comm_secs: comm,
         });
@@ -910,6 +910,8 @@ mod tests {
             remaining_epochs: 10.0,
             input_bytes: 0,
             model_bytes: 0,
+            serial_fraction: 1.0,
+            latency_secs_per_mini_batch: 0.0,
         }
     }
 

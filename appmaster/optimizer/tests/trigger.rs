@@ -35,6 +35,8 @@ fn job(k: u32, l: u32, epochs: f64) -> Job {
         remaining_epochs: epochs,
         input_bytes: 64 << 20,
         model_bytes: 16 << 20,
+        serial_fraction: 1.0,
+        latency_secs_per_mini_batch: 0.0,
     }
 }
 
