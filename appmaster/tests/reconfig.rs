@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use cruise_appmaster::am::JobSummary;
 use cruise_appmaster::harness::{self, Cluster, ClusterOptions};
-use cruise_conf::CruiseConfig;
+use cruise_conf::{CruiseConfig, ScaleInInput};
 
 const WAIT: Duration = Duration::from_secs(120);
 
@@ -95,9 +95,42 @@ async fn offered_capacity_is_used() {
 /// and would leave nothing to check.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reclaimed_capacity_is_given_back_and_training_goes_on() {
+    let st = shrink(ScaleInInput::Move).await;
+    let ops: Vec<&str> = st
+        .reconfigurations
+        .iter()
+        .flat_map(|r| r.op_secs.iter().map(|(k, _)| k.as_str()))
+        .collect();
+    assert!(!ops.contains(&"reload input"), "{ops:?}");
+}
+
+/// The same with the input of the container given back re-read from the
+/// job's input by the workers that stay, instead of moved.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reclaimed_input_can_be_re_read_instead_of_moved() {
+    let st = shrink(ScaleInInput::Reload).await;
+    let forced = st
+        .reconfigurations
+        .iter()
+        .find(|r| r.summary.contains("forced"))
+        .unwrap();
+    assert!(
+        forced.op_secs.iter().any(|(k, _)| k == "reload input"),
+        "{forced:?}"
+    );
+    assert!(
+        !forced.op_secs.iter().any(|(k, _)| k == "move input"),
+        "{forced:?}"
+    );
+}
+
+/// Runs an endless 4-container job, takes one container back, and checks
+/// the shrink; returns the status after it.
+async fn shrink(scale_in_input: ScaleInInput) -> cruise_appmaster::am::Status {
     let dir = tempfile::tempdir().unwrap();
     let mut c = config(4, 3, 1_000_000);
     c.optimizer.enabled = true;
+    c.optimizer.scale_in_input = scale_in_input;
     let mut cluster = Cluster::start(c, data(dir.path(), 4000), dir.path().join("w"));
     training(&mut cluster).await;
     assert!(cluster.set_capacity(3));
@@ -137,6 +170,7 @@ async fn reclaimed_capacity_is_given_back_and_training_goes_on() {
     let _ = tokio::time::timeout(WAIT, cluster.join())
         .await
         .expect("no hang");
+    st
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

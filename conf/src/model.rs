@@ -78,6 +78,22 @@ impl std::fmt::Display for AppKind {
     }
 }
 
+/// What a scale-in does with the input blocks of the containers it gives back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum ScaleInInput {
+    /// Whichever is predicted faster: moving the blocks from the container
+    /// that leaves (measured link capacity) or re-reading them from the input
+    /// at their new owner (measured read-and-parse speed of the job's loads).
+    #[default]
+    Auto,
+    /// Always move them.
+    Move,
+    /// Always re-read them (when the app keeps no worker-local state; else
+    /// they move).
+    Reload,
+}
+
 /// How workers synchronise their progress.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]
@@ -362,6 +378,11 @@ pub struct OptimizerConfig {
     /// Write the optimizer's input (a snapshot for `cruise plan`) to this file
     /// at every look. Empty: do not write.
     pub snapshot_file: String,
+    /// On scale-in, the input blocks of containers given back are `moved`
+    /// to the workers that stay, `reload`ed from the job's input there, or
+    /// (`auto`) whichever is predicted faster. Apps with worker-local state
+    /// (nmf, lda) always move: their state is not in the input.
+    pub scale_in_input: ScaleInInput,
 }
 
 impl Default for OptimizerConfig {
@@ -384,6 +405,7 @@ impl Default for OptimizerConfig {
             prior_move_mb_per_sec: 200.0,
             probe_bytes: 4 << 20,
             snapshot_file: String::new(),
+            scale_in_input: ScaleInInput::Auto,
         }
     }
 }

@@ -456,6 +456,12 @@ async fn handle(
                 .map_err(|e| EvaluatorError::Protocol(e.to_string()))?;
             send(EvalToAm::BlocksCreated { table, blocks }).await?;
         }
+        AmToEval::DropInput { blocks } => {
+            store
+                .drop_input(&blocks)
+                .map_err(|e| EvaluatorError::Protocol(e.to_string()))?;
+            send(EvalToAm::InputDropped { blocks }).await?;
+        }
         AmToEval::LoadInput { blocks } => {
             let (fs, app, tx, fail) = (
                 job.fs.clone(),

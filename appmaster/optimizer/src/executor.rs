@@ -33,6 +33,10 @@ use crate::plan::{Configuration, Operation, Plan};
 pub struct OpReport {
     /// Bytes transferred (moves; 0 for other operations or when unknown).
     pub bytes_moved: u64,
+    /// A move of input blocks was carried out by re-reading them from the
+    /// job's input at the destination instead (scale-in).
+    #[serde(default)]
+    pub reloaded: bool,
 }
 
 /// Why the runtime could not carry out an operation.

@@ -51,7 +51,10 @@ impl OperationRunner for Mock {
             if fails {
                 Err(OpError::new(format!("injected failure of {text}")))
             } else {
-                Ok(OpReport { bytes_moved: 100 })
+                Ok(OpReport {
+                    bytes_moved: 100,
+                    reloaded: false,
+                })
             }
         }
     }

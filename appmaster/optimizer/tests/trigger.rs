@@ -335,7 +335,10 @@ fn cost_model_learns_from_observed_plans() {
         });
         outcomes.push(OpOutcome::Succeeded {
             duration: Duration::from_secs_f64(0.5 + 2e-8 * bytes),
-            report: OpReport { bytes_moved: 0 },
+            report: OpReport {
+                bytes_moved: 0,
+                reloaded: false,
+            },
         });
         ops.push(cruise_optimizer::PlannedOp {
             op: Operation::Add {

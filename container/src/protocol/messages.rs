@@ -114,6 +114,12 @@ pub enum AmToEval {
         /// Block id and the split it holds.
         blocks: Vec<(BlockId, Split)>,
     },
+    /// Drop these input blocks (a scale-in re-reads them elsewhere); only
+    /// for blocks without worker-local state.
+    DropInput {
+        /// The blocks.
+        blocks: Vec<BlockId>,
+    },
     /// Create these empty blocks of a table (owned from now on).
     CreateBlocks {
         /// The table.
@@ -246,6 +252,11 @@ pub enum EvalToAm {
     InputLoaded {
         /// `(block, records, bytes)`.
         blocks: Vec<(BlockId, u64, u64)>,
+    },
+    /// Input blocks dropped (answer to `DropInput`).
+    InputDropped {
+        /// The blocks.
+        blocks: Vec<BlockId>,
     },
     /// Blocks created.
     BlocksCreated {

@@ -739,6 +739,39 @@ impl Store {
         Ok(())
     }
 
+    /// Drops input blocks held here (a scale-in re-reads them at their new
+    /// owner): their slots become absent. Refused, and nothing dropped, when
+    /// one is not held here or has worker-local state (which the input does
+    /// not hold, so it must move instead).
+    pub fn drop_input(&self, blocks: &[BlockId]) -> Result<(), StoreError> {
+        let input = self.table(INPUT_TABLE)?;
+        let state = self.table(STATE_TABLE).ok();
+        for &b in blocks {
+            let slot = lock(Self::slot(&input, INPUT_TABLE, b)?);
+            if !matches!(&*slot, Slot::Owned(BlockData::Input(_))) {
+                return Err(StoreError::BadState {
+                    table: INPUT_TABLE,
+                    block: b,
+                    message: format!("cannot drop a block that is {}", slot.name()),
+                });
+            }
+            if let Some(t) = &state
+                && matches!(&*lock(Self::slot(t, STATE_TABLE, b)?), Slot::Owned(_))
+            {
+                return Err(StoreError::BadState {
+                    table: STATE_TABLE,
+                    block: b,
+                    message: "the block has worker-local state: it must move, not be re-read"
+                        .into(),
+                });
+            }
+        }
+        for &b in blocks {
+            *lock(Self::slot(&input, INPUT_TABLE, b)?) = Slot::Absent;
+        }
+        Ok(())
+    }
+
     /// Stores a block's data (loaded input, new state) as owned here.
     pub fn put_block(
         &self,

@@ -588,13 +588,25 @@ impl Driver {
                 self.maybe_start_training().await?;
             }
             EvalToAm::InputLoaded { blocks } => {
+                if self.phase != Phase::Loading {
+                    // Blocks re-read while training (a scale-in).
+                    if !self.on_input_reloaded(id, &blocks).await {
+                        tracing::warn!(evaluator = id, "unexpected InputLoaded");
+                    }
+                    return Ok(());
+                }
                 e.awaiting = false;
+                let bytes: u64 = blocks.iter().map(|b| b.2).sum();
+                if let Some(t) = self.rc.load_started.remove(&id) {
+                    self.rc.metrics.load(bytes, t.elapsed().as_secs_f64());
+                }
                 for &(b, _, bytes) in &blocks {
                     self.rc.input_bytes.insert(b, bytes);
                 }
                 self.records_per_epoch += blocks.iter().map(|b| b.1).sum::<u64>();
                 self.maybe_start_training().await?;
             }
+            EvalToAm::InputDropped { blocks } => self.on_input_dropped(id, blocks).await,
             EvalToAm::TaskStarted { task } => {
                 tracing::debug!(evaluator = id, ?task, "task started");
             }
@@ -756,6 +768,7 @@ impl Driver {
                 .filter(|&b| input[b] == id)
                 .map(|b| (b as BlockId, self.splits[b].clone()))
                 .collect();
+            self.rc.load_started.insert(id, Instant::now());
             self.send(id, AmToEval::LoadInput { blocks }).await;
         }
         for id in workers.iter().chain(&servers) {
