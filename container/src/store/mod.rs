@@ -584,11 +584,19 @@ impl Store {
         let n = op.keys.len();
         let nblocks = t.slots.len() as u32;
         let block_of: Vec<BlockId> = op.keys.iter().map(|&k| block_of_key(k, nblocks)).collect();
-        // Group positions by block, keeping key order within a block.
-        let mut groups: BTreeMap<BlockId, Vec<usize>> = BTreeMap::new();
-        for (i, &b) in block_of.iter().enumerate() {
-            groups.entry(b).or_default().push(i);
-        }
+        // Positions grouped by block (in block order), keeping key order
+        // within a block: one sort instead of a map of vectors.
+        let mut by_block: Vec<(BlockId, u32)> = block_of
+            .iter()
+            .enumerate()
+            .map(|(i, &b)| (b, i as u32))
+            .collect();
+        by_block.sort_unstable();
+        let groups = by_block
+            .chunk_by(|a, b| a.0 == b.0)
+            .map(|run| (run[0].0, run.iter().map(|&(_, p)| p as usize)));
+        // Writes applied here, answered as one part.
+        let mut written: Vec<usize> = Vec::new();
         let offsets = if op.kind == OpKind::Get {
             Vec::new()
         } else {
@@ -608,7 +616,7 @@ impl Store {
                 Slot::Owned(BlockData::Keyed(data)) => {
                     if op.kind == OpKind::Get {
                         let out = read.get_or_insert_with(|| vec![0.0; n * want]);
-                        for &p in &positions {
+                        for p in positions {
                             let k = op.keys[p];
                             let v = data.values.entry(k).or_insert_with(|| model.init(k));
                             if v.len() != want {
@@ -622,14 +630,17 @@ impl Store {
                                 });
                             }
                             out[p * want..(p + 1) * want].copy_from_slice(v);
+                            read_positions.push(p);
                         }
-                        read_positions.extend_from_slice(&positions);
                     } else {
-                        let r = apply_write(&*model, data, op, &positions, &offsets);
-                        parts.push(Part {
-                            positions,
-                            pending: Pending::Ready(r),
-                        });
+                        let positions: Vec<usize> = positions.collect();
+                        match apply_write(&*model, data, op, &positions, &offsets) {
+                            Ok(_) => written.extend_from_slice(&positions),
+                            Err(e) => parts.push(Part {
+                                positions,
+                                pending: Pending::Ready(Err(e)),
+                            }),
+                        }
                     }
                     continue;
                 }
@@ -641,6 +652,7 @@ impl Store {
                     });
                 }
                 Slot::Incoming { queue, .. } => {
+                    let positions: Vec<usize> = positions.collect();
                     let (tx, rx) = oneshot::channel();
                     queue.push(Queued {
                         op: sub_op(op, &positions, &offsets),
@@ -661,13 +673,20 @@ impl Store {
                     targets.insert(block, to);
                 }
                 None => parts.push(Part {
-                    positions,
+                    positions: positions.collect(),
                     pending: Pending::Ready(Err(RemoteError::retry(format!(
                         "block {block} of table {} is not on evaluator {} and its owner is unknown here",
                         op.table, self.inner.me
                     )))),
                 }),
             }
+        }
+        if !written.is_empty() {
+            written.sort_unstable();
+            parts.push(Part {
+                positions: written,
+                pending: Pending::Ready(Ok(PeerResponse::Done)),
+            });
         }
         if let Some(data) = read {
             let batch = if read_positions.len() == n {
