@@ -684,7 +684,15 @@ impl Driver {
 
     async fn start_loading(&mut self) {
         let (w, s) = self.initial_split;
-        let ids: Vec<EvaluatorId> = self.evaluators.keys().copied().collect();
+        // Roles are dealt in the order the resource manager started the
+        // containers, not in the order their evaluators happened to
+        // register: the initial configuration is then reproducible (and an
+        // emulated cluster's shapes, given in start order, land on the
+        // roles they were meant for).
+        let mut ids: Vec<EvaluatorId> = self.evaluators.keys().copied().collect();
+        ids.sort_by(|a, b| {
+            start_order(&self.evaluators[a].container, &self.evaluators[b].container)
+        });
         let (workers, servers) = ids.split_at((w as usize).min(ids.len()));
         let (workers, servers) = (
             workers.to_vec(),
@@ -1111,5 +1119,32 @@ fn stderr_note(diag: &str) -> String {
         let lines: Vec<&str> = diag.lines().collect();
         let tail = &lines[lines.len().saturating_sub(5)..];
         format!("; stderr ends with:\n  {}", tail.join("\n  "))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::start_order;
+
+    #[test]
+    fn containers_sort_in_start_order() {
+        let mut ids = vec![
+            "task_10",
+            "task_9",
+            "container_17_000002",
+            "container_17_000001",
+            "task_1",
+        ];
+        ids.sort_by(|a, b| start_order(a, b));
+        assert_eq!(
+            ids,
+            vec![
+                "container_17_000001",
+                "container_17_000002",
+                "task_1",
+                "task_9",
+                "task_10"
+            ]
+        );
     }
 }
