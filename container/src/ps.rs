@@ -287,6 +287,7 @@ pub async fn run_worker(mut ctx: WorkerContext) -> Result<(), PsError> {
                     message: format!("compute task failed: {e}"),
                 })?;
                 let (out, ks) = computed;
+                crate::emulate::stretch_compute(t1.elapsed()).await;
                 let comp_secs = t1.elapsed().as_secs_f64();
                 let Some((deltas, stats)) = out else {
                     // The block's state moved away mid-way: skip this mini-batch.
