@@ -493,7 +493,7 @@ pub async fn run(args: RunArgs, cancel: CancellationToken) -> anyhow::Result<Job
     }
     let work = datagen::work_dir(&config);
     let input = datagen::prepare_input(&config, &work)?;
-    let factory = runtime::foreground_factory(&config)?;
+    let factory = runtime::foreground_factory(&mut config)?;
     let summary = run_with(config, input, work, cancel, !args.quiet, factory).await?;
     Ok(summary)
 }
@@ -511,13 +511,13 @@ pub fn absolute_local(path: &str) -> anyhow::Result<String> {
 
 /// Runs a job on the local runtime with progress drawn on stderr.
 pub async fn run_local(
-    config: CruiseConfig,
+    mut config: CruiseConfig,
     input: String,
     work: PathBuf,
     cancel: CancellationToken,
     show_progress: bool,
 ) -> Result<JobSummary, AmError> {
-    let factory = runtime::local_factory(&config);
+    let factory = runtime::local_factory(&mut config)?;
     run_with(config, input, work, cancel, show_progress, factory).await
 }
 
@@ -699,6 +699,9 @@ pub fn summary_text(s: &JobSummary, config: &CruiseConfig) -> String {
             config.job.mini_batch
         ),
     );
+    if let Some(e) = &s.emulation {
+        line("emulation", e.clone());
+    }
     for r in &s.reconfigurations {
         let failed = if r.failed.is_empty() {
             String::new()

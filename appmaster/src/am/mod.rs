@@ -151,6 +151,9 @@ pub struct JobSummary {
     pub evaluators: Vec<EvaluatorSummary>,
     /// Reconfigurations the optimizer made.
     pub reconfigurations: Vec<PlanRecord>,
+    /// The emulated cluster the job ran on (mechanism and container
+    /// shapes), if any.
+    pub emulation: Option<String>,
 }
 
 /// Progress of a job, for the command line.
@@ -219,6 +222,9 @@ pub struct Status {
     pub metrics: metrics::MetricsView,
     /// Reconfigurations so far.
     pub reconfigurations: Vec<PlanRecord>,
+    /// The emulated cluster the job runs on (mechanism and container
+    /// shapes), if any.
+    pub emulation: Option<String>,
 }
 
 /// One evaluator in the status.
@@ -441,6 +447,9 @@ pub async fn run_job(opts: JobOptions) -> Result<JobSummary, AmError> {
     };
     let (rm_tx, rm_rx) = mpsc::unbounded_channel();
     let rm = (opts.rm)(launch, rm_tx)?;
+    if let Some(e) = rm.emulation() {
+        tracing::info!("emulated cluster: {e}");
+    }
 
     let _ = opts.progress.send(Progress::Started {
         job_id: job_id.clone(),

@@ -145,6 +145,8 @@ pub(super) struct Driver {
     pending_loss: Option<(EvaluatorId, String, Instant)>,
     /// Measurements and live reconfiguration.
     rc: Reconfig,
+    /// The emulated cluster, in words (from the resource manager).
+    emulation: Option<String>,
 }
 
 impl Driver {
@@ -165,6 +167,7 @@ impl Driver {
         let now = Instant::now();
         let initial_split = config.job.initial_split();
         let config_for_rc = config.clone();
+        let emulation = rm.emulation();
         Driver {
             params: AppParams {
                 value_len: 0,
@@ -205,6 +208,7 @@ impl Driver {
             initial_split,
             pending_loss: None,
             rc: Reconfig::new(&config_for_rc),
+            emulation,
         }
     }
 
@@ -1050,6 +1054,7 @@ impl Driver {
             optimizer: self.rc.last_decision.clone(),
             metrics: self.rc.metrics.view(),
             reconfigurations: self.rc.history.clone(),
+            emulation: self.emulation.clone(),
         };
         self.status.send_replace(status);
     }
@@ -1058,6 +1063,7 @@ impl Driver {
         let (w, s) = self.initial_split;
         JobSummary {
             reconfigurations: self.rc.history.clone(),
+            emulation: self.emulation.clone(),
             job_id: self.job_id.clone(),
             app: self.config.job.app,
             loss_name: self.loss_name.to_string(),
@@ -1087,6 +1093,17 @@ impl Driver {
                 .collect(),
         }
     }
+}
+
+/// Container ids in the order they were started: by the text before their
+/// trailing number, then by that number (`c_9` before `c_10`).
+fn start_order(a: &str, b: &str) -> std::cmp::Ordering {
+    let split = |s: &str| {
+        let digits = s.len() - s.trim_end_matches(|c: char| c.is_ascii_digit()).len();
+        let (head, tail) = s.split_at(s.len() - digits);
+        (head.to_string(), tail.parse::<u128>().unwrap_or(0))
+    };
+    split(a).cmp(&split(b)).then_with(|| a.cmp(b))
 }
 
 /// "1 worker", "3 workers".
