@@ -105,7 +105,8 @@ pub struct ContainerMetrics {
 
 /// A measured bandwidth between two containers (from real transfers), bytes/s.
 /// Looked up in either direction (pulls and pushes use both); when a pair has several
-/// entries the slowest is used; pairs without an entry use `min(b_i, b_j)`.
+/// entries the slowest is used. A measured link only matters where it is slower than
+/// its ends' own bandwidths, which price each end's side of a pair without an entry.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Link {

@@ -5,7 +5,7 @@
 //!   `(W, S)` so a what-if tool can print them all.
 //! * [`solve_for_roles`] — given roles, the best whole-block partitioning. A fast
 //!   heuristic first: model blocks go to servers greedily in proportion to their
-//!   capacity (`1 / max_i(1/b_ij + p_j)`, which minimises the largest server-bound term),
+//!   capacity (`1 / max_i(1/b_j + p_j)`, which minimises the largest server-bound term),
 //!   then single-block moves between servers while they lower the epoch time. Then an
 //!   exact branch and bound over the model split (module `split`), pruned by lower
 //!   bounds on each worker's communication. Input blocks always go to workers by an
@@ -611,12 +611,14 @@ impl<'a> Search<'a> {
         if workers.is_empty() || servers.is_empty() || workers.len() > k_total as usize {
             return None;
         }
-        // Per-byte cost of each server towards its worst worker.
+        // Per-block serving cost of each server towards its worst worker.
         let weight: Vec<f64> = servers
             .iter()
             .map(|&j| {
-                workers.iter().map(|&i| m.inv_bw(i, j)).fold(0.0, f64::max)
-                    + m.server_secs_per_byte(j)
+                workers
+                    .iter()
+                    .map(|&i| m.block_costs(i, j).0)
+                    .fold(0.0, f64::max)
             })
             .collect();
         let mut l = vec![0u32; m.len()];

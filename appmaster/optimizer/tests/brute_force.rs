@@ -178,7 +178,8 @@ fn local_search_quality() {
         "local search: {exact}/{total} exact, worst gap {:.3}%",
         worst * 100.0
     );
-    // Regression guard at the level measured when this test was written (146/150, 7.7%).
+    // Regression guard at the level measured when this test was written (146/150, 7.7%;
+    // 147/150, 5.9% since each end's own link prices its side of a pair).
     assert!(exact * 100 >= total * 95, "{exact}/{total} exact");
     assert!(worst < 0.10, "worst gap {worst}");
 }

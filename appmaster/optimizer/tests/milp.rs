@@ -8,12 +8,13 @@
 //! min T
 //! r_i + s_i ≤ 1,  Σ r_i = W,  Σ_t z_it = r_i,  Σ_i Σ_t t·z_it = K
 //! l_j ≤ L·s_j,  Σ l_j = L
-//! g_i ≥ W·M·(l_j/L)·(1/b_ij + p_j)             for all j   (server-bound)
-//! g_i ≥ M·Σ_j (l_j/L)/b_ij                                (worker-bound)
+//! g_i ≥ W·M·(l_j/L)·(1/b_j + p_j)              for all j   (server-bound)
+//! g_i ≥ M·Σ_j (l_j/L)/b_i                                 (worker-bound)
 //! T ≥ c_i·D·t/K + ⌈D·t/(K·B)⌉·g_i − BigM_it·(1 − z_it)     for all t
 //! ```
 //!
-//! which is exactly the cost model with whole blocks (idle containers allowed).
+//! which is exactly the cost model with whole blocks (idle containers allowed); where a
+//! link was measured and is slower, its bandwidth `b_ij` replaces `b_i` and `b_j`.
 
 #![allow(clippy::needless_range_loop)]
 
@@ -41,7 +42,8 @@ fn milp_for_w(inst: &Inst, w: usize) -> Option<f64> {
     let g: Vec<Variable> = (0..n).map(|_| vars.add(variable().min(0.0))).collect();
     let t = vars.add(variable().min(0.0));
     let mut model = vars.minimise(t).using(microlp);
-    let inv = |i: usize, j: usize| 1.0 / inst.link(i, j);
+    let inv_s = |i: usize, j: usize| 1.0 / inst.link_s(i, j);
+    let inv_w = |i: usize, j: usize| 1.0 / inst.link_w(i, j);
     model = model.with(constraint!(
         r.iter().copied().sum::<Expression>() == w as f64
     ));
@@ -60,12 +62,12 @@ fn milp_for_w(inst: &Inst, w: usize) -> Option<f64> {
         let mut gmax = 0.0f64;
         let mut own_max = 0.0;
         for j in 0..n {
-            let a = inv(i, j) + inst.p[j];
+            let a = inv_s(i, j) + inst.p[j];
             let coef = w as f64 * inst.m * a / l;
             model = model.with(constraint!(g[i] >= coef * lj[j]));
-            own += (inst.m * inv(i, j) / l) * lj[j];
+            own += (inst.m * inv_w(i, j) / l) * lj[j];
             gmax = gmax.max(w as f64 * inst.m * a);
-            own_max += inst.m * inv(i, j);
+            own_max += inst.m * inv_w(i, j);
         }
         model = model.with(constraint!(g[i] >= own));
         let gmax = gmax.max(own_max);

@@ -44,18 +44,27 @@ impl Inst {
         self.c.len()
     }
 
-    pub fn link(&self, i: usize, j: usize) -> f64 {
-        let measured: Vec<f64> = self
-            .links
+    /// The measured bandwidth between `i` and `j` (the slowest measurement), if any.
+    pub fn measured(&self, i: usize, j: usize) -> Option<f64> {
+        self.links
             .iter()
             .filter(|&&(a, b, _)| (a, b) == (i, j) || (a, b) == (j, i))
             .map(|l| l.2)
-            .collect();
-        if measured.is_empty() {
-            self.bw[i].min(self.bw[j])
-        } else {
-            measured.into_iter().fold(f64::INFINITY, f64::min)
-        }
+            .reduce(f64::min)
+    }
+
+    /// Bandwidth of server `j`'s side of its traffic with worker `i`: the server's
+    /// own, or the measured link when slower.
+    pub fn link_s(&self, i: usize, j: usize) -> f64 {
+        self.measured(i, j)
+            .map_or(self.bw[j], |m| m.min(self.bw[j]))
+    }
+
+    /// Bandwidth of worker `i`'s side of its traffic with server `j`: the worker's
+    /// own, or the measured link when slower.
+    pub fn link_w(&self, i: usize, j: usize) -> f64 {
+        self.measured(i, j)
+            .map_or(self.bw[i], |m| m.min(self.bw[i]))
     }
 
     pub fn snapshot(&self) -> Snapshot {
@@ -113,9 +122,8 @@ impl Inst {
                     continue;
                 }
                 let share = ll[j] as f64 / self.l as f64;
-                let bij = self.link(i, j);
-                sb = sb.max(w * share * self.m * (1.0 / bij + self.p[j]));
-                wb += share * self.m / bij;
+                sb = sb.max(w * share * self.m * (1.0 / self.link_s(i, j) + self.p[j]));
+                wb += share * self.m / self.link_w(i, j);
             }
             let recs = self.d as f64 * kk[i] as f64 / self.k as f64;
             let batches = (self.d * kk[i] as u64).div_ceil(self.k as u64 * self.b) as f64;
