@@ -4,14 +4,17 @@
 //! holding model share `m_j` (fraction of the model blocks), per mini-batch:
 //!
 //! ```text
-//! server_bound_ij = w · m_j · M · (1/b_j + p_j)      (server j's link and CPU, shared by all workers)
-//! worker_bound_i  = Σ_j m_j · M / b_i  = M / b_i     (worker i's own link, to all servers at once)
+//! server_bound_ij = w · m_j · (M'/b_j + M·p_j)       (server j's link and CPU, shared by all workers)
+//! worker_bound_i  = Σ_j m_j · M' / b_i  = M' / b_i   (worker i's own link, to all servers at once)
 //! comm_i          = max( max_j server_bound_ij, worker_bound_i )
 //! C_i             = c_i · d_i + ⌈d_i / B⌉ · comm_i
 //! C               = max_i C_i
 //! ```
 //!
-//! `M` is the bytes a worker exchanges per mini-batch (pull + push), `c_i` the compute
+//! `M` is the bytes a worker exchanges per mini-batch (pull + push), which servers
+//! process; `M'` the part on the busier direction of a link (the larger of pull and
+//! push: links carry both directions at once, and their bandwidth is measured in one;
+//! `M` when unknown); `c_i` the compute
 //! seconds per record, `p_j` the server's processing seconds per byte and `b_i`, `b_j`
 //! each container's own link bandwidth. Where the link between `i` and `j` was
 //! measured and is slower, its bandwidth `b_ij` replaces `b_i` and `b_j` for that
@@ -309,13 +312,15 @@ impl CostModel {
 
     /// What one model block on server `j` costs worker `i` per mini-batch, seconds:
     /// `(server-bound per active worker, worker-bound)` =
-    /// `(M·(1/b_srv + p_j) / L, M / (b_wrk·L))`.
+    /// `((M'/b_srv + M·p_j) / L, M' / (b_wrk·L))`.
     #[inline]
     pub(crate) fn block_costs(&self, i: usize, j: usize) -> (f64, f64) {
-        let per_block = self.job.bytes_per_mini_batch / f64::from(self.job.model_blocks);
+        let l_total = f64::from(self.job.model_blocks);
+        let per_block = self.job.bytes_per_mini_batch / l_total;
+        let per_block_link = self.job.link_bytes() / l_total;
         (
-            per_block * (self.inv_srv(i, j) + self.server_proc[j]),
-            per_block * self.inv_wrk(i, j),
+            per_block_link * self.inv_srv(i, j) + per_block * self.server_proc[j],
+            per_block_link * self.inv_wrk(i, j),
         )
     }
 
@@ -516,6 +521,7 @@ mod tests {
             total_records: d,
             mini_batch_size: b,
             bytes_per_mini_batch: m,
+            link_bytes_per_mini_batch: None,
             input_blocks: k,
             model_blocks: l,
             remaining_epochs: 10.0,
@@ -536,25 +542,30 @@ mod tests {
             links,
         };
         let model = CostModel::new(&snap).unwrap();
-        let target: Target = [
+        let target = target(&[
             ("w1", Role::Worker, 6, 0),
             ("w2", Role::Worker, 4, 0),
             ("s1", Role::Server, 0, 1),
             ("s2", Role::Server, 0, 3),
-        ]
-        .into_iter()
-        .map(|(id, role, k, l)| {
-            (
-                id.to_string(),
-                Placement {
-                    role,
-                    input_blocks: k,
-                    model_blocks: l,
-                },
-            )
-        })
-        .collect();
+        ]);
         (model, target)
+    }
+
+    /// A target from `(id, role, input blocks, model blocks)`.
+    fn target(placements: &[(&str, Role, u32, u32)]) -> Target {
+        placements
+            .iter()
+            .map(|&(id, role, k, l)| {
+                (
+                    id.to_string(),
+                    Placement {
+                        role,
+                        input_blocks: k,
+                        model_blocks: l,
+                    },
+                )
+            })
+            .collect()
     }
 
     fn close(a: f64, b: f64) {
@@ -628,36 +639,33 @@ mod tests {
     // 1·0.5·100/100 = 0.5 each, worker-bound 100/1000 = 0.1 → g = 0.5.
     #[test]
     fn slow_servers_are_paid_in_parallel() {
-        let snap = Snapshot {
-            job: job(100, 10, 100.0, 2, 2),
+        let snap = |link_bytes| Snapshot {
+            job: Job {
+                link_bytes_per_mini_batch: link_bytes,
+                ..job(100, 10, 100.0, 2, 2)
+            },
             containers: vec![
                 container("w", Role::Worker, Some(0.0), 1000.0, None),
-                container("a", Role::Server, None, 100.0, Some(0.0)),
-                container("b", Role::Server, None, 100.0, Some(0.0)),
+                container("a", Role::Server, None, 100.0, Some(0.001)),
+                container("b", Role::Server, None, 100.0, Some(0.001)),
             ],
             links: vec![],
         };
-        let model = CostModel::new(&snap).unwrap();
-        let t: Target = [
+        let t = target(&[
             ("w", Role::Worker, 2, 0),
             ("a", Role::Server, 0, 1),
             ("b", Role::Server, 0, 1),
-        ]
-        .into_iter()
-        .map(|(id, role, k, l)| {
-            (
-                id.to_string(),
-                Placement {
-                    role,
-                    input_blocks: k,
-                    model_blocks: l,
-                },
-            )
-        })
-        .collect();
-        let b = model.evaluate(&t).unwrap();
-        // 10 batches × 0.5 s.
-        close(b.epoch_secs, 5.0);
+        ]);
+        let epoch = |link_bytes| {
+            let model = CostModel::new(&snap(link_bytes)).unwrap();
+            model.evaluate(&t).unwrap().epoch_secs
+        };
+        // Server-bound 1·0.5·(100/100 + 100·0.001) = 0.55, worker-bound 100/1000:
+        // 10 batches × 0.55 s.
+        close(epoch(None), 5.5);
+        // Full duplex: 50 of the 100 bytes on the busier direction; the servers still
+        // process all 100. 0.5·(50/100 + 0.1) = 0.3 → 10 × 0.3 s.
+        close(epoch(Some(50.0)), 3.0);
     }
 
     // One worker, two equal servers: server-bound 1·0.5·300/100 = 1.5 < worker-bound

@@ -8,8 +8,8 @@
 //! min T
 //! r_i + s_i ≤ 1,  Σ r_i = W,  Σ_t z_it = r_i,  Σ_i Σ_t t·z_it = K
 //! l_j ≤ L·s_j,  Σ l_j = L
-//! g_i ≥ W·M·(l_j/L)·(1/b_j + p_j)              for all j   (server-bound)
-//! g_i ≥ M·Σ_j (l_j/L)/b_i                                 (worker-bound)
+//! g_i ≥ W·(l_j/L)·(M'/b_j + M·p_j)             for all j   (server-bound)
+//! g_i ≥ M'·Σ_j (l_j/L)/b_i                                (worker-bound)
 //! T ≥ c_i·D·t/K + ⌈D·t/(K·B)⌉·g_i − BigM_it·(1 − z_it)     for all t
 //! ```
 //!
@@ -62,12 +62,12 @@ fn milp_for_w(inst: &Inst, w: usize) -> Option<f64> {
         let mut gmax = 0.0f64;
         let mut own_max = 0.0;
         for j in 0..n {
-            let a = inv_s(i, j) + inst.p[j];
-            let coef = w as f64 * inst.m * a / l;
+            let a = inst.ml * inv_s(i, j) + inst.m * inst.p[j];
+            let coef = w as f64 * a / l;
             model = model.with(constraint!(g[i] >= coef * lj[j]));
-            own += (inst.m * inv_w(i, j) / l) * lj[j];
-            gmax = gmax.max(w as f64 * inst.m * a);
-            own_max += inst.m * inv_w(i, j);
+            own += (inst.ml * inv_w(i, j) / l) * lj[j];
+            gmax = gmax.max(w as f64 * a);
+            own_max += inst.ml * inv_w(i, j);
         }
         model = model.with(constraint!(g[i] >= own));
         let gmax = gmax.max(own_max);

@@ -74,6 +74,8 @@ pub struct EvalMetrics {
     pub comp_per_record: Window,
     /// Bytes pulled plus pushed per mini-batch.
     pub bytes_per_batch: Window,
+    /// Bytes per mini-batch on the busier direction (the larger of pull and push).
+    pub link_bytes_per_batch: Window,
     /// Seconds pulling plus pushing per mini-batch.
     pub comm_secs_per_batch: Window,
     /// Server busy seconds per byte served.
@@ -160,6 +162,7 @@ impl Metrics {
         self.evals.entry(id).or_insert_with(|| EvalMetrics {
             comp_per_record: Window::new(w),
             bytes_per_batch: Window::new(w),
+            link_bytes_per_batch: Window::new(w),
             comm_secs_per_batch: Window::new(w),
             server_secs_per_byte: Window::new(w),
             batches: 0,
@@ -191,6 +194,8 @@ impl Metrics {
             e.comp_per_record.push(r.comp_secs / r.stats.records as f64);
         }
         e.bytes_per_batch.push((r.pull_bytes + r.push_bytes) as f64);
+        e.link_bytes_per_batch
+            .push(r.pull_bytes.max(r.push_bytes) as f64);
         e.comm_secs_per_batch.push(r.pull_secs + r.push_secs);
         e.batches += 1;
         for l in links {

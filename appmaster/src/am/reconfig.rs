@@ -108,6 +108,14 @@ fn orole(r: Role) -> ORole {
     }
 }
 
+/// Bytes per mini-batch of a worker: all of them (pull + push) and those on the
+/// busier direction of a link.
+#[derive(Debug, Clone, Copy)]
+struct Bytes {
+    all: f64,
+    link: Option<f64>,
+}
+
 /// Builds the optimizer's inputs from the AM's state.
 pub fn build_snapshot(
     job: JobFacts,
@@ -115,14 +123,20 @@ pub fn build_snapshot(
     m: &Metrics,
 ) -> (Snapshot, Configuration) {
     let workers: Vec<&EvalFacts> = evals.iter().filter(|e| e.role == Role::Worker).collect();
-    let bytes: Vec<f64> = workers
-        .iter()
-        .filter_map(|e| m.get(e.id).and_then(|x| x.bytes_per_batch.mean()))
-        .collect();
-    let bytes_per_mini_batch = if bytes.is_empty() {
-        0.0
-    } else {
-        bytes.iter().sum::<f64>() / bytes.len() as f64
+    let over_workers = |f: &dyn Fn(&super::metrics::EvalMetrics) -> Option<f64>| {
+        let v: Vec<f64> = workers
+            .iter()
+            .filter_map(|e| m.get(e.id).and_then(f))
+            .collect();
+        (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
+    };
+    let bytes_per_mini_batch = over_workers(&|x| x.bytes_per_batch.mean()).unwrap_or(0.0);
+    // Links carry pulls and pushes at once, each direction at the measured
+    // bandwidth: what takes time is the busier direction.
+    let link_bytes = over_workers(&|x| x.link_bytes_per_batch.mean());
+    let bytes = Bytes {
+        all: bytes_per_mini_batch,
+        link: link_bytes,
     };
     let tol = job.noise_tolerance;
     // Bandwidth is each container's capacity, measured by bulk transfers;
@@ -174,17 +188,7 @@ pub fn build_snapshot(
     // when the model is spread over more servers) is added to every worker's
     // cost per record, so the running configuration is predicted as measured.
     let latency = {
-        let probe = assemble(
-            &job,
-            evals,
-            m,
-            &comp,
-            &speed,
-            &bw,
-            &serve,
-            mean_bw,
-            bytes_per_mini_batch,
-        );
+        let probe = assemble(&job, evals, m, &comp, &speed, &bw, &serve, mean_bw, bytes);
         let mut residuals = Vec::new();
         if let Ok(b) = CostModel::including_reclaimed(&probe.0)
             .and_then(|model| model.evaluate(&probe.1.counts()))
@@ -210,17 +214,7 @@ pub fn build_snapshot(
     for c in comp.iter_mut().flatten() {
         *c += latency / f64::from(job.mini_batch.max(1));
     }
-    assemble(
-        &job,
-        evals,
-        m,
-        &comp,
-        &speed,
-        &bw,
-        &serve,
-        mean_bw,
-        bytes_per_mini_batch,
-    )
+    assemble(&job, evals, m, &comp, &speed, &bw, &serve, mean_bw, bytes)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -233,7 +227,7 @@ fn assemble(
     bw: &[Option<f64>],
     serve: &[Option<f64>],
     mean_bw: f64,
-    bytes_per_mini_batch: f64,
+    bytes: Bytes,
 ) -> (Snapshot, Configuration) {
     let speeds: Vec<f64> = speed.iter().flatten().copied().collect();
     let mean_speed = (!speeds.is_empty()).then(|| speeds.iter().sum::<f64>() / speeds.len() as f64);
@@ -292,7 +286,8 @@ fn assemble(
         job: Job {
             total_records: job.records,
             mini_batch_size: u64::from(job.mini_batch),
-            bytes_per_mini_batch,
+            bytes_per_mini_batch: bytes.all,
+            link_bytes_per_mini_batch: bytes.link,
             input_blocks: job.input_blocks,
             model_blocks: job.model_blocks,
             remaining_epochs: job.remaining_epochs,
@@ -346,6 +341,68 @@ mod tests {
         assert_eq!(v, vec![Some(1.0), Some(2.0)], "a real difference stays");
     }
 
+    fn facts(
+        id: EvaluatorId,
+        role: Role,
+        input: &[u32],
+        model: &[u32],
+        reclaimed: bool,
+    ) -> EvalFacts {
+        EvalFacts {
+            id,
+            role,
+            input: input.iter().copied().collect(),
+            model: model.iter().copied().collect(),
+            reclaimed,
+        }
+    }
+
+    fn job_facts(input_blocks: u32, model_blocks: u32, spare: usize) -> JobFacts {
+        JobFacts {
+            records: 100,
+            mini_batch: 10,
+            input_blocks,
+            model_blocks,
+            remaining_epochs: 4.0,
+            input_bytes: 1000,
+            model_bytes: 2000,
+            spare,
+            noise_tolerance: 0.25,
+            bandwidth_noise_tolerance: 1.0,
+        }
+    }
+
+    /// Links carry pulls and pushes at once: the snapshot prices the busier
+    /// direction, the servers all of it.
+    #[test]
+    fn link_bytes_are_the_busier_direction() {
+        use cruise_container::protocol::{MiniBatchReport, Stats};
+        let mut m = Metrics::new(4, 0);
+        for (pull, push) in [(300, 100), (500, 100)] {
+            let r = MiniBatchReport {
+                clock: 0,
+                stats: Stats {
+                    records: 10,
+                    ..Stats::default()
+                },
+                comp_secs: 0.01,
+                pull_secs: 0.01,
+                pull_bytes: pull,
+                push_secs: 0.01,
+                push_bytes: push,
+                links: Vec::new(),
+            };
+            m.mini_batch(1, &r, &[]);
+        }
+        let evals = vec![
+            facts(1, Role::Worker, &[0], &[], false),
+            facts(2, Role::Server, &[], &[0], false),
+        ];
+        let (s, _) = build_snapshot(job_facts(1, 1, 0), &evals, &m);
+        assert_eq!(s.job.bytes_per_mini_batch, 500.0);
+        assert_eq!(s.job.link_bytes_per_mini_batch, Some(400.0));
+    }
+
     #[test]
     fn names_round_trip() {
         assert_eq!(id_of(&name_of(12)), Some(12));
@@ -360,34 +417,10 @@ mod tests {
         m.cpu_speed(2, 4.0);
         m.link(1, 2, 1 << 20, 0.01);
         let evals = vec![
-            EvalFacts {
-                id: 1,
-                role: Role::Worker,
-                input: [0, 1].into(),
-                model: BTreeSet::new(),
-                reclaimed: false,
-            },
-            EvalFacts {
-                id: 2,
-                role: Role::Server,
-                input: BTreeSet::new(),
-                model: [0, 1, 2].into(),
-                reclaimed: true,
-            },
+            facts(1, Role::Worker, &[0, 1], &[], false),
+            facts(2, Role::Server, &[], &[0, 1, 2], true),
         ];
-        let job = JobFacts {
-            records: 100,
-            mini_batch: 10,
-            input_blocks: 2,
-            model_blocks: 3,
-            remaining_epochs: 4.0,
-            input_bytes: 1000,
-            model_bytes: 2000,
-            spare: 1,
-            noise_tolerance: 0.25,
-            bandwidth_noise_tolerance: 1.0,
-        };
-        let (s, c) = build_snapshot(job, &evals, &m);
+        let (s, c) = build_snapshot(job_facts(2, 3, 1), &evals, &m);
         assert_eq!(s.containers.len(), 3);
         assert_eq!(c.containers.len(), 3);
         let new = &s.containers[2];

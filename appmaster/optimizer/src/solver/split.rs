@@ -606,6 +606,7 @@ mod tests {
                                 total_records: per_block * u64::from(k),
                                 mini_batch_size: batch,
                                 bytes_per_mini_batch: 1e6,
+                                link_bytes_per_mini_batch: None,
                                 input_blocks: k,
                                 model_blocks: l,
                                 remaining_epochs: 1.0,

@@ -30,6 +30,8 @@ pub struct Inst {
     pub d: u64,
     pub b: u64,
     pub m: f64,
+    /// Bytes per mini-batch on the busier direction of a link.
+    pub ml: f64,
     pub k: u32,
     pub l: u32,
     pub c: Vec<f64>,
@@ -87,6 +89,7 @@ impl Inst {
                 total_records: self.d,
                 mini_batch_size: self.b,
                 bytes_per_mini_batch: self.m,
+                link_bytes_per_mini_batch: Some(self.ml),
                 input_blocks: self.k,
                 model_blocks: self.l,
                 remaining_epochs: 10.0,
@@ -122,8 +125,8 @@ impl Inst {
                     continue;
                 }
                 let share = ll[j] as f64 / self.l as f64;
-                sb = sb.max(w * share * self.m * (1.0 / self.link_s(i, j) + self.p[j]));
-                wb += share * self.m / self.link_w(i, j);
+                sb = sb.max(w * share * (self.ml / self.link_s(i, j) + self.m * self.p[j]));
+                wb += share * self.ml / self.link_w(i, j);
             }
             let recs = self.d as f64 * kk[i] as f64 / self.k as f64;
             let batches = (self.d * kk[i] as u64).div_ceil(self.k as u64 * self.b) as f64;
@@ -209,32 +212,42 @@ pub fn instances(
     kmax: u32,
     lmax: u32,
 ) -> impl Strategy<Value = Inst> {
-    (ns, 1..=kmax, 1..=lmax, 10u64..200, 5u64..60, any::<bool>()).prop_flat_map(
-        move |(n, k, l, recs_per_block, b, with_links)| {
-            let per = (1e-3f64..1e-2, 1e6f64..1e7, 0.0f64..1e-7);
-            (
-                Just((n, k, l, recs_per_block, b)),
-                proptest::collection::vec(per, n),
-                if with_links {
-                    proptest::collection::vec((0..n, 0..n, 5e5f64..2e7), 0..n).boxed()
-                } else {
-                    Just(Vec::new()).boxed()
-                },
-            )
-                .prop_map(|((_n, k, l, rpb, b), per, links)| Inst {
-                    d: rpb * k as u64,
-                    b,
-                    m: 1.0e6,
-                    k,
-                    l,
-                    c: per.iter().map(|x| x.0).collect(),
-                    bw: per.iter().map(|x| x.1).collect(),
-                    p: per.iter().map(|x| x.2).collect(),
-                    links: links.into_iter().filter(|(a, b, _)| a != b).collect(),
-                })
-                .prop_filter("need two containers", move |i| i.n() == n && n >= 2)
-        },
+    (
+        ns,
+        1..=kmax,
+        1..=lmax,
+        10u64..200,
+        5u64..60,
+        any::<bool>(),
+        0.5f64..=1.0,
     )
+        .prop_flat_map(
+            move |(n, k, l, recs_per_block, b, with_links, link_share)| {
+                let per = (1e-3f64..1e-2, 1e6f64..1e7, 0.0f64..1e-7);
+                (
+                    Just((n, k, l, recs_per_block, b, link_share)),
+                    proptest::collection::vec(per, n),
+                    if with_links {
+                        proptest::collection::vec((0..n, 0..n, 5e5f64..2e7), 0..n).boxed()
+                    } else {
+                        Just(Vec::new()).boxed()
+                    },
+                )
+                    .prop_map(|((_n, k, l, rpb, b, link_share), per, links)| Inst {
+                        d: rpb * k as u64,
+                        b,
+                        m: 1.0e6,
+                        ml: 1.0e6 * link_share,
+                        k,
+                        l,
+                        c: per.iter().map(|x| x.0).collect(),
+                        bw: per.iter().map(|x| x.1).collect(),
+                        p: per.iter().map(|x| x.2).collect(),
+                        links: links.into_iter().filter(|(a, b, _)| a != b).collect(),
+                    })
+                    .prop_filter("need two containers", move |i| i.n() == n && n >= 2)
+            },
+        )
 }
 
 /// Like [`brute_force`], also returning the best `(kk, ll)`.
