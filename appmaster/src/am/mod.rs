@@ -90,6 +90,9 @@ pub struct EpochSummary {
     pub stats: Stats,
     /// Wall time of the epoch, seconds.
     pub secs: f64,
+    /// When it ended, seconds after the job started (comparable with a
+    /// reconfiguration's `at_secs`).
+    pub end_secs: f64,
     /// Workers during the epoch (at its end).
     pub workers: u32,
     /// Servers during the epoch (at its end).

@@ -852,6 +852,7 @@ impl Driver {
                 epoch: self.epochs.len() as u32 + 1,
                 stats: std::mem::take(&mut self.window),
                 secs: self.epoch_started.elapsed().as_secs_f64(),
+                end_secs: self.started.elapsed().as_secs_f64(),
                 workers: w,
                 servers: s,
             };
