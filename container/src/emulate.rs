@@ -207,11 +207,14 @@ impl<S: AsyncRead + Unpin> AsyncRead for Throttled<S> {
         let Some(bucket) = STATE.get().and_then(|s| s.read.as_ref()) else {
             return Pin::new(&mut this.inner).poll_read(cx, buf);
         };
-        ready!(poll_grant(bucket, &mut this.read_wait, buf.remaining(), cx));
-        // A read takes what has arrived; the debt it leaves delays the next.
-        let before = buf.filled().len();
-        let r = ready!(Pin::new(&mut this.inner).poll_read(cx, buf));
-        bucket.spend(buf.filled().len() - before);
+        let n = ready!(poll_grant(bucket, &mut this.read_wait, buf.remaining(), cx));
+        // At most the grant: what waits in the socket's buffer beyond it is
+        // read later, at the bucket's pace.
+        let mut part = ReadBuf::new(buf.initialize_unfilled_to(n.min(buf.remaining())));
+        let r = ready!(Pin::new(&mut this.inner).poll_read(cx, &mut part));
+        let got = part.filled().len();
+        buf.advance(got);
+        bucket.spend(got);
         Poll::Ready(r)
     }
 }
