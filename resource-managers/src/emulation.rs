@@ -7,7 +7,8 @@
 //!   this namespace for the AM, and per container a network namespace joined
 //!   to it by a veth pair, a `tc` token-bucket filter on both ends of the
 //!   pair (the container's sending and receiving rate), and a cgroup with a
-//!   CPU quota (v1 `cpu.cfs_quota_us`, or v2 `cpu.max`). The evaluator enters
+//!   CPU quota (v1 `cpu.cfs_quota_us`, or v2 `cpu.max`) and a high weight, so
+//!   that other load on the machine does not take the quota away. The evaluator enters
 //!   its namespace and cgroup between fork and exec ([`Placement`]), so its
 //!   process id is the one the runtime signals. Everything lives in a private
 //!   /24 the configuration names, and nothing is routed anywhere else.
@@ -41,6 +42,11 @@ const NAME_PREFIX: &str = "cruise-";
 const BRIDGE_PREFIX: &str = "crb";
 /// The kernel's least CPU quota per period, microseconds.
 const MIN_QUOTA_US: u64 = 1_000;
+/// CPU weight of a container's cgroup, v1 `cpu.shares` (a process's is 1024)
+/// and v2 `cpu.weight` (a process's group's is 100): sixteen times a normal
+/// process's, so a busy machine still gives a container its quota.
+const CPU_WEIGHT_V1: u64 = 16 * 1024;
+const CPU_WEIGHT_V2: u64 = 16 * 100;
 /// Token-bucket queue: packets wait at most this long before being dropped.
 const TBF_LATENCY: &str = "50ms";
 
@@ -375,6 +381,7 @@ struct Kernel {
     bridge: String,
     bridge_made: bool,
     free: BTreeSet<u8>,
+    last_octet: u8,
     live: BTreeMap<String, Live>,
 }
 
@@ -399,6 +406,7 @@ impl Kernel {
             subnet: spec.subnet,
             bridge_made: false,
             free: (2..=254).collect(),
+            last_octet: 1,
             live: BTreeMap::new(),
         };
         k.remove_leftovers();
@@ -409,7 +417,16 @@ impl Kernel {
         let bridge_ip = k.bridge_ip();
         let made = run(
             &k.ip,
-            &["link", "add", &k.bridge, "type", "bridge"],
+            &[
+                "link",
+                "add",
+                "name",
+                &k.bridge,
+                "address",
+                &k.mac(1),
+                "type",
+                "bridge",
+            ],
             "creating the emulation bridge",
         );
         k.bridge_made = made.is_ok();
@@ -430,6 +447,30 @@ impl Kernel {
     fn bridge_ip(&self) -> Ipv4Addr {
         let [a, b, c] = self.subnet;
         Ipv4Addr::new(a, b, c, 1)
+    }
+
+    /// The link address of host `octet` of the subnet. Fixed per address:
+    /// a bridge otherwise takes the lowest address of its ports and changes
+    /// it when a container joins, and a container reusing an address would
+    /// bring a new one; either leaves stale neighbour entries behind, and
+    /// traffic to them is dropped for seconds.
+    fn mac(&self, octet: u8) -> String {
+        let [a, b, c] = self.subnet;
+        format!("02:63:{a:02x}:{b:02x}:{c:02x}:{octet:02x}")
+    }
+
+    /// The next free host address after the last one given (addresses are
+    /// reused as late as possible).
+    fn take_octet(&mut self) -> Option<u8> {
+        let next = self
+            .free
+            .range(self.last_octet.saturating_add(1)..)
+            .next()
+            .or_else(|| self.free.first())
+            .copied()?;
+        self.free.remove(&next);
+        self.last_octet = next;
+        Some(next)
     }
 
     /// Fails, naming `emulation.subnet`, if an interface or route of this
@@ -517,7 +558,7 @@ impl Kernel {
         shape: Shape,
         period: Duration,
     ) -> Result<Placement, RmError> {
-        let octet = self.free.pop_first().ok_or_else(|| {
+        let octet = self.take_octet().ok_or_else(|| {
             RmError::Emulation(format!(
                 "no address left in emulation.subnet for container {id} (253 at once at most)"
             ))
@@ -559,7 +600,10 @@ impl Kernel {
             &[],
             &[
                 format!("netns add {netns}"),
-                format!("link add {veth} type veth peer name eth0 netns {netns}"),
+                format!(
+                    "link add {veth} type veth peer name eth0 address {} netns {netns}",
+                    self.mac(addr.octets()[3])
+                ),
                 format!("link set {veth} master {}", self.bridge),
                 format!("link set {veth} up"),
             ],
@@ -713,10 +757,15 @@ fn make_cgroup(
     let write = |file: &str, text: String| {
         std::fs::write(dir.join(file), text).map_err(|e| fail(&format!("writing {file} of"), e))
     };
+    // The quota caps the container; the weight makes sure it gets its quota
+    // when other processes keep the machine busy (the quotas of all
+    // containers stay below the cores, so it cannot take more than that).
     let set = match cg {
         CgroupCpu::V1(_) => write("cpu.cfs_period_us", period_us.to_string())
-            .and_then(|()| write("cpu.cfs_quota_us", quota.to_string())),
-        CgroupCpu::V2(_) => write("cpu.max", format!("{quota} {period_us}")),
+            .and_then(|()| write("cpu.cfs_quota_us", quota.to_string()))
+            .and_then(|()| write("cpu.shares", CPU_WEIGHT_V1.to_string())),
+        CgroupCpu::V2(_) => write("cpu.max", format!("{quota} {period_us}"))
+            .and_then(|()| write("cpu.weight", CPU_WEIGHT_V2.to_string())),
     };
     let procs = set.and_then(|()| {
         std::fs::OpenOptions::new()
