@@ -81,22 +81,33 @@ pub struct JobFacts {
     pub bandwidth_noise_tolerance: f64,
 }
 
-/// Replaces the values by their mean when they all lie within `tol` of each
-/// other (max/min ≤ 1 + tol): differences that small are measurement noise,
-/// and treating them as real would move blocks back and forth for nothing.
+/// Replaces values that lie within `tol` of each other by their group's mean:
+/// in increasing order, a group runs from its smallest value `v` up to
+/// `v·(1 + tol)`. Differences that small are measurement noise, and treating
+/// them as real would move blocks back and forth for nothing; a cluster of
+/// two kinds of containers keeps its two kinds, each evened out.
 fn snap(values: &mut [Option<f64>], tol: f64) {
-    let present: Vec<f64> = values.iter().flatten().copied().collect();
-    let (Some(min), Some(max)) = (
-        present.iter().copied().reduce(f64::min),
-        present.iter().copied().reduce(f64::max),
-    ) else {
-        return;
-    };
-    if min > 0.0 && max / min <= 1.0 + tol {
-        let mean = present.iter().sum::<f64>() / present.len() as f64;
-        for v in values.iter_mut().flatten() {
-            *v = mean;
+    let mut order: Vec<usize> = (0..values.len())
+        .filter(|&i| values[i].is_some_and(|v| v > 0.0 && v.is_finite()))
+        .collect();
+    order.sort_by(|&a, &b| {
+        values[a]
+            .unwrap_or(0.0)
+            .total_cmp(&values[b].unwrap_or(0.0))
+    });
+    let mut start = 0;
+    while start < order.len() {
+        let low = values[order[start]].unwrap_or(0.0);
+        let end = order[start..]
+            .iter()
+            .position(|&i| values[i].unwrap_or(0.0) > low * (1.0 + tol))
+            .map_or(order.len(), |p| start + p);
+        let group = &order[start..end];
+        let mean = group.iter().filter_map(|&i| values[i]).sum::<f64>() / group.len() as f64;
+        for &i in group {
+            values[i] = Some(mean);
         }
+        start = end;
     }
 }
 
@@ -339,6 +350,23 @@ mod tests {
         let mut v = vec![Some(1.0), Some(2.0)];
         snap(&mut v, 0.25);
         assert_eq!(v, vec![Some(1.0), Some(2.0)], "a real difference stays");
+        // Two kinds of containers, each measured with noise: the kinds stay
+        // apart, the noise within each goes.
+        let mut v = vec![Some(4.2), Some(1.1), None, Some(0.9), Some(4.0), Some(1.0)];
+        snap(&mut v, 0.25);
+        let close = |a: Option<f64>, b: f64| a.is_some_and(|a| (a - b).abs() < 1e-12);
+        assert!(close(v[0], 4.1) && close(v[4], 4.1), "{v:?}");
+        assert!(
+            close(v[1], 1.0) && close(v[3], 1.0) && close(v[5], 1.0),
+            "{v:?}"
+        );
+        assert_eq!(v[2], None);
+        // A group is anchored at its smallest value: no chain of small steps
+        // merges values far apart.
+        let mut v = vec![Some(1.0), Some(1.2), Some(1.44), Some(1.73)];
+        snap(&mut v, 0.25);
+        assert!(close(v[0], 1.1) && close(v[1], 1.1), "{v:?}");
+        assert!(close(v[2], 1.585) && close(v[3], 1.585), "{v:?}");
     }
 
     fn facts(
