@@ -42,10 +42,12 @@ pub struct Cli {
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Run a training job with the AM in the foreground. Evaluators are
-    /// processes on this machine (--runtime local, the default), tasks on a
-    /// Mesos cluster (--runtime mesos --master HOST:PORT), or containers of a
-    /// YARN service (--runtime yarn). With no arguments: MLR on a generated
-    /// data set, 4 containers, 5 epochs.
+    /// processes on this machine (--runtime local, the default; with
+    /// --set emulation.containers=... each gets its own CPU share and
+    /// bandwidth, an emulated cluster), tasks on a Mesos cluster (--runtime
+    /// mesos --master HOST:PORT), or containers of a YARN service (--runtime
+    /// yarn). With no arguments: MLR on a generated data set, 4 containers,
+    /// 5 epochs.
     Run(RunArgs),
     /// Submit a training job to YARN: upload this binary and the job
     /// configuration to an HDFS staging directory, start the AM in a YARN
