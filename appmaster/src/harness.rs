@@ -6,8 +6,8 @@
 //! data plane are real TCP on loopback). [`Cluster`] runs a job on it and
 //! offers the verbs tests use to disturb it: [`Cluster::kill_evaluator`],
 //! [`Cluster::drop_connection`], [`Cluster::delay_messages`],
-//! [`Cluster::fail_allocations`], and [`Cluster::await_status`] to wait for a
-//! condition instead of sleeping.
+//! [`Cluster::delay_data`], [`Cluster::fail_allocations`], and
+//! [`Cluster::await_status`] to wait for a condition instead of sleeping.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -40,6 +40,8 @@ struct Handle {
 struct State {
     seq: u64,
     fail_allocations: u32,
+    /// Delay of every data-plane frame of containers started from now on.
+    data_delay: Duration,
     containers: BTreeMap<ContainerId, Handle>,
     stopped: bool,
 }
@@ -72,6 +74,7 @@ impl InProcessRm {
         env.insert(evaluator::ENV_CONTAINER_ID.to_string(), id.clone());
         let eenv = EvaluatorEnv::from_map(&env).map_err(|e| RmError::Other(e.to_string()))?;
         let opts = EvaluatorOptions::default();
+        opts.data_faults.set_delay(self.state().data_delay);
         let cancel = CancellationToken::new();
         let killed = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let (o, c, k, events) = (
@@ -155,6 +158,16 @@ impl InProcessRm {
     /// The next `n` containers requested fail to allocate.
     pub fn fail_allocations(&self, n: u32) {
         self.state().fail_allocations += n;
+    }
+
+    /// Delays every data-plane frame of every container, running or started
+    /// later, by `d` (a slow network).
+    pub fn delay_data(&self, d: Duration) {
+        let mut st = self.state();
+        st.data_delay = d;
+        for h in st.containers.values() {
+            h.opts.data_faults.set_delay(d);
+        }
     }
 
     /// Fault hooks of a container's data plane.
@@ -277,6 +290,11 @@ pub struct Cluster {
 pub struct ClusterOptions {
     /// The first `n` containers requested fail to allocate.
     pub fail_allocations: u32,
+    /// Every data-plane frame is delayed by this much (a slow network): a
+    /// mini-batch then takes at least two such delays (its pull's answer and
+    /// its push's acknowledgement), which bounds how soon a job can end
+    /// whatever the machine's speed.
+    pub data_delay: Duration,
 }
 
 impl Cluster {
@@ -302,6 +320,7 @@ impl Cluster {
             rm: Box::new(move |launch, events| {
                 let rm = Arc::new(InProcessRm::new(launch, events, max));
                 rm.fail_allocations(faults.fail_allocations);
+                rm.delay_data(faults.data_delay);
                 *s.lock().unwrap_or_else(|p| p.into_inner()) = Some(Arc::clone(&rm));
                 Ok(rm as Arc<dyn ResourceManager>)
             }),
@@ -399,6 +418,11 @@ impl Cluster {
     /// Makes the next `n` allocations fail.
     pub fn fail_allocations(&self, n: u32) -> bool {
         self.rm().map(|rm| rm.fail_allocations(n)).is_some()
+    }
+
+    /// Delays every data-plane frame of every evaluator by `d` from now on.
+    pub fn delay_data(&self, d: Duration) -> bool {
+        self.rm().map(|rm| rm.delay_data(d)).is_some()
     }
 
     /// Cancels the job.

@@ -55,6 +55,7 @@ fn fail(e: impl std::fmt::Display) -> ExitCode {
 }
 
 fn main() -> ExitCode {
+    cruise_container::os::tune_allocator();
     let cli = Cli::parse();
     match cli.command {
         Command::Evaluator => {
@@ -63,7 +64,15 @@ fn main() -> ExitCode {
                 Ok(e) => e,
                 Err(e) => return fail(e),
             };
-            let rt = match runtime(2) {
+            // One thread: an evaluator's tasks (its worker or server, its
+            // connections) hand messages to each other on every mini-batch,
+            // and on one thread that is a queue push, not a cross-thread
+            // wake-up; long computations and block encoding run on the
+            // blocking pool (see `ps::run_worker`).
+            let rt = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
                 Ok(r) => r,
                 Err(e) => return fail(format!("cannot start the async runtime: {e}")),
             };

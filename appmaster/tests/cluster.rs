@@ -172,6 +172,7 @@ async fn failed_allocation_fails_the_job() {
         dir.path().join("work"),
         ClusterOptions {
             fail_allocations: 1,
+            ..ClusterOptions::default()
         },
     );
     let err = tokio::time::timeout(WAIT, cluster.join())

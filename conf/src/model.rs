@@ -126,6 +126,15 @@ pub struct JobConfig {
     pub sync: SyncMode,
     /// Staleness bound for `ssp`, in epochs (0 = bulk-synchronous).
     pub staleness: u32,
+    /// Overlap communication with computation: a worker pulls the next
+    /// mini-batch's keys while it computes on this one, and does not wait for
+    /// a push to be acknowledged before going on (at most two in flight;
+    /// all are flushed before a worker ends a local epoch or stops). The
+    /// worker applies its own pushes that a pull has not seen yet to the
+    /// pulled values, so only other workers' updates can be stale, as in any
+    /// asynchronous PS. `false`: pull, compute, push and wait, one after the
+    /// other (Cruise's model).
+    pub pipeline: bool,
     /// Seed for data generation and model initialisation.
     pub seed: u64,
 }
@@ -145,6 +154,7 @@ impl Default for JobConfig {
             mini_batch: 100,
             sync: SyncMode::Async,
             staleness: 0,
+            pipeline: true,
             seed: 42,
         }
     }

@@ -524,6 +524,7 @@ async fn handle(
                 min_clock: min_clock.subscribe(),
                 mini_batch: job.config.job.mini_batch as usize,
                 task,
+                pipeline: job.config.job.pipeline,
             };
             send(EvalToAm::TaskStarted {
                 task: TaskKind::Worker,

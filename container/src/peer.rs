@@ -322,6 +322,15 @@ impl DataPlane {
         self.execute_shared(Arc::new(op), 0)
     }
 
+    /// [`DataPlane::execute_traced`] for an operation the caller keeps too
+    /// (a worker remembers its pushes until its later pulls reflect them).
+    pub fn execute_arc_traced(
+        &self,
+        op: Arc<StoreOp>,
+    ) -> BoxFuture<'static, (PartResult, Vec<LinkSample>)> {
+        self.execute_shared(op, 0)
+    }
+
     fn execute_shared(
         &self,
         op: Arc<StoreOp>,
@@ -345,7 +354,7 @@ impl DataPlane {
         for part in sub.parts {
             let w: Wait = match part.pending {
                 Pending::Ready(r) => Wait::Ready(r),
-                Pending::Queued(rx) => Wait::Rx(None, 0, rx),
+                Pending::Queued(rx) => Wait::Queued(rx),
                 Pending::Forward { to, op } => {
                     let out_bytes = if op.kind == OpKind::Get {
                         0
@@ -353,22 +362,25 @@ impl DataPlane {
                         op.values.byte_len() as u64
                     };
                     let rx = self.conn(to).request(op.into_request());
-                    Wait::Rx(Some(to), out_bytes, rx)
+                    Wait::Remote(to, out_bytes, rx)
                 }
             };
             waits.push((part.positions, w));
         }
         let this = self.clone();
         async move {
-            // Wait for every part at once, noting when each answer came.
+            // Wait for every part at once. Each remote answer carries the
+            // time it arrived, so its round trip is right even when this
+            // future is polled late (a pull prefetched during a compute).
+            let dropped = || Err(RemoteError::fatal("the request was dropped without an answer"));
             let answers = futures::future::join_all(waits.into_iter().map(|(positions, w)| async move {
                 match w {
                     Wait::Ready(r) => (positions, None, r, 0.0),
-                    Wait::Rx(peer, out_bytes, rx) => {
-                        let r = rx.await.unwrap_or_else(|_| {
-                            Err(RemoteError::fatal("the request was dropped without an answer"))
-                        });
-                        (positions, peer.map(|p| (p, out_bytes)), r, sent.elapsed().as_secs_f64())
+                    Wait::Queued(rx) => (positions, None, rx.await.unwrap_or_else(|_| dropped()), 0.0),
+                    Wait::Remote(peer, out_bytes, rx) => {
+                        let (r, at) = rx.await.unwrap_or_else(|_| (dropped(), Instant::now()));
+                        let secs = at.saturating_duration_since(sent).as_secs_f64();
+                        (positions, Some((peer, out_bytes)), r, secs)
                     }
                 }
             }))
@@ -427,11 +439,14 @@ impl DataPlane {
         self.conn(peer)
             .request(req)
             .await
-            .unwrap_or_else(|_| {
-                Err(RemoteError::fatal(
-                    "the request was dropped without an answer",
-                ))
-            })
+            .map_or_else(
+                |_| {
+                    Err(RemoteError::fatal(
+                        "the request was dropped without an answer",
+                    ))
+                },
+                |(r, _)| r,
+            )
             .map_err(|error| PeerError::Remote { peer, error })
     }
 
@@ -1119,15 +1134,20 @@ struct Arriving {
 
 enum Wait {
     Ready(PartResult),
-    /// The peer it was forwarded to (if any), bytes sent with it, the answer.
-    Rx(Option<EvaluatorId>, u64, oneshot::Receiver<PartResult>),
+    /// Queued here until the block lands.
+    Queued(oneshot::Receiver<PartResult>),
+    /// The peer it was forwarded to, bytes sent with it, the answer.
+    Remote(EvaluatorId, u64, oneshot::Receiver<Answer>),
 }
+
+/// A peer's answer and when it arrived.
+type Answer = (PartResult, Instant);
 
 /// One outbound request connection.
 struct OutConn {
     peer: EvaluatorId,
     tx: mpsc::UnboundedSender<ToOwner>,
-    pending: Mutex<HashMap<u64, (oneshot::Sender<PartResult>, InflightGuard)>>,
+    pending: Mutex<HashMap<u64, (oneshot::Sender<Answer>, InflightGuard)>>,
     inflight: Arc<Inflight>,
     next_id: AtomicU64,
     closed: AtomicBool,
@@ -1135,13 +1155,16 @@ struct OutConn {
 
 impl OutConn {
     /// Queues a request; synchronous, so requests go out in call order.
-    fn request(&self, req: PeerRequest) -> oneshot::Receiver<PartResult> {
+    fn request(&self, req: PeerRequest) -> oneshot::Receiver<Answer> {
         let (tx, rx) = oneshot::channel();
         if self.closed.load(Ordering::SeqCst) {
-            let _ = tx.send(Err(RemoteError::retry(format!(
-                "connection to evaluator {} is closing",
-                self.peer
-            ))));
+            let _ = tx.send((
+                Err(RemoteError::retry(format!(
+                    "connection to evaluator {} is closing",
+                    self.peer
+                ))),
+                Instant::now(),
+            ));
             return rx;
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
@@ -1149,17 +1172,20 @@ impl OutConn {
         if self.tx.send(ToOwner::Request { id, req }).is_err()
             && let Some((tx, _)) = lock(&self.pending).remove(&id)
         {
-            let _ = tx.send(Err(RemoteError::retry(format!(
-                "connection to evaluator {} is closed",
-                self.peer
-            ))));
+            let _ = tx.send((
+                Err(RemoteError::retry(format!(
+                    "connection to evaluator {} is closed",
+                    self.peer
+                ))),
+                Instant::now(),
+            ));
         }
         rx
     }
 
     fn complete(&self, id: u64, result: PartResult) {
         if let Some((tx, _)) = lock(&self.pending).remove(&id) {
-            let _ = tx.send(result);
+            let _ = tx.send((result, Instant::now()));
         }
     }
 
@@ -1168,8 +1194,9 @@ impl OutConn {
     }
 
     fn fail_all(&self, err: RemoteError) {
+        let now = Instant::now();
         for (_, (tx, _)) in lock(&self.pending).drain() {
-            let _ = tx.send(Err(err.clone()));
+            let _ = tx.send((Err(err.clone()), now));
         }
     }
 

@@ -16,10 +16,12 @@
 //! Roles share one [`DataPlane`] and [`Store`], so an evaluator switches role
 //! without restarting, and blocks stay where they are until moved.
 
+use std::collections::VecDeque;
 use std::ops::Range;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use futures::future::BoxFuture;
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
@@ -31,7 +33,7 @@ use crate::protocol::{
     BlockId, EvalToAm, INPUT_TABLE, Key, LinkSample, MODEL_TABLE, MiniBatchReport, PeerResponse,
     STATE_TABLE, ServerReport, Stats, TaskKind, ValueBatch, WorkerTask,
 };
-use crate::store::{BlockData, InputBlock, OpKind, Store, StoreOp};
+use crate::store::{BlockData, InputBlock, ModelFunctions, OpKind, PartResult, Store, StoreOp};
 
 /// Errors of the PS roles.
 #[derive(Debug, thiserror::Error)]
@@ -43,7 +45,7 @@ pub enum PsError {
         uri: String,
         /// Why.
         #[source]
-        source: cruise_hdfs::HdfsError,
+        source: Box<cruise_hdfs::HdfsError>,
     },
     /// A record is malformed.
     #[error("{uri}:{line}: {message}")]
@@ -82,7 +84,7 @@ pub async fn read_input(
         .await
         .map_err(|source| PsError::Read {
             uri: split.uri.clone(),
-            source,
+            source: Box::new(source),
         })?;
     let bytes = data.bytes.len() as u64;
     let text = data.bytes.clone();
@@ -144,6 +146,8 @@ pub struct WorkerContext {
     pub mini_batch: usize,
     /// The task's parameters.
     pub task: WorkerTask,
+    /// Overlap communication with computation (`job.pipeline`).
+    pub pipeline: bool,
 }
 
 fn batches(n: usize, size: usize) -> impl Iterator<Item = Range<usize>> {
@@ -156,14 +160,21 @@ async fn pull(
     keys: &[Key],
     links: &mut Vec<LinkSample>,
 ) -> Result<ValueBatch, PsError> {
-    let op = StoreOp {
+    let (r, samples) = dp.execute_traced(pull_op(keys.to_vec())).await;
+    links.extend(samples);
+    pulled(r)
+}
+
+fn pull_op(keys: Vec<Key>) -> StoreOp {
+    StoreOp {
         kind: OpKind::Get,
         table: MODEL_TABLE,
-        keys: keys.to_vec(),
+        keys,
         values: ValueBatch::default(),
-    };
-    let (r, samples) = dp.execute_traced(op).await;
-    links.extend(samples);
+    }
+}
+
+fn pulled(r: PartResult) -> Result<ValueBatch, PsError> {
     match r {
         Ok(PeerResponse::Values(v)) => Ok(v),
         Ok(other) => Err(PsError::Remote {
@@ -175,26 +186,6 @@ async fn pull(
             message: e.message,
         }),
     }
-}
-
-async fn push(
-    dp: &DataPlane,
-    keys: Vec<Key>,
-    deltas: ValueBatch,
-    links: &mut Vec<LinkSample>,
-) -> Result<(), PsError> {
-    let op = StoreOp {
-        kind: OpKind::Update,
-        table: MODEL_TABLE,
-        keys,
-        values: deltas,
-    };
-    let (r, samples) = dp.execute_traced(op).await;
-    links.extend(samples);
-    r.map(|_| ()).map_err(|e| PsError::Remote {
-        what: "push",
-        message: e.message,
-    })
 }
 
 /// Sums the samples of each peer (a pull and a push to the same server).
@@ -212,12 +203,243 @@ fn merge_links(samples: Vec<LinkSample>) -> Vec<LinkSample> {
     out
 }
 
+/// The round trip of a request from its per-peer samples: until its last
+/// answer arrived. Requests served wholly here have no samples and took
+/// `waited`.
+fn round_trip(samples: &[LinkSample], waited: f64) -> f64 {
+    samples
+        .iter()
+        .map(|s| s.secs)
+        .reduce(f64::max)
+        .unwrap_or(waited)
+}
+
+/// Without `job.pipeline`, mini-batches that compute in less than this
+/// (smoothed) compute on the worker's own thread; others on the blocking pool.
+const INLINE_COMPUTE_SECS: f64 = 500e-6;
+
+/// With `job.pipeline`: mini-batches pulled ahead, and pushes left
+/// unacknowledged, at most. Two hide a round trip behind a computation; more
+/// slow convergence per epoch (measured with MLR on 4 containers: final
+/// accuracy 0.95 with 2, 0.91–0.95 with 3), as every worker then computes
+/// on values missing more of the other workers' pushes.
+const PIPELINE_DEPTH: usize = 2;
+
+/// How often a worker sends its (summed) mini-batch measurements to the AM.
+const REPORT_EVERY: Duration = Duration::from_millis(20);
+
+type Traced = BoxFuture<'static, (PartResult, Vec<LinkSample>)>;
+
+/// A mini-batch whose pull is on its way.
+struct Prefetched {
+    block: BlockId,
+    input: Arc<InputBlock>,
+    rows: Range<usize>,
+    keys: Vec<Key>,
+    pull: Traced,
+    /// Pushes this worker had sent when the pull went out: the answer
+    /// reflects those, and not the ones sent since.
+    seen: u64,
+}
+
+/// A push this worker sent, kept until every pull on its way reflects it.
+struct SentPush {
+    seq: u64,
+    op: Arc<StoreOp>,
+}
+
+/// Applies to pulled `values` (laid out as the sorted `keys`) this worker's
+/// own pushes that the pull did not see yet, through the model's update
+/// function: the worker then computes on what the servers will hold once
+/// those pushes land — its own writes are never stale, however far it pulls
+/// ahead. Other workers' pushes in flight are missed as in any asynchronous
+/// PS.
+fn apply_own_pushes(
+    model: &dyn ModelFunctions,
+    keys: &[Key],
+    values: &mut ValueBatch,
+    pushes: &[&StoreOp],
+) {
+    let offsets = crate::store::value_offsets(values);
+    for op in pushes {
+        let push_offsets = crate::store::value_offsets(&op.values);
+        // Both key lists are sorted: merge.
+        let (mut a, mut b) = (0, 0);
+        while a < keys.len() && b < op.keys.len() {
+            match keys[a].cmp(&op.keys[b]) {
+                std::cmp::Ordering::Less => a += 1,
+                std::cmp::Ordering::Greater => b += 1,
+                std::cmp::Ordering::Equal => {
+                    let (va, la) = (offsets[a], values.lens[a] as usize);
+                    let (vb, lb) = (push_offsets[b], op.values.lens[b] as usize);
+                    if la == lb {
+                        model.update(
+                            keys[a],
+                            &mut values.data[va..va + la],
+                            &op.values.data[vb..vb + lb],
+                        );
+                    }
+                    a += 1;
+                    b += 1;
+                }
+            }
+        }
+    }
+}
+
+/// A push on its way and the report it completes.
+struct InFlightPush {
+    push: Traced,
+    report: MiniBatchReport,
+}
+
+/// The mini-batches of one local epoch, block after block. Blocks that move
+/// away mid-epoch are skipped from then on (their new owner trains on them).
+struct EpochCursor {
+    blocks: std::vec::IntoIter<BlockId>,
+    current: Option<(BlockId, Arc<InputBlock>, std::vec::IntoIter<Range<usize>>)>,
+    mini_batch: usize,
+}
+
+impl EpochCursor {
+    fn new(store: &Store, mini_batch: usize) -> Self {
+        EpochCursor {
+            blocks: store.local_blocks(INPUT_TABLE).into_iter(),
+            current: None,
+            mini_batch,
+        }
+    }
+
+    /// The next mini-batch of a block still held here.
+    fn next(&mut self, store: &Store) -> Option<(BlockId, Arc<InputBlock>, Range<usize>)> {
+        loop {
+            if let Some((block, input, rows)) = &mut self.current {
+                if store.is_owned(INPUT_TABLE, *block)
+                    && let Some(r) = rows.next()
+                {
+                    return Some((*block, Arc::clone(input), r));
+                }
+                self.current = None;
+            }
+            let block = self.blocks.next()?;
+            // The block may have moved away since the list was taken.
+            if let Some(input) = store.input_block(block) {
+                let rows: Vec<Range<usize>> = batches(input.len(), self.mini_batch).collect();
+                self.current = Some((block, input, rows.into_iter()));
+            }
+        }
+    }
+
+    /// Stops handing out mini-batches of `block` (it moved away).
+    fn skip_block(&mut self, block: BlockId) {
+        if self.current.as_ref().is_some_and(|c| c.0 == block) {
+            self.current = None;
+        }
+    }
+}
+
+/// Sums a worker's mini-batch reports and sends them to the AM every
+/// [`REPORT_EVERY`] (and when flushed): one control message per mini-batch
+/// would cost the AM a wake-up each, thousands a second.
+struct Reporter {
+    to_am: mpsc::Sender<EvalToAm>,
+    sum: Option<MiniBatchReport>,
+    since: Instant,
+}
+
+impl Reporter {
+    fn new(to_am: mpsc::Sender<EvalToAm>) -> Self {
+        Reporter {
+            to_am,
+            sum: None,
+            since: Instant::now(),
+        }
+    }
+
+    fn add(&mut self, r: MiniBatchReport) {
+        match &mut self.sum {
+            None => self.sum = Some(r),
+            Some(s) => s.add(&r),
+        }
+    }
+
+    async fn maybe_send(&mut self) -> Result<(), PsError> {
+        if self.since.elapsed() >= REPORT_EVERY {
+            self.flush().await?;
+        }
+        Ok(())
+    }
+
+    async fn flush(&mut self) -> Result<(), PsError> {
+        self.since = Instant::now();
+        let Some(mut r) = self.sum.take() else {
+            return Ok(());
+        };
+        r.links = merge_links(std::mem::take(&mut r.links));
+        self.send(EvalToAm::MiniBatch(r)).await
+    }
+
+    async fn send(&self, m: EvalToAm) -> Result<(), PsError> {
+        self.to_am.send(m).await.map_err(|_| PsError::ChannelClosed)
+    }
+}
+
+/// Waits for a push in flight; returns its mini-batch's report completed
+/// with the push's round trip and transfers, and how long this waited.
+async fn complete_push(p: InFlightPush) -> Result<(MiniBatchReport, f64), PsError> {
+    let t = Instant::now();
+    let (r, samples) = p.push.await;
+    let waited = t.elapsed().as_secs_f64();
+    r.map_err(|e| PsError::Remote {
+        what: "push",
+        message: e.message,
+    })?;
+    let mut report = p.report;
+    report.push_secs = round_trip(&samples, waited);
+    report.links.extend(samples);
+    Ok((report, waited))
+}
+
+/// Flushes every push in flight, oldest first, and the reports.
+async fn flush_pushes(
+    reporter: &mut Reporter,
+    pushes: &mut VecDeque<InFlightPush>,
+) -> Result<(), PsError> {
+    while let Some(p) = pushes.pop_front() {
+        reporter.add(complete_push(p).await?.0);
+    }
+    reporter.flush().await
+}
+
 /// Runs the worker task until `stop` is cancelled (between mini-batches).
 /// Reports `TaskStopped` when it returns normally.
+///
+/// Each mini-batch pulls the model keys it needs, computes, and pushes the
+/// deltas. Without `pipeline` that is all, one step after the other. With
+/// it, [`PIPELINE_DEPTH`] mini-batches are pulled ahead and as many pushes
+/// go unacknowledged: after computing mini-batch `i` the worker sends its
+/// push and the pull of `i + 2` together (one write, one wake-up of the
+/// server), so the answer it waits for next was asked for a whole mini-batch
+/// earlier. Requests to one server travel in order on one connection, so
+/// the pull of `i + 2` sees every push up to `i`; the worker's push of
+/// `i + 1`, sent after that pull, is applied to the pulled values here
+/// ([`apply_own_pushes`]), so a worker never computes on a model missing its
+/// own updates (without it, MLR on 4 containers lost 5 points of accuracy
+/// in the first epochs). Pushes are flushed at the end of every local epoch
+/// (before the clock ticks, so SSP's bound holds) and before the task stops.
 pub async fn run_worker(mut ctx: WorkerContext) -> Result<(), PsError> {
     let store = ctx.dp.store().clone();
     let mut clock = ctx.task.start_clock;
-    let mut keys: Vec<Key> = Vec::new();
+    let mut pushes: VecDeque<InFlightPush> = VecDeque::new();
+    // This worker's pushes so far, and the recent ones a pull on its way may
+    // not reflect.
+    let mut pushed: u64 = 0;
+    let mut recent: VecDeque<SentPush> = VecDeque::new();
+    let model = ctx.app.model();
+    let mut reporter = Reporter::new(ctx.to_am.clone());
+    let depth = if ctx.pipeline { PIPELINE_DEPTH } else { 0 };
+    // Smoothed compute time of a mini-batch (unknown before the first).
+    let mut comp_ema: Option<f64> = None;
     'epochs: loop {
         if let Some(s) = ctx.task.staleness {
             // SSP: wait until the slowest worker is within `s` epochs.
@@ -234,101 +456,179 @@ pub async fn run_worker(mut ctx: WorkerContext) -> Result<(), PsError> {
                 }
             }
         }
-        let blocks = store.local_blocks(INPUT_TABLE);
-        if blocks.is_empty() {
+        let mut cursor = EpochCursor::new(&store, ctx.mini_batch);
+        let mut ahead: VecDeque<Prefetched> = VecDeque::new();
+        // Issues pulls until `n` mini-batches are on their way.
+        let refill =
+            |ahead: &mut VecDeque<Prefetched>, cursor: &mut EpochCursor, n: usize, seen: u64| {
+                while ahead.len() < n {
+                    let Some((block, input, rows)) = cursor.next(&store) else {
+                        break;
+                    };
+                    let mut keys = Vec::new();
+                    ctx.app.keys(&input, rows.clone(), &mut keys);
+                    let pull = ctx.dp.execute_traced(pull_op(keys.clone()));
+                    ahead.push_back(Prefetched {
+                        block,
+                        input,
+                        rows,
+                        keys,
+                        pull,
+                        seen,
+                    });
+                }
+            };
+        refill(&mut ahead, &mut cursor, depth.max(1), pushed);
+        if ahead.is_empty() {
             // No input here (yet): wait for a stop or a block to arrive.
             tokio::select! {
                 _ = ctx.stop.cancelled() => break 'epochs,
                 _ = tokio::time::sleep(Duration::from_millis(20)) => continue 'epochs,
             }
         }
-        for block in blocks {
-            // The block may have moved away since the list was taken.
-            let Some(input) = store.input_block(block) else {
+        let mut last_end = Instant::now();
+        while let Some(cur) = ahead.pop_front() {
+            if ctx.stop.is_cancelled() {
+                break 'epochs;
+            }
+            if !store.is_owned(INPUT_TABLE, cur.block) {
+                // Moved away mid-pass: its new owner trains on it now.
+                cursor.skip_block(cur.block);
+                ahead.retain(|p| p.block != cur.block);
+                refill(&mut ahead, &mut cursor, depth.max(1), pushed);
+                continue;
+            }
+            let t0 = Instant::now();
+            let (r, links) = cur.pull.await;
+            let mut wait_secs = t0.elapsed().as_secs_f64();
+            let mut values = pulled(r)?;
+            let pull_secs = round_trip(&links, wait_secs);
+            let unseen: Vec<&StoreOp> = recent
+                .iter()
+                .filter(|p| p.seq >= cur.seen)
+                .map(|p| &*p.op)
+                .collect();
+            if !unseen.is_empty() {
+                apply_own_pushes(&*model, &cur.keys, &mut values, &unseen);
+            }
+            let pull_bytes = values.byte_len() as u64;
+
+            let t1 = Instant::now();
+            let (app, inp, st) = (Arc::clone(&ctx.app), cur.input, store.clone());
+            let (block, rows, ks) = (cur.block, cur.rows, cur.keys);
+            let step = Step { clock };
+            let compute = move || {
+                let out = if app.has_state() {
+                    st.with_state(block, |s| {
+                        app.compute(&inp, rows.clone(), &ks, &values, Some(s), step)
+                    })
+                } else {
+                    Some(app.compute(&inp, rows, &ks, &values, None, step))
+                };
+                (out, ks)
+            };
+            // Without pipelining, a short computation runs here: handing it
+            // to another thread and back costs more than it does. A long one,
+            // or any while requests are in flight, goes to the blocking pool:
+            // the connections stay served, and an answer that arrives during
+            // the computation is timed when it arrives, not when the
+            // computation ends (the optimizer's latency comes from those
+            // times).
+            let (out, ks) = if !ctx.pipeline && comp_ema.is_some_and(|c| c < INLINE_COMPUTE_SECS) {
+                compute()
+            } else {
+                tokio::task::spawn_blocking(compute)
+                    .await
+                    .map_err(|e| PsError::Remote {
+                        what: "compute",
+                        message: format!("compute task failed: {e}"),
+                    })?
+            };
+            let cpu_secs = t1.elapsed().as_secs_f64();
+            comp_ema = Some(comp_ema.map_or(cpu_secs, |c| 0.8 * c + 0.2 * cpu_secs));
+            crate::emulate::stretch_compute(t1.elapsed()).await;
+            let comp_secs = t1.elapsed().as_secs_f64();
+            let Some((deltas, stats)) = out else {
+                // The block's state moved away mid-way: skip this mini-batch.
+                refill(&mut ahead, &mut cursor, depth.max(1), pushed);
                 continue;
             };
-            for rows in batches(input.len(), ctx.mini_batch) {
-                if ctx.stop.is_cancelled() {
-                    break 'epochs;
-                }
-                if !store.is_owned(INPUT_TABLE, block) {
-                    // Moved away mid-pass: its new owner trains on it now.
-                    break;
-                }
-                ctx.app.keys(&input, rows.clone(), &mut keys);
-                let mut links = Vec::new();
-                let t0 = Instant::now();
-                let values = pull(&ctx.dp, &keys, &mut links).await?;
-                let pull_secs = t0.elapsed().as_secs_f64();
-                let pull_bytes = values.byte_len() as u64;
-
-                let t1 = Instant::now();
-                let (app, inp, st, ks) = (
-                    Arc::clone(&ctx.app),
-                    Arc::clone(&input),
-                    store.clone(),
-                    std::mem::take(&mut keys),
-                );
-                let step = Step { clock };
-                let r = rows.clone();
-                let computed = tokio::task::spawn_blocking(move || {
-                    let out = if app.has_state() {
-                        st.with_state(block, |s| {
-                            app.compute(&inp, r.clone(), &ks, &values, Some(s), step)
-                        })
-                    } else {
-                        Some(app.compute(&inp, r, &ks, &values, None, step))
-                    };
-                    (out, ks)
-                })
-                .await
-                .map_err(|e| PsError::Remote {
-                    what: "compute",
-                    message: format!("compute task failed: {e}"),
-                })?;
-                let (out, ks) = computed;
-                crate::emulate::stretch_compute(t1.elapsed()).await;
-                let comp_secs = t1.elapsed().as_secs_f64();
-                let Some((deltas, stats)) = out else {
-                    // The block's state moved away mid-way: skip this mini-batch.
-                    keys = ks;
-                    continue;
-                };
-                let push_bytes = deltas.byte_len() as u64;
-                let t2 = Instant::now();
-                if !deltas.is_empty() {
-                    push(&ctx.dp, ks.clone(), deltas, &mut links).await?;
-                }
-                let push_secs = t2.elapsed().as_secs_f64();
-                keys = ks;
-                let report = MiniBatchReport {
-                    clock,
-                    stats,
-                    comp_secs,
-                    pull_secs,
-                    pull_bytes,
-                    push_secs,
-                    push_bytes,
-                    links: merge_links(links),
-                };
-                ctx.to_am
-                    .send(EvalToAm::MiniBatch(report))
-                    .await
-                    .map_err(|_| PsError::ChannelClosed)?;
+            // Room for this push: the oldest beyond the depth must be answered.
+            while depth > 0 && pushes.len() >= depth {
+                let Some(p) = pushes.pop_front() else { break };
+                let (r, waited) = complete_push(p).await?;
+                wait_secs += waited;
+                reporter.add(r);
             }
+            let mut report = MiniBatchReport {
+                mini_batches: 1,
+                clock,
+                stats,
+                comp_secs,
+                pull_secs,
+                pull_bytes,
+                push_secs: 0.0,
+                push_bytes: deltas.byte_len() as u64,
+                wait_secs,
+                batch_secs: 0.0,
+                links,
+            };
+            if deltas.is_empty() {
+                report.batch_secs = last_end.elapsed().as_secs_f64();
+                reporter.add(report);
+                refill(&mut ahead, &mut cursor, depth.max(1), pushed);
+            } else {
+                let op = Arc::new(StoreOp {
+                    kind: OpKind::Update,
+                    table: MODEL_TABLE,
+                    keys: ks,
+                    values: deltas,
+                });
+                let push = InFlightPush {
+                    push: ctx.dp.execute_arc_traced(Arc::clone(&op)),
+                    report,
+                };
+                pushed += 1;
+                if depth > 0 {
+                    // Kept while a pull on its way may not reflect it.
+                    recent.push_back(SentPush {
+                        seq: pushed - 1,
+                        op,
+                    });
+                    let oldest_seen = ahead.iter().map(|p| p.seen).min().unwrap_or(pushed);
+                    // The next pull goes out with this push (and sees it).
+                    refill(&mut ahead, &mut cursor, depth, pushed);
+                    while recent.front().is_some_and(|p| p.seq < oldest_seen) {
+                        recent.pop_front();
+                    }
+                    let mut p = push;
+                    p.report.batch_secs = last_end.elapsed().as_secs_f64();
+                    pushes.push_back(p);
+                } else {
+                    let (mut r, waited) = complete_push(push).await?;
+                    r.wait_secs += waited;
+                    r.batch_secs = last_end.elapsed().as_secs_f64();
+                    reporter.add(r);
+                    refill(&mut ahead, &mut cursor, 1, pushed);
+                }
+            }
+            last_end = Instant::now();
+            reporter.maybe_send().await?;
         }
+        // End of the local epoch: every push is applied and reported before
+        // the clock ticks.
+        flush_pushes(&mut reporter, &mut pushes).await?;
+        recent.clear();
         clock += 1;
-        ctx.to_am
-            .send(EvalToAm::ClockTick { clock })
-            .await
-            .map_err(|_| PsError::ChannelClosed)?;
+        reporter.send(EvalToAm::ClockTick { clock }).await?;
     }
-    ctx.to_am
+    // Stopping: flush the pushes in flight before saying so.
+    flush_pushes(&mut reporter, &mut pushes).await?;
+    reporter
         .send(EvalToAm::TaskStopped {
             task: TaskKind::Worker,
         })
         .await
-        .map_err(|_| PsError::ChannelClosed)
 }
 
 /// Rows per evaluation batch: no updates, so fewer round trips are fine.
@@ -489,4 +789,63 @@ pub async fn run_server(
         })
         .await
         .map_err(|_| PsError::ChannelClosed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Adds, then clamps at zero: not a plain sum, so the test sees that
+    /// the model's own update function is what gets applied.
+    struct NonNegative;
+
+    impl ModelFunctions for NonNegative {
+        fn value_len(&self) -> usize {
+            2
+        }
+        fn init(&self, _key: Key) -> Vec<f32> {
+            vec![0.0; 2]
+        }
+        fn update(&self, _key: Key, value: &mut [f32], delta: &[f32]) {
+            for (v, d) in value.iter_mut().zip(delta) {
+                *v = (*v + d).max(0.0);
+            }
+        }
+    }
+
+    fn batch(rows: &[[f32; 2]]) -> ValueBatch {
+        let mut b = ValueBatch::default();
+        for r in rows {
+            b.push(r);
+        }
+        b
+    }
+
+    fn push(keys: &[Key], deltas: &[[f32; 2]]) -> StoreOp {
+        StoreOp {
+            kind: OpKind::Update,
+            table: MODEL_TABLE,
+            keys: keys.to_vec(),
+            values: batch(deltas),
+        }
+    }
+
+    #[test]
+    fn own_pushes_are_applied_to_the_keys_they_share_in_order() {
+        let keys = [1, 3, 5];
+        let mut values = batch(&[[1.0, 1.0], [2.0, 2.0], [3.0, 3.0]]);
+        let first = push(
+            &[0, 3, 4, 5],
+            &[[9.0, 9.0], [1.0, -5.0], [9.0, 9.0], [0.5, 0.5]],
+        );
+        let second = push(&[1, 3], &[[-2.0, 1.0], [1.0, 1.0]]);
+        apply_own_pushes(&NonNegative, &keys, &mut values, &[&first, &second]);
+        assert_eq!(
+            values.data,
+            vec![0.0, 2.0, 4.0, 1.0, 3.5, 3.5],
+            "key 1: second only (clamped); key 3: first (clamped) then second; key 5: first"
+        );
+        // Keys 0 and 4 were not pulled: nothing else changed.
+        assert_eq!(values.lens, vec![2, 2, 2]);
+    }
 }

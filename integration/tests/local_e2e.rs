@@ -162,7 +162,7 @@ async fn evaluator_is_reused_for_worker_then_server() {
     conn.expect(WAIT, "two local epochs", |m| match m {
         EvalToAm::MiniBatch(r) => {
             assert!(r.stats.records > 0 && r.pull_bytes > 0 && r.push_bytes > 0);
-            batches += 1;
+            batches += r.mini_batches;
             None
         }
         EvalToAm::ClockTick { clock } if *clock >= 2 => Some(()),

@@ -20,6 +20,8 @@ fn job(n: usize) -> Job {
         remaining_epochs: 100.0,
         input_bytes: 0,
         model_bytes: 0,
+        serial_fraction: 1.0,
+        latency_secs_per_mini_batch: 0.0,
     }
 }
 

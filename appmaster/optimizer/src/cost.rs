@@ -6,23 +6,29 @@
 //! ```text
 //! server_bound_ij = w · m_j · (M'/b_j + M·p_j)       (server j's link and CPU, shared by all workers)
 //! worker_bound_i  = Σ_j m_j · M' / b_i  = M' / b_i   (worker i's own link, to all servers at once)
-//! comm_i          = max( max_j server_bound_ij, worker_bound_i )
-//! C_i             = c_i · d_i + ⌈d_i / B⌉ · comm_i
+//! comm_i          = max( max_j server_bound_ij, worker_bound_i ) + λ
+//! comp_i          = c_i · d_i,   comm_i^epoch = ⌈d_i / B⌉ · comm_i
+//! C_i             = max(comp_i, comm_i^epoch) + f · min(comp_i, comm_i^epoch)
 //! C               = max_i C_i
 //! ```
+//!
+//! With `f = 1` and `λ = 0` this is Cruise's Eq. (4): `C_i = c_i·d_i + ⌈d_i/B⌉·comm_i`,
+//! a worker that pulls, computes and pushes one step after the other. Our workers
+//! overlap them (`job.pipeline`), so the AM measures how much of the shorter part
+//! still adds up (`f`, [`Job::serial_fraction`]) and the round-trip latency the
+//! bandwidth does not explain (`λ`, [`Job::latency_secs_per_mini_batch`]).
 //!
 //! `M` is the bytes a worker exchanges per mini-batch (pull + push), which servers
 //! process; `M'` the part on the busier direction of a link (the larger of pull and
 //! push: links carry both directions at once, and their bandwidth is measured in one;
-//! `M` when unknown); `c_i` the compute
-//! seconds per record, `p_j` the server's processing seconds per byte and `b_i`, `b_j`
-//! each container's own link bandwidth. Where the link between `i` and `j` was
-//! measured and is slower, its bandwidth `b_ij` replaces `b_i` and `b_j` for that
-//! pair (a link never carries more than either end's own). (With
-//! equal containers this is Cruise's Eq. 4. Pricing every pair at `min(b_i, b_j)`
-//! instead, as before, charged a server's link at a slow worker's speed times every
-//! worker, and a fast worker's transfers to slow servers as if made one after
-//! another.) Records come in whole input blocks of
+//! `M` when unknown); `c_i` the compute seconds per record, `p_j` the server's
+//! processing seconds per byte and `b_i`, `b_j` each container's own link bandwidth.
+//! Where the link between `i` and `j` was measured and is slower, its bandwidth `b_ij`
+//! replaces `b_i` and `b_j` for that pair (a link never carries more than either
+//! end's own). (With equal containers the link terms are Cruise's. Pricing every pair
+//! at `min(b_i, b_j)` instead, as before, charged a server's link at a slow worker's
+//! speed times every worker, and a fast worker's transfers to slow servers as if made
+//! one after another.) Records come in whole input blocks of
 //! `D / K` records, model shares in whole blocks of `1 / L`. A worker with no block is
 //! inactive (it neither computes nor talks), a server with no block is not asked.
 //! The [`CostModel`] owns the resolved per-container numbers after the fallbacks for
@@ -84,7 +90,8 @@ pub struct WorkerCost {
     pub comp_secs: f64,
     /// Communication seconds per epoch.
     pub comm_secs: f64,
-    /// `comp_secs + comm_secs`.
+    /// `max(comp, comm) + serial_fraction · min(comp, comm)`: their sum
+    /// for a serial worker (Cruise's Eq. 4).
     pub total_secs: f64,
     /// What bounds its communication.
     pub comm_bound: CommBound,
@@ -336,13 +343,34 @@ impl CostModel {
         batches(&self.job, k)
     }
 
-    /// Epoch time of worker `i` with `k` blocks and per-mini-batch communication `g`.
+    /// Epoch time of worker `i` with `k` blocks and per-mini-batch communication `g`
+    /// (latency not included; see [`CostModel::epoch_of`]).
     #[inline]
     pub(crate) fn worker_time(&self, i: usize, k: u32, g: f64) -> f64 {
         if k == 0 {
             return 0.0;
         }
-        self.compute[i] * self.records(k) + self.batches(k) as f64 * g
+        let (comp, comm) = self.parts(i, k, g);
+        self.epoch_of(comp, comm)
+    }
+
+    /// Computation and communication seconds per epoch of worker `i` with `k`
+    /// blocks and per-mini-batch communication `g` (plus the job's latency).
+    #[inline]
+    pub(crate) fn parts(&self, i: usize, k: u32, g: f64) -> (f64, f64) {
+        let nb = self.batches(k) as f64;
+        (
+            self.compute[i] * self.records(k),
+            nb * (g + self.job.latency_secs_per_mini_batch),
+        )
+    }
+
+    /// A worker's epoch from its computation and communication:
+    /// `max + serial_fraction · min` (their sum for Cruise's serial worker).
+    /// Non-decreasing in both, as the solvers' bounds require.
+    #[inline]
+    pub(crate) fn epoch_of(&self, comp: f64, comm: f64) -> f64 {
+        epoch_of(&self.job, comp, comm)
     }
 
     /// Per-mini-batch communication seconds of worker `i`, with `w` active workers and
@@ -438,15 +466,14 @@ impl CostModel {
         for &(i, k) in &workers {
             let (g, bound) = self.comm_per_batch(i, w, &servers);
             let nb = self.batches(k);
-            let comp = self.compute[i] * self.records(k);
-            let comm = nb as f64 * g;
+            let (comp, comm) = self.parts(i, k, g);
             out.push(WorkerCost {
                 container: self.ids[i].clone(),
                 records: self.records(k),
                 mini_batches: nb,
                 comp_secs: comp,
                 comm_secs: comm,
-                total_secs: comp + comm,
+                total_secs: self.epoch_of(comp, comm),
                 comm_bound: match bound {
                     Some(j) => CommBound::Server {
                         container: self.ids[j].clone(),
@@ -476,6 +503,13 @@ impl CostModel {
             bottleneck,
         })
     }
+}
+
+/// A worker's epoch from its computation and communication seconds:
+/// `max(comp, comm) + f · min(comp, comm)` with `f = job.serial_fraction`.
+#[inline]
+pub(crate) fn epoch_of(job: &Job, comp: f64, comm: f64) -> f64 {
+    comp.max(comm) + job.serial_fraction * comp.min(comm)
 }
 
 /// `⌈D·k / (K·B)⌉` in exact integer arithmetic.
@@ -527,12 +561,22 @@ mod tests {
             remaining_epochs: 10.0,
             input_bytes: 0,
             model_bytes: 0,
+            serial_fraction: 1.0,
+            latency_secs_per_mini_batch: 0.0,
         }
     }
 
     fn two_by_two(links: Vec<Link>) -> (CostModel, Target) {
+        two_by_two_with(links, 1.0, 0.0)
+    }
+
+    fn two_by_two_with(links: Vec<Link>, f: f64, latency: f64) -> (CostModel, Target) {
         let snap = Snapshot {
-            job: job(1000, 100, 1000.0, 10, 4),
+            job: Job {
+                serial_fraction: f,
+                latency_secs_per_mini_batch: latency,
+                ..job(1000, 100, 1000.0, 10, 4)
+            },
             containers: vec![
                 container("w1", Role::Worker, Some(0.01), 1000.0, None),
                 container("w2", Role::Worker, Some(0.015), 500.0, None),
@@ -570,6 +614,40 @@ mod tests {
 
     fn close(a: f64, b: f64) {
         assert!((a - b).abs() <= 1e-9 * b.abs().max(1.0), "{a} != {b}");
+    }
+
+    // The case below with latency 0.5 s per mini-batch: w1 comm = 6 · (1.0 + 0.5) = 9,
+    // w2 comm = 4 · (2.0 + 0.5) = 10. Fully overlapped (f = 0): w1 max(6, 9) = 9,
+    // w2 max(6, 10) = 10 → 10. Half (f = 0.5): w1 9 + 3 = 12, w2 10 + 3 = 13 → 13.
+    // Serial (f = 1): w1 15, w2 16 → 16, compute plus communication as in Eq. (4).
+    #[test]
+    fn overlap_and_latency_hand_computed() {
+        for (f, epoch, w1) in [(0.0, 10.0, 9.0), (0.5, 13.0, 12.0), (1.0, 16.0, 15.0)] {
+            let (model, target) = two_by_two_with(vec![], f, 0.5);
+            let b = model.evaluate(&target).unwrap();
+            close(b.epoch_secs, epoch);
+            close(b.workers[0].comm_secs, 9.0);
+            close(b.workers[0].total_secs, w1);
+            close(b.workers[1].comm_secs, 10.0);
+        }
+    }
+
+    #[test]
+    fn serial_fraction_outside_zero_one_is_rejected() {
+        for (f, ok) in [(-0.1, false), (1.5, false), (f64::NAN, false), (0.5, true)] {
+            let snap = Snapshot {
+                job: Job {
+                    serial_fraction: f,
+                    ..job(1000, 100, 1000.0, 10, 4)
+                },
+                containers: vec![
+                    container("w1", Role::Worker, Some(0.01), 1000.0, None),
+                    container("s1", Role::Server, None, 1000.0, Some(0.001)),
+                ],
+                links: vec![],
+            };
+            assert_eq!(CostModel::new(&snap).is_ok(), ok, "f = {f}");
+        }
     }
 
     // Hand computation (w = 2 workers, M = 1000 B; s1 holds 1/4 of the model at

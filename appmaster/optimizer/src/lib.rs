@@ -39,6 +39,7 @@
 //!     bytes_per_mini_batch: 8.0e6, link_bytes_per_mini_batch: Some(4.0e6),
 //!     input_blocks: 256, model_blocks: 64,
 //!     remaining_epochs: 50.0, input_bytes: 0, model_bytes: 0,
+//!     serial_fraction: 1.0, latency_secs_per_mini_batch: 0.0,
 //! };
 //! let u = Uniform {
 //!     compute_secs_per_record: 1e-4,
@@ -75,14 +76,19 @@
 //! Optional per container: `compute_secs_per_record`, `cpu_speed`,
 //! `server_secs_per_byte` (estimated from the others via `cpu_speed` when absent),
 //! `input_blocks`, `model_blocks`, `mini_batches` (default 0), `reclaimed` (default
-//! false). `links` and the job's `input_bytes`/`model_bytes` are optional. Unknown
-//! fields are rejected. Parse with [`Snapshot::from_json`].
+//! false). `links` and the job's `input_bytes`/`model_bytes`, `serial_fraction`
+//! (default 1: computation and communication add up, as in Cruise) and
+//! `latency_secs_per_mini_batch` (default 0) are optional. Unknown fields are
+//! rejected. Parse with [`Snapshot::from_json`].
 //!
 //! ## What differs from the original Cruise
 //!
 //! * Bandwidth is measured per container and optionally per pair, not read from a file.
 //! * Push traffic is part of the bytes per mini-batch, and server processing time per
 //!   byte is part of the server-bound term.
+//! * Computation and communication may overlap (workers that pull ahead): a worker's
+//!   epoch is `max(comp, comm) + f · min(comp, comm)` with `f` measured (`f = 1` is
+//!   Cruise's sum), and measured round-trip latency is part of the communication.
 //! * The heterogeneous solver is pure Rust (no external MILP solver): an exact branch
 //!   and bound up to 10 containers, a local search above; tests check it against brute
 //!   force and against an exact MILP.

@@ -53,6 +53,24 @@ pub struct Job {
     /// Size of the model table in bytes, for move cost. 0 when unknown.
     #[serde(default)]
     pub model_bytes: u64,
+    /// How much of a worker's computation and communication add up rather
+    /// than overlap: a worker's epoch is `max(comp, comm) + f · min(comp,
+    /// comm)`. 1 is Cruise's Eq. (4) (pull, compute, push, one after the
+    /// other); a worker that pulls ahead and pushes without waiting hides
+    /// most of the shorter one (`f` near 0). Measured by the AM from the
+    /// workers' mini-batch times; default 1.
+    #[serde(default = "one")]
+    pub serial_fraction: f64,
+    /// Per mini-batch communication time the bandwidth does not explain
+    /// (request round trips), added to every worker's communication. Measured
+    /// by the AM as what the running configuration's communication took
+    /// beyond the model's prediction; default 0.
+    #[serde(default)]
+    pub latency_secs_per_mini_batch: f64,
+}
+
+fn one() -> f64 {
+    1.0
 }
 
 impl Job {
@@ -174,6 +192,16 @@ impl Snapshot {
             non_negative("job.link_bytes_per_mini_batch", v)?;
         }
         non_negative("job.remaining_epochs", j.remaining_epochs)?;
+        if !(0.0..=1.0).contains(&j.serial_fraction) {
+            return Err(OptimizerError::invalid(
+                "job.serial_fraction",
+                format!("{} is not within [0, 1]", j.serial_fraction),
+            ));
+        }
+        non_negative(
+            "job.latency_secs_per_mini_batch",
+            j.latency_secs_per_mini_batch,
+        )?;
         if j.input_blocks == 0 {
             return Err(OptimizerError::invalid("job.input_blocks", "must be > 0"));
         }

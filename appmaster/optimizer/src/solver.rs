@@ -119,11 +119,11 @@ pub fn solve_homogeneous(
             * (link_bytes * per_byte + m_bytes * u.server_secs_per_byte);
         let worker_bound = link_bytes * per_byte;
         let comp = u.compute_secs_per_record * records;
-        let comm = nb * server_bound.max(worker_bound);
+        let comm = nb * (server_bound.max(worker_bound) + job.latency_secs_per_mini_batch);
         splits.push(Split {
             workers,
             servers,
-            epoch_secs: comp + comm,
+            epoch_secs: crate::cost::epoch_of(job, comp, comm),
             comp_secs: comp,
             comm_secs: comm,
         });
@@ -811,11 +811,15 @@ impl<'a> Search<'a> {
         let workers = Self::members(roles, Role::Worker);
         let servers = Self::members(roles, Role::Server);
         let t_bar = bar.max(part.t);
-        // Model: keep the current split if the servers are the same and it is as good.
+        // Model: keep the current split if the servers are the same, it is as
+        // good, and they hold the whole model now (not so when a container
+        // that is given back holds blocks: it is not in this model).
         let same_servers = servers
             .iter()
             .all(|&j| cur[j].role == Role::Server && cur[j].model_blocks > 0)
-            && cur.iter().filter(|p| p.model_blocks > 0).count() == servers.len();
+            && cur.iter().filter(|p| p.model_blocks > 0).count() == servers.len()
+            && cur.iter().map(|p| u64::from(p.model_blocks)).sum::<u64>()
+                == u64::from(m.job().model_blocks);
         let mut l = part.l.clone();
         if same_servers {
             let cur_l: Vec<u32> = cur.iter().map(|p| p.model_blocks).collect();
@@ -910,6 +914,8 @@ mod tests {
             remaining_epochs: 10.0,
             input_bytes: 0,
             model_bytes: 0,
+            serial_fraction: 1.0,
+            latency_secs_per_mini_batch: 0.0,
         }
     }
 

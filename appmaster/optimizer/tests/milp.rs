@@ -10,11 +10,15 @@
 //! l_j ≤ L·s_j,  Σ l_j = L
 //! g_i ≥ W·(l_j/L)·(M'/b_j + M·p_j)             for all j   (server-bound)
 //! g_i ≥ M'·Σ_j (l_j/L)/b_i                                (worker-bound)
-//! T ≥ c_i·D·t/K + ⌈D·t/(K·B)⌉·g_i − BigM_it·(1 − z_it)     for all t
+//! with C_it = c_i·D·t/K and Q_it = ⌈D·t/(K·B)⌉·(g_i + λ), for all t:
+//! T ≥ C_it + f·Q_it − BigM_it·(1 − z_it)
+//! T ≥ f·C_it + Q_it − BigM_it·(1 − z_it)
 //! ```
 //!
-//! which is exactly the cost model with whole blocks (idle containers allowed); where a
-//! link was measured and is slower, its bandwidth `b_ij` replaces `b_i` and `b_j`.
+//! which is exactly the cost model with whole blocks (idle containers allowed): a
+//! worker's epoch `max(C, Q) + f·min(C, Q)` is the larger of the two right-hand sides
+//! (serial fraction `f`, latency `λ`; `f = 1` gives Cruise's `C + Q`); where a link was
+//! measured and is slower, its bandwidth `b_ij` replaces `b_i` and `b_j`.
 
 #![allow(clippy::needless_range_loop)]
 
@@ -75,8 +79,10 @@ fn milp_for_w(inst: &Inst, w: usize) -> Option<f64> {
             let tb = (x + 1) as u64;
             let comp = inst.c[i] * inst.d as f64 * tb as f64 / k as f64;
             let nb = (inst.d * tb).div_ceil(inst.k as u64 * inst.b) as f64;
-            let big = comp + nb * gmax;
-            model = model.with(constraint!(t >= comp + nb * g[i] - big + big * zi));
+            let big = comp + nb * (gmax + inst.lat);
+            let q = nb * g[i] + nb * inst.lat;
+            model = model.with(constraint!(t >= comp + inst.f * q.clone() - big + big * zi));
+            model = model.with(constraint!(t >= inst.f * comp + q - big + big * zi));
         }
     }
     model = model.with(constraint!(blocks == k as f64));

@@ -36,6 +36,8 @@ fn job(k: u32, l: u32, epochs: f64) -> Job {
         remaining_epochs: epochs,
         input_bytes: 64 << 20,
         model_bytes: 16 << 20,
+        serial_fraction: 1.0,
+        latency_secs_per_mini_batch: 0.0,
     }
 }
 
@@ -407,4 +409,29 @@ fn cost_model_learns_from_observed_plans() {
     };
     // 16 independent adds, 8 at a time: total work / 8.
     assert!((m.plan_secs(&parallel, &j, 8) - 2.0 * add).abs() < 1e-9);
+}
+
+#[test]
+fn a_reclaimed_server_gives_its_model_blocks_to_the_servers_that_stay() {
+    // Seen in a real job: the capacity shrank and the newest container, a
+    // server holding half of the model, was to go. The servers that stay held
+    // only the other half, and keeping "their current split" produced a
+    // configuration with 32 of 64 model blocks, which failed every look
+    // until the resource manager killed the container.
+    let j = job(48, 64, 5.0);
+    let specs = uniform_specs(4);
+    let all = ids(0..4);
+    let cfg = config(&j, &refs(&all[..2]), &refs(&all[2..]), &[]);
+    let mut snap = snapshot(&j, &specs, &cfg, 10);
+    for c in &mut snap.containers {
+        c.reclaimed = c.id == "c3";
+    }
+    let d = TriggerPolicy::default().decide(&snap, &cfg).unwrap();
+    let Decision::Reconfigure(p) = d else {
+        panic!("expected a forced reconfiguration, got {d:?}")
+    };
+    assert!(p.forced);
+    let after = p.plan.apply(&cfg).unwrap();
+    assert!(!after.containers.contains_key("c3"));
+    assert_eq!(after.validate().unwrap(), (48, 64));
 }

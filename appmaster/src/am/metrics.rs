@@ -76,8 +76,17 @@ pub struct EvalMetrics {
     pub bytes_per_batch: Window,
     /// Bytes per mini-batch on the busier direction (the larger of pull and push).
     pub link_bytes_per_batch: Window,
-    /// Seconds pulling plus pushing per mini-batch.
+    /// Seconds pulling plus pushing per mini-batch (their round trips).
     pub comm_secs_per_batch: Window,
+    /// Round trip of the pull per mini-batch (what a pipelined worker waits
+    /// on: its push's answer is not awaited).
+    pub pull_secs_per_batch: Window,
+    /// Compute seconds per mini-batch.
+    pub comp_secs_per_batch: Window,
+    /// Wall seconds per mini-batch in the worker's loop (compute, waits and
+    /// the rest): what a mini-batch really costs when communication
+    /// overlaps computation.
+    pub batch_secs_per_batch: Window,
     /// Server busy seconds per byte served.
     pub server_secs_per_byte: Window,
     /// Mini-batches counted since the last reset.
@@ -123,8 +132,10 @@ pub struct EvalMetricsView {
     pub comp_secs_per_record: Option<f64>,
     /// Bytes exchanged per mini-batch.
     pub bytes_per_mini_batch: Option<f64>,
-    /// Communication seconds per mini-batch.
+    /// Communication seconds per mini-batch (round trips of pull and push).
     pub comm_secs_per_mini_batch: Option<f64>,
+    /// Wall seconds per mini-batch in the worker's loop.
+    pub batch_secs_per_mini_batch: Option<f64>,
     /// Server seconds per byte.
     pub server_secs_per_byte: Option<f64>,
     /// Mini-batches counted.
@@ -164,6 +175,9 @@ impl Metrics {
             bytes_per_batch: Window::new(w),
             link_bytes_per_batch: Window::new(w),
             comm_secs_per_batch: Window::new(w),
+            pull_secs_per_batch: Window::new(w),
+            comp_secs_per_batch: Window::new(w),
+            batch_secs_per_batch: Window::new(w),
             server_secs_per_byte: Window::new(w),
             batches: 0,
             skip: warmup,
@@ -183,21 +197,30 @@ impl Metrics {
         }
     }
 
-    /// Records a worker's mini-batch.
+    /// Records a worker's report of one or more mini-batches (their totals).
     pub fn mini_batch(&mut self, id: EvaluatorId, r: &MiniBatchReport, links: &[LinkSample]) {
         let e = self.eval(id);
+        let n = r.mini_batches.max(1);
         if e.skip > 0 {
-            e.skip -= 1;
+            e.skip = e.skip.saturating_sub(n);
             return;
         }
         if r.stats.records > 0 {
             e.comp_per_record.push(r.comp_secs / r.stats.records as f64);
         }
-        e.bytes_per_batch.push((r.pull_bytes + r.push_bytes) as f64);
+        let per = f64::from(n);
+        e.bytes_per_batch
+            .push((r.pull_bytes + r.push_bytes) as f64 / per);
         e.link_bytes_per_batch
-            .push(r.pull_bytes.max(r.push_bytes) as f64);
-        e.comm_secs_per_batch.push(r.pull_secs + r.push_secs);
-        e.batches += 1;
+            .push(r.pull_bytes.max(r.push_bytes) as f64 / per);
+        e.comm_secs_per_batch
+            .push((r.pull_secs + r.push_secs) / per);
+        e.pull_secs_per_batch.push(r.pull_secs / per);
+        e.comp_secs_per_batch.push(r.comp_secs / per);
+        if r.batch_secs > 0.0 {
+            e.batch_secs_per_batch.push(r.batch_secs / per);
+        }
+        e.batches += n;
         for l in links {
             self.link(id, l.peer, l.bytes, l.secs);
         }
@@ -330,6 +353,7 @@ impl Metrics {
                     comp_secs_per_record: e.comp_per_record.mean(),
                     bytes_per_mini_batch: e.bytes_per_batch.mean(),
                     comm_secs_per_mini_batch: e.comm_secs_per_batch.mean(),
+                    batch_secs_per_mini_batch: e.batch_secs_per_batch.mean(),
                     server_secs_per_byte: e.server_secs_per_byte.mean(),
                     mini_batches: e.batches,
                     cpu_speed: e.cpu_speed,
@@ -365,6 +389,7 @@ mod tests {
 
     fn report(records: u64, comp: f64, bytes: u64) -> MiniBatchReport {
         MiniBatchReport {
+            mini_batches: 1,
             clock: 0,
             stats: Stats {
                 records,
@@ -375,6 +400,8 @@ mod tests {
             pull_bytes: bytes,
             push_secs: 0.001,
             push_bytes: bytes,
+            wait_secs: 0.002,
+            batch_secs: comp + 0.002,
             links: Vec::new(),
         }
     }

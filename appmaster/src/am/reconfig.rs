@@ -79,6 +79,8 @@ pub struct JobFacts {
     pub noise_tolerance: f64,
     /// The same for bandwidth (bulk probes on shared hosts vary more).
     pub bandwidth_noise_tolerance: f64,
+    /// Workers pull ahead and do not await their pushes (`job.pipeline`).
+    pub pipelined: bool,
 }
 
 /// Replaces values that lie within `tol` of each other by their group's mean:
@@ -184,7 +186,7 @@ pub fn build_snapshot(
         .filter_map(|(c, s)| Some((*c)? * s.unwrap_or(1.0)))
         .collect();
     let unit_cost = (!unit.is_empty()).then(|| unit.iter().sum::<f64>() / unit.len() as f64);
-    let mut comp: Vec<Option<f64>> = raw
+    let comp: Vec<Option<f64>> = raw
         .iter()
         .zip(&speed)
         .map(|(c, s)| c.and(unit_cost).map(|k| k / s.unwrap_or(1.0)))
@@ -196,36 +198,68 @@ pub fn build_snapshot(
     snap(&mut serve, tol);
     // Latency: the communication time the cost model does not explain for
     // the running configuration (request round trips, which do not shrink
-    // when the model is spread over more servers) is added to every worker's
-    // cost per record, so the running configuration is predicted as measured.
-    let latency = {
-        let probe = assemble(&job, evals, m, &comp, &speed, &bw, &serve, mean_bw, bytes);
-        let mut residuals = Vec::new();
-        if let Ok(b) = CostModel::including_reclaimed(&probe.0)
-            .and_then(|model| model.evaluate(&probe.1.counts()))
-        {
-            for w in &b.workers {
-                let Some(id) = id_of(&w.container) else {
-                    continue;
-                };
-                let Some(measured) = m.get(id).and_then(|x| x.comm_secs_per_batch.mean()) else {
-                    continue;
-                };
-                if w.mini_batches > 0 {
-                    residuals.push((measured - w.comm_secs / w.mini_batches as f64).max(0.0));
-                }
+    // when the model is spread over more servers), per mini-batch. A serial
+    // worker waits for its pull and its push; a pipelined one only for its
+    // pull (asked for a mini-batch earlier; the push is not awaited). And
+    // the serial fraction: how much of computation and communication add up
+    // in a mini-batch's wall time rather than overlap (1 for workers that
+    // pull, compute and push one after the other; less for pipelined ones).
+    let (mut snapshot, config) =
+        assemble(&job, evals, m, &comp, &speed, &bw, &serve, mean_bw, bytes);
+    let mut per_worker = Vec::new();
+    if let Ok(b) =
+        CostModel::including_reclaimed(&snapshot).and_then(|model| model.evaluate(&config.counts()))
+    {
+        for w in &b.workers {
+            let Some(x) = id_of(&w.container).and_then(|id| m.get(id)) else {
+                continue;
+            };
+            if w.mini_batches == 0 {
+                continue;
             }
+            let predicted = w.comm_secs / w.mini_batches as f64;
+            let waited_on = if job.pipelined {
+                &x.pull_secs_per_batch
+            } else {
+                &x.comm_secs_per_batch
+            };
+            let Some(measured) = waited_on.mean() else {
+                continue;
+            };
+            per_worker.push((
+                predicted,
+                (measured - predicted).max(0.0),
+                x.comp_secs_per_batch.mean(),
+                x.batch_secs_per_batch.mean(),
+            ));
         }
-        if residuals.is_empty() {
-            0.0
-        } else {
-            residuals.iter().sum::<f64>() / residuals.len() as f64
-        }
-    };
-    for c in comp.iter_mut().flatten() {
-        *c += latency / f64::from(job.mini_batch.max(1));
     }
-    assemble(&job, evals, m, &comp, &speed, &bw, &serve, mean_bw, bytes)
+    let latency = mean(per_worker.iter().map(|p| p.1)).unwrap_or(0.0);
+    let serial_fraction = mean(
+        per_worker
+            .iter()
+            .filter_map(|&(g, _, c, b)| serial_fraction(c?, g + latency, b?)),
+    )
+    .unwrap_or(1.0);
+    snapshot.job.latency_secs_per_mini_batch = latency;
+    snapshot.job.serial_fraction = serial_fraction;
+    (snapshot, config)
+}
+
+fn mean(v: impl Iterator<Item = f64>) -> Option<f64> {
+    let (sum, n) = v.fold((0.0, 0usize), |(s, n), x| (s + x, n + 1));
+    (n > 0).then(|| sum / n as f64)
+}
+
+/// The `f` with `batch = max(comp, comm) + f · min(comp, comm)`, clamped to
+/// `[0, 1]`; `None` when one part is too small beside the other (under 5%)
+/// to tell how much of it overlaps.
+fn serial_fraction(comp: f64, comm: f64, batch: f64) -> Option<f64> {
+    let (lo, hi) = (comp.min(comm), comp.max(comm));
+    if !(lo > 0.0 && lo >= 0.05 * hi && batch.is_finite()) {
+        return None;
+    }
+    Some(((batch - hi) / lo).clamp(0.0, 1.0))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -304,6 +338,8 @@ fn assemble(
             remaining_epochs: job.remaining_epochs,
             input_bytes: job.input_bytes,
             model_bytes: job.model_bytes,
+            serial_fraction: 1.0,
+            latency_secs_per_mini_batch: 0.0,
         },
         containers,
         links,
@@ -397,6 +433,7 @@ mod tests {
             spare,
             noise_tolerance: 0.25,
             bandwidth_noise_tolerance: 1.0,
+            pipelined: false,
         }
     }
 
@@ -408,7 +445,7 @@ mod tests {
         let mut m = Metrics::new(4, 0);
         for (pull, push) in [(300, 100), (500, 100)] {
             let r = MiniBatchReport {
-                clock: 0,
+                mini_batches: 1,
                 stats: Stats {
                     records: 10,
                     ..Stats::default()
@@ -418,7 +455,7 @@ mod tests {
                 pull_bytes: pull,
                 push_secs: 0.01,
                 push_bytes: push,
-                links: Vec::new(),
+                ..MiniBatchReport::default()
             };
             m.mini_batch(1, &r, &[]);
         }
@@ -475,5 +512,100 @@ mod tests {
                 (h.role, h.input.len() as u32, h.model.len() as u32)
             );
         }
+    }
+
+    #[test]
+    fn serial_fraction_from_wall_times() {
+        // Serial worker: the mini-batch takes compute plus communication.
+        assert_eq!(serial_fraction(1.0, 0.5, 1.5), Some(1.0));
+        // Pipelined: the shorter part is hidden but for a little.
+        let f = serial_fraction(1.0, 0.5, 1.1).unwrap();
+        assert!((f - 0.2).abs() < 1e-12, "{f}");
+        assert_eq!(serial_fraction(0.5, 1.0, 1.0), Some(0.0));
+        // Clamped: overheads beyond the sum, or a wall time under the longer part.
+        assert_eq!(serial_fraction(1.0, 0.5, 2.0), Some(1.0));
+        assert_eq!(serial_fraction(1.0, 0.5, 0.9), Some(0.0));
+        // One part too small to tell.
+        assert_eq!(serial_fraction(1.0, 0.01, 1.0), None);
+        assert_eq!(serial_fraction(0.0, 1.0, 1.0), None);
+    }
+
+    /// A worker and a server with measured mini-batches: the snapshot's
+    /// latency is the round trip beyond the bandwidth's prediction, and its
+    /// serial fraction comes from the mini-batches' wall time.
+    #[test]
+    fn snapshot_measures_latency_and_overlap() {
+        let evals = vec![
+            EvalFacts {
+                id: 1,
+                role: Role::Worker,
+                input: [0].into(),
+                model: BTreeSet::new(),
+                reclaimed: false,
+            },
+            EvalFacts {
+                id: 2,
+                role: Role::Server,
+                input: BTreeSet::new(),
+                model: [0].into(),
+                reclaimed: false,
+            },
+        ];
+        let job = |pipelined| JobFacts {
+            records: 1000,
+            mini_batch: 100,
+            input_blocks: 1,
+            model_blocks: 1,
+            remaining_epochs: 4.0,
+            input_bytes: 0,
+            model_bytes: 0,
+            spare: 0,
+            noise_tolerance: 0.25,
+            bandwidth_noise_tolerance: 1.0,
+            pipelined,
+        };
+        // 1 MB per mini-batch, half each way, over a 1 GB/s link (each
+        // direction): 0.5 ms predicted; measured round trips 1.5 ms for the
+        // pull and as much for the push; compute 4 ms per mini-batch.
+        let measured = |pipelined: bool, batch_secs: f64| {
+            let mut m = Metrics::new(8, 0);
+            m.bulk(1, 2, 100 << 20, (100 << 20) as f64 / 1e9);
+            for _ in 0..8 {
+                let r = cruise_container::protocol::MiniBatchReport {
+                    mini_batches: 10,
+                    stats: cruise_container::protocol::Stats {
+                        records: 1000,
+                        ..Default::default()
+                    },
+                    comp_secs: 0.040,
+                    pull_secs: 0.015,
+                    pull_bytes: 5_000_000,
+                    push_secs: 0.015,
+                    push_bytes: 5_000_000,
+                    batch_secs: 10.0 * batch_secs,
+                    ..Default::default()
+                };
+                m.mini_batch(1, &r, &[]);
+            }
+            build_snapshot(job(pipelined), &evals, &m).0.job
+        };
+        // A serial worker waits for both round trips: 3 ms for a predicted 0.5.
+        let serial = measured(false, 0.007);
+        assert!(
+            (serial.latency_secs_per_mini_batch - 0.0025).abs() < 1e-6,
+            "{serial:?}"
+        );
+        assert!((serial.serial_fraction - 1.0).abs() < 1e-9, "{serial:?}");
+        // A pipelined one only for its pull: 1.5 ms. Its 4.5 ms a mini-batch
+        // are max(4, 1.5) + f · 1.5 with f = 1/3.
+        let piped = measured(true, 0.0045);
+        assert!(
+            (piped.latency_secs_per_mini_batch - 0.001).abs() < 1e-6,
+            "{piped:?}"
+        );
+        assert!(
+            (piped.serial_fraction - 1.0 / 3.0).abs() < 1e-6,
+            "{piped:?}"
+        );
     }
 }

@@ -30,7 +30,7 @@ use rand_chacha::ChaCha8Rng;
 
 use cruise_conf::{AppKind, MlrConfig};
 
-use super::{App, AppError, ParseError, Step};
+use super::{App, AppError, ParseError, Step, keyindex};
 use crate::protocol::{AppParams, Key, Stats, ValueBatch};
 use crate::store::{InputBlock, ModelFunctions, StateBlock};
 
@@ -63,6 +63,7 @@ pub struct Mlr {
     features: u32,
     fpk: usize,
     value_len: usize,
+    model_keys: u64,
     step_size: f32,
     decay: f32,
     l2: f32,
@@ -89,6 +90,7 @@ impl Mlr {
             features: c.features,
             fpk: fpk as usize,
             value_len: p.value_len as usize,
+            model_keys: p.model_keys,
             step_size: c.step_size as f32,
             decay: c.decay as f32,
             l2: c.l2 as f32,
@@ -112,22 +114,51 @@ impl Mlr {
             .map(|p| p * self.value_len + (row as usize % self.fpk) * self.classes)
     }
 
-    /// Scores of one record into `scores`; returns the predicted class.
+    /// The weight offsets of every entry of `rows` (in entry order) in a value
+    /// batch laid out as `keys`; [`keyindex::ABSENT`] where the key was not
+    /// pulled. Computed once per mini-batch, so the passes over the records
+    /// index straight into the values.
+    fn entry_slots(&self, input: &InputBlock, rows: &Range<usize>, keys: &[Key]) -> Vec<u32> {
+        let (a, b) = (
+            input.offsets[rows.start] as usize,
+            input.offsets[rows.end] as usize,
+        );
+        let entries = &input.indices[a..b];
+        let mut pos = Vec::with_capacity(entries.len());
+        keyindex::positions(
+            keys,
+            self.model_keys,
+            entries.iter().map(|&i| self.key_of(u64::from(i))),
+            &mut pos,
+        );
+        for (p, &i) in pos.iter_mut().zip(entries) {
+            if *p != keyindex::ABSENT {
+                let off = *p as usize * self.value_len + (i as usize % self.fpk) * self.classes;
+                *p = u32::try_from(off).unwrap_or(keyindex::ABSENT);
+            }
+        }
+        pos
+    }
+
+    /// Scores of one record into `scores` from its entries' weight offsets
+    /// (`slots`, see [`Mlr::entry_slots`]) and the bias row's; returns the
+    /// predicted class.
     fn scores(
         &self,
-        keys: &[Key],
         w: &[f32],
-        idx: &[u32],
+        bias: Option<usize>,
+        slots: &[u32],
         val: &[f32],
         scores: &mut [f32],
     ) -> usize {
         let k = self.classes;
-        match self.slot(keys, self.bias_row()) {
+        match bias {
             Some(b) => scores.copy_from_slice(&w[b..b + k]),
             None => scores.fill(0.0),
         }
-        for (&i, &v) in idx.iter().zip(val) {
-            if let Some(s) = self.slot(keys, u64::from(i)) {
+        for (&s, &v) in slots.iter().zip(val) {
+            if s != keyindex::ABSENT {
+                let s = s as usize;
                 for (sc, wk) in scores.iter_mut().zip(&w[s..s + k]) {
                     *sc += wk * v;
                 }
@@ -140,6 +171,12 @@ impl Mlr {
             }
         }
         best
+    }
+
+    /// Whether the weight offsets fit the values (a batch too large for
+    /// 32-bit offsets is refused rather than misread).
+    fn slots_fit(&self, values: &ValueBatch) -> bool {
+        values.data.len() < keyindex::ABSENT as usize
     }
 
     fn check_values(&self, keys: &[Key], values: &ValueBatch) -> bool {
@@ -247,14 +284,11 @@ impl App for Mlr {
             input.offsets[rows.start] as usize,
             input.offsets[rows.end] as usize,
         );
-        out.extend(
-            input.indices[a..b]
-                .iter()
-                .map(|&i| self.key_of(u64::from(i))),
-        );
-        out.push(self.key_of(self.bias_row()));
-        out.sort_unstable();
-        out.dedup();
+        let entries = input.indices[a..b]
+            .iter()
+            .map(|&i| self.key_of(u64::from(i)));
+        let bias = std::iter::once(self.key_of(self.bias_row()));
+        keyindex::distinct_sorted(entries.chain(bias), self.model_keys, out);
     }
 
     fn compute(
@@ -267,7 +301,7 @@ impl App for Mlr {
         step: Step,
     ) -> (ValueBatch, Stats) {
         let mut stats = Stats::default();
-        if !self.check_values(keys, values) || rows.is_empty() {
+        if !self.check_values(keys, values) || !self.slots_fit(values) || rows.is_empty() {
             return (ValueBatch::default(), stats);
         }
         let k = self.classes;
@@ -276,10 +310,14 @@ impl App for Mlr {
         let mut touched = vec![false; keys.len() * self.fpk];
         let mut p = vec![0f32; k];
         let bias = self.slot(keys, self.bias_row());
+        let slots = self.entry_slots(input, &rows, keys);
+        let base = input.offsets[rows.start] as usize;
         for r in rows.clone() {
-            let (label, idx, val) = input.record(r);
+            let (label, _, val) = input.record(r);
+            let (a, b) = (input.offsets[r] as usize, input.offsets[r + 1] as usize);
+            let slots = &slots[a - base..b - base];
             let y = label as usize;
-            let pred = self.scores(keys, w, idx, val, &mut p);
+            let pred = self.scores(w, bias, slots, val, &mut p);
             softmax(&mut p);
             stats.records += 1;
             stats.loss_sum += -f64::from(p[y].max(1e-12)).ln();
@@ -290,8 +328,9 @@ impl App for Mlr {
                     *g += d;
                 }
             }
-            for (&i, &v) in idx.iter().zip(val) {
-                if let Some(s) = self.slot(keys, u64::from(i)) {
+            for (&s, &v) in slots.iter().zip(val) {
+                if s != keyindex::ABSENT {
+                    let s = s as usize;
                     touched[s / k] = true;
                     for (g, d) in grad[s..s + k].iter_mut().zip(&p) {
                         *g += d * v;
@@ -329,14 +368,18 @@ impl App for Mlr {
         _state: Option<&StateBlock>,
     ) -> Stats {
         let mut stats = Stats::default();
-        if !self.check_values(keys, values) {
+        if !self.check_values(keys, values) || !self.slots_fit(values) || rows.is_empty() {
             return stats;
         }
         let mut p = vec![0f32; self.classes];
+        let bias = self.slot(keys, self.bias_row());
+        let slots = self.entry_slots(input, &rows, keys);
+        let base = input.offsets[rows.start] as usize;
         for r in rows {
-            let (label, idx, val) = input.record(r);
+            let (label, _, val) = input.record(r);
+            let (a, b) = (input.offsets[r] as usize, input.offsets[r + 1] as usize);
             let y = label as usize;
-            let pred = self.scores(keys, &values.data, idx, val, &mut p);
+            let pred = self.scores(&values.data, bias, &slots[a - base..b - base], val, &mut p);
             softmax(&mut p);
             stats.records += 1;
             stats.loss_sum += -f64::from(p[y].max(1e-12)).ln();

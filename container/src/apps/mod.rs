@@ -15,6 +15,7 @@
 //! Each app also ships a seeded data generator with a known ground truth
 //! (used by `cruise datagen` and when a job has no input).
 
+mod keyindex;
 pub mod lasso;
 pub mod lda;
 pub mod mlr;

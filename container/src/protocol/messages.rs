@@ -403,25 +403,54 @@ pub struct LinkSample {
     pub secs: f64,
 }
 
-/// What a worker measured in one mini-batch.
+/// What a worker measured over one or more mini-batches.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct MiniBatchReport {
-    /// The worker's local epoch.
+    /// Mini-batches summed in this report (a worker reports every few
+    /// milliseconds, not every mini-batch); the figures below are totals.
+    pub mini_batches: u32,
+    /// The worker's local epoch (of the last mini-batch).
     pub clock: u32,
     /// Objective statistics of the mini-batch (before its update).
     pub stats: Stats,
     /// Seconds computing.
     pub comp_secs: f64,
-    /// Seconds pulling.
+    /// Round trip of the pull: from its request to its last answer.
     pub pull_secs: f64,
     /// Bytes pulled (values received).
     pub pull_bytes: u64,
-    /// Seconds pushing.
+    /// Round trip of the push: from its request to its last acknowledgement.
     pub push_secs: f64,
     /// Bytes pushed (deltas sent).
     pub push_bytes: u64,
+    /// Seconds the worker spent waiting for the pull and for pushes in
+    /// this mini-batch (with `job.pipeline`, less than the round trips:
+    /// communication overlaps computation).
+    pub wait_secs: f64,
+    /// Wall time of the mini-batch in the worker's loop, waits, compute and
+    /// reporting included: what the mini-batch cost the worker.
+    pub batch_secs: f64,
     /// Per-peer transfers of the pull and the push (local parts excluded).
     pub links: Vec<LinkSample>,
+}
+
+impl MiniBatchReport {
+    /// Adds a later report to this one: totals add up, the clock is the
+    /// later one's, and transfer samples are kept (merge them per peer
+    /// before sending).
+    pub fn add(&mut self, o: &MiniBatchReport) {
+        self.mini_batches += o.mini_batches;
+        self.clock = o.clock;
+        self.stats.add(&o.stats);
+        self.comp_secs += o.comp_secs;
+        self.pull_secs += o.pull_secs;
+        self.pull_bytes += o.pull_bytes;
+        self.push_secs += o.push_secs;
+        self.push_bytes += o.push_bytes;
+        self.wait_secs += o.wait_secs;
+        self.batch_secs += o.batch_secs;
+        self.links.extend_from_slice(&o.links);
+    }
 }
 
 /// What a server measured over a period.

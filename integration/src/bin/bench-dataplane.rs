@@ -163,6 +163,8 @@ async fn run(reps: usize, sizes: Vec<usize>) -> anyhow::Result<()> {
 }
 
 fn main() -> anyhow::Result<()> {
+    // The data planes here stand for evaluators: tuned as `cruise` tunes them.
+    cruise_container::os::tune_allocator();
     let reps: usize = match std::env::args().nth(1) {
         Some(a) => a
             .parse()

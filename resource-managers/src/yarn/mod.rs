@@ -19,7 +19,9 @@
 //! reads from `CONTAINER_ID`. Every `capacity_poll_interval` it reads the
 //! running nodes and computes how many containers of the evaluator size the
 //! job could hold (`held + Σ_nodes min(free MB / size, free vcores / cores)`);
-//! a change seen on two consecutive polls is sent as `CapacityChanged`.
+//! a change seen on two consecutive polls is sent as `CapacityChanged`. Polls
+//! are skipped while containers asked for have not all appeared in the
+//! service yet (one already allocated but not seen would count nowhere).
 //!
 //! The service is destroyed on `shutdown`, when every handle is dropped, and
 //! — through [`ServiceGuard`] — when the actor itself is dropped (e.g. its
@@ -142,6 +144,7 @@ impl YarnRm {
             svc: Arc::new(svc),
             created: false,
             desired: 0,
+            unseen: 0,
             size: None,
             known: BTreeMap::new(),
             gone: HashSet::new(),
@@ -277,6 +280,8 @@ struct Actor {
     created: bool,
     /// The component's count as last set.
     desired: u32,
+    /// Containers asked for and not seen in the service yet.
+    unseen: u32,
     /// Evaluator size (memory MB, cores), fixed by the first request.
     size: Option<(u32, u32)>,
     /// Live containers seen in the service.
@@ -421,6 +426,7 @@ impl Actor {
             tracing::info!(service = %name, containers = target, "created the YARN service");
         }
         self.desired = target;
+        self.unseen += req.count;
         Ok(())
     }
 
@@ -499,6 +505,7 @@ impl Actor {
                         released: false,
                     },
                 );
+                self.unseen = self.unseen.saturating_sub(1);
                 self.emit(RmEvent::Allocated {
                     container: c.id.clone(),
                     host,
@@ -583,6 +590,15 @@ impl Actor {
     }
 
     async fn capacity_tick(&mut self) {
+        // The nodes' free room and the containers seen in the service are
+        // read at different moments: while containers asked for have not all
+        // appeared, one already allocated but not seen yet would count
+        // nowhere, and the job would be told to give back what it just got
+        // (seen in e2e_grow). Read again once they have appeared.
+        if self.unseen > 0 {
+            self.candidate_capacity = None;
+            return;
+        }
         let max = match self.fit().await {
             Ok(fit) => self.known.len() as u32 + fit,
             Err(e) => {

@@ -612,6 +612,8 @@ mod tests {
                                 remaining_epochs: 1.0,
                                 input_bytes: 0,
                                 model_bytes: 0,
+                                serial_fraction: 1.0,
+                                latency_secs_per_mini_batch: 0.0,
                             },
                             containers,
                             links: links

@@ -39,6 +39,10 @@ pub struct Inst {
     pub p: Vec<f64>,
     /// Measured links `(i, j, bytes/s)`.
     pub links: Vec<(usize, usize, f64)>,
+    /// Serial fraction `f` (1: computation and communication add up).
+    pub f: f64,
+    /// Latency per mini-batch, seconds.
+    pub lat: f64,
 }
 
 impl Inst {
@@ -95,6 +99,8 @@ impl Inst {
                 remaining_epochs: 10.0,
                 input_bytes: 0,
                 model_bytes: 0,
+                serial_fraction: self.f,
+                latency_secs_per_mini_batch: self.lat,
             },
             containers,
             links: self
@@ -130,7 +136,8 @@ impl Inst {
             }
             let recs = self.d as f64 * kk[i] as f64 / self.k as f64;
             let batches = (self.d * kk[i] as u64).div_ceil(self.k as u64 * self.b) as f64;
-            worst = worst.max(self.c[i] * recs + batches * sb.max(wb));
+            let (comp, comm) = (self.c[i] * recs, batches * (sb.max(wb) + self.lat));
+            worst = worst.max(comp.max(comm) + self.f * comp.min(comm));
         }
         worst
     }
@@ -206,12 +213,18 @@ pub fn brute_force(inst: &Inst) -> f64 {
 }
 
 /// Random heterogeneous instances with `n` in `ns`, up to `kmax` input and `lmax` model
-/// blocks, and sometimes measured links.
+/// blocks, sometimes measured links, and a serial fraction that is 1 (Cruise's
+/// serial worker), 0 (full overlap) or in between, with or without latency.
 pub fn instances(
     ns: std::ops::RangeInclusive<usize>,
     kmax: u32,
     lmax: u32,
 ) -> impl Strategy<Value = Inst> {
+    let overlap = prop_oneof![
+        Just((1.0, 0.0)),
+        Just((0.0, 0.0)),
+        (0.0f64..=1.0, prop_oneof![Just(0.0), 1e-4f64..1e-2]),
+    ];
     (
         ns,
         1..=kmax,
@@ -220,12 +233,13 @@ pub fn instances(
         5u64..60,
         any::<bool>(),
         0.5f64..=1.0,
+        overlap,
     )
         .prop_flat_map(
-            move |(n, k, l, recs_per_block, b, with_links, link_share)| {
+            move |(n, k, l, recs_per_block, b, with_links, link_share, (f, lat))| {
                 let per = (1e-3f64..1e-2, 1e6f64..1e7, 0.0f64..1e-7);
                 (
-                    Just((n, k, l, recs_per_block, b, link_share)),
+                    Just((n, k, l, recs_per_block, b, link_share, f, lat)),
                     proptest::collection::vec(per, n),
                     if with_links {
                         proptest::collection::vec((0..n, 0..n, 5e5f64..2e7), 0..n).boxed()
@@ -233,18 +247,22 @@ pub fn instances(
                         Just(Vec::new()).boxed()
                     },
                 )
-                    .prop_map(|((_n, k, l, rpb, b, link_share), per, links)| Inst {
-                        d: rpb * k as u64,
-                        b,
-                        m: 1.0e6,
-                        ml: 1.0e6 * link_share,
-                        k,
-                        l,
-                        c: per.iter().map(|x| x.0).collect(),
-                        bw: per.iter().map(|x| x.1).collect(),
-                        p: per.iter().map(|x| x.2).collect(),
-                        links: links.into_iter().filter(|(a, b, _)| a != b).collect(),
-                    })
+                    .prop_map(
+                        |((_n, k, l, rpb, b, link_share, f, lat), per, links)| Inst {
+                            d: rpb * k as u64,
+                            b,
+                            m: 1.0e6,
+                            ml: 1.0e6 * link_share,
+                            k,
+                            l,
+                            c: per.iter().map(|x| x.0).collect(),
+                            bw: per.iter().map(|x| x.1).collect(),
+                            p: per.iter().map(|x| x.2).collect(),
+                            links: links.into_iter().filter(|(a, b, _)| a != b).collect(),
+                            f,
+                            lat,
+                        },
+                    )
                     .prop_filter("need two containers", move |i| i.n() == n && n >= 2)
             },
         )

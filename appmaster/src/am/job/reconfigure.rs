@@ -349,6 +349,7 @@ impl Driver {
             spare: self.rc.capacity.saturating_sub(held) as usize,
             noise_tolerance: self.config.optimizer.noise_tolerance,
             bandwidth_noise_tolerance: self.config.optimizer.bandwidth_noise_tolerance,
+            pipelined: self.config.job.pipeline,
         };
         let (snapshot, current) = build_snapshot(facts, &evals, &self.rc.metrics);
         let file = &self.config.optimizer.snapshot_file;
