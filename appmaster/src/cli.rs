@@ -42,10 +42,12 @@ pub struct Cli {
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Run a training job with the AM in the foreground. Evaluators are
-    /// processes on this machine (--runtime local, the default), tasks on a
-    /// Mesos cluster (--runtime mesos --master HOST:PORT), or containers of a
-    /// YARN service (--runtime yarn). With no arguments: MLR on a generated
-    /// data set, 4 containers, 5 epochs.
+    /// processes on this machine (--runtime local, the default; with
+    /// --set emulation.containers=... each gets its own CPU share and
+    /// bandwidth, an emulated cluster), tasks on a Mesos cluster (--runtime
+    /// mesos --master HOST:PORT), or containers of a YARN service (--runtime
+    /// yarn). With no arguments: MLR on a generated data set, 4 containers,
+    /// 5 epochs.
     Run(RunArgs),
     /// Submit a training job to YARN: upload this binary and the job
     /// configuration to an HDFS staging directory, start the AM in a YARN
@@ -493,7 +495,7 @@ pub async fn run(args: RunArgs, cancel: CancellationToken) -> anyhow::Result<Job
     }
     let work = datagen::work_dir(&config);
     let input = datagen::prepare_input(&config, &work)?;
-    let factory = runtime::foreground_factory(&config)?;
+    let factory = runtime::foreground_factory(&mut config)?;
     let summary = run_with(config, input, work, cancel, !args.quiet, factory).await?;
     Ok(summary)
 }
@@ -511,13 +513,13 @@ pub fn absolute_local(path: &str) -> anyhow::Result<String> {
 
 /// Runs a job on the local runtime with progress drawn on stderr.
 pub async fn run_local(
-    config: CruiseConfig,
+    mut config: CruiseConfig,
     input: String,
     work: PathBuf,
     cancel: CancellationToken,
     show_progress: bool,
 ) -> Result<JobSummary, AmError> {
-    let factory = runtime::local_factory(&config);
+    let factory = runtime::local_factory(&mut config)?;
     run_with(config, input, work, cancel, show_progress, factory).await
 }
 
@@ -699,6 +701,9 @@ pub fn summary_text(s: &JobSummary, config: &CruiseConfig) -> String {
             config.job.mini_batch
         ),
     );
+    if let Some(e) = &s.emulation {
+        line("emulation", e.clone());
+    }
     for r in &s.reconfigurations {
         let failed = if r.failed.is_empty() {
             String::new()

@@ -1,16 +1,18 @@
 //! Choosing and building the resource manager a configuration asks for
-//! (`runtime.kind`): the local runtime, YARN (evaluators in a YARN service)
-//! or Mesos (evaluators as tasks of a framework), plus the cluster settings
-//! they need: RM addresses from `[yarn]` or `$HADOOP_CONF_DIR/yarn-site.xml`,
+//! (`runtime.kind`): the local runtime (optionally on an emulated cluster,
+//! `[emulation]`), YARN (evaluators in a YARN service) or Mesos (evaluators
+//! as tasks of a framework), plus the cluster settings they need: RM addresses from `[yarn]` or `$HADOOP_CONF_DIR/yarn-site.xml`,
 //! the user, retry and timeout settings.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use cruise_conf::{CruiseConfig, RuntimeKind};
+use cruise_conf::{CruiseConfig, EmulationMechanism, RuntimeKind};
+use cruise_container::emulate;
 use cruise_container::evaluator::ENV_JOB_ID;
 use cruise_hdfs::{HadoopConf, WebHdfsOptions};
 use cruise_rm::ResourceManager;
+use cruise_rm::emulation::{Choice, Emulation, EmulationSpec, ProcessEnv, Shape};
 use cruise_rm::http::{HttpOptions, RetryPolicy};
 use cruise_rm::local::{LocalConfig, LocalRm};
 use cruise_rm::mesos::{MesosConfig, MesosRm};
@@ -209,11 +211,67 @@ pub struct YarnPlacement {
     pub ship_hadoop_conf: bool,
 }
 
-/// The local runtime.
-pub fn local_factory(config: &CruiseConfig) -> RmFactory {
+/// The emulated cluster `[emulation]` asks for, prepared (under the kernel
+/// mechanism its bridge exists when this returns); `None` without emulation.
+pub fn prepare_emulation(config: &CruiseConfig) -> Result<Option<Emulation>, AmError> {
+    let e = &config.emulation;
+    if !e.enabled() {
+        return Ok(None);
+    }
+    let conf = |err: cruise_conf::ConfError| AmError::Config(err.to_string());
+    let shapes: Vec<Shape> = e
+        .parsed()
+        .map_err(conf)?
+        .into_iter()
+        .map(|c| Shape {
+            cpu: c.cpu,
+            bits_per_sec: c.bits_per_sec,
+        })
+        .collect();
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+    let at_once = config.runtime.capacity_ceiling(&config.job) as usize;
+    let cpu: f64 = (1..=at_once as u64)
+        .map(|k| shapes[(k as usize - 1) % shapes.len()].cpu.unwrap_or(cores))
+        .sum();
+    if cpu > cores {
+        tracing::warn!(
+            "the CPU shares of the {at_once} emulated containers sum to {cpu:.2} cores, more than this machine's {cores}: they will contend and the emulation will not hold"
+        );
+    }
+    let spec = EmulationSpec {
+        shapes,
+        choice: match e.mechanism {
+            EmulationMechanism::Auto => Choice::Auto,
+            EmulationMechanism::Kernel => Choice::Kernel,
+            EmulationMechanism::Process => Choice::Process,
+        },
+        subnet: e.subnet_prefix().map_err(conf)?,
+        cpu_period: Duration::from_micros(e.cpu_period_us),
+        env: ProcessEnv {
+            cpu: emulate::ENV_CPU.into(),
+            bytes_per_sec: emulate::ENV_BANDWIDTH.into(),
+        },
+    };
+    Ok(Some(Emulation::prepare(spec)?))
+}
+
+/// The local runtime. With `[emulation]` the emulated cluster is prepared
+/// now, and under the kernel mechanism `runtime.am_bind` is moved to the
+/// bridge's address (its port kept) so that evaluators in their namespaces
+/// reach the AM.
+pub fn local_factory(config: &mut CruiseConfig) -> Result<RmFactory, AmError> {
+    let emulation = prepare_emulation(config)?;
+    if let Some(ip) = emulation.as_ref().and_then(Emulation::am_ip) {
+        let port = config
+            .runtime
+            .am_bind
+            .parse::<std::net::SocketAddr>()
+            .map_or(0, |a| a.port());
+        config.runtime.am_bind = std::net::SocketAddr::new(ip.into(), port).to_string();
+    }
     let rt = config.runtime.clone();
     let max_containers = rt.effective_max_containers(&config.job);
-    Box::new(move |launch, events| {
+    Ok(Box::new(move |launch, events| {
         let capacity_schedule = rt
             .capacity_schedule()
             .map_err(|e| AmError::Config(e.to_string()))?;
@@ -231,8 +289,11 @@ pub fn local_factory(config: &CruiseConfig) -> RmFactory {
             capacity_schedule,
             reclaim_deadline: Duration::from_millis(rt.reclaim_deadline_ms),
         };
-        Ok(Arc::new(LocalRm::start(cfg, launch, events)) as Arc<dyn ResourceManager>)
-    })
+        Ok(
+            Arc::new(LocalRm::start_emulated(cfg, launch, events, emulation))
+                as Arc<dyn ResourceManager>,
+        )
+    }))
 }
 
 /// The YARN runtime.
@@ -318,10 +379,11 @@ pub fn mesos_factory(config: &CruiseConfig) -> RmFactory {
     })
 }
 
-/// The resource manager of a job run in the foreground (`cruise run`).
-pub fn foreground_factory(config: &CruiseConfig) -> Result<RmFactory, AmError> {
+/// The resource manager of a job run in the foreground (`cruise run`); the
+/// local runtime may move `runtime.am_bind` (see [`local_factory`]).
+pub fn foreground_factory(config: &mut CruiseConfig) -> Result<RmFactory, AmError> {
     Ok(match config.runtime.kind {
-        RuntimeKind::Local => local_factory(config),
+        RuntimeKind::Local => local_factory(config)?,
         RuntimeKind::Mesos => mesos_factory(config),
         RuntimeKind::Yarn => yarn_factory(
             config,

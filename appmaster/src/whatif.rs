@@ -122,10 +122,11 @@ pub fn report(
     let j = &snap.job;
     let _ = writeln!(
         out,
-        "job: {} records per epoch, mini-batch {}, {:.0} bytes exchanged per mini-batch, {} input and {} model blocks, {:.1} epochs left",
+        "job: {} records per epoch, mini-batch {}, {:.0} bytes exchanged per mini-batch ({:.0} on a link's busier direction), {} input and {} model blocks, {:.1} epochs left",
         j.total_records,
         j.mini_batch_size,
         j.bytes_per_mini_batch,
+        j.link_bytes(),
         j.input_blocks,
         j.model_blocks,
         j.remaining_epochs

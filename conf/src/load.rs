@@ -513,6 +513,73 @@ mod tests {
         assert!(layers.set_text("=3").is_err());
     }
 
+    #[test]
+    fn emulation_parsed_and_checked() {
+        let mut layers = Layers::default();
+        layers.set(
+            "emulation.containers",
+            "2*0.3/400mbit, 0.15/1.5gbit, -/800kbit, 0.5",
+            "--set",
+        );
+        let cfg = layers.load().unwrap();
+        let c = cfg.emulation.parsed().unwrap();
+        assert_eq!(c.len(), 5);
+        assert_eq!(
+            c[0],
+            crate::EmulatedContainer {
+                cpu: Some(0.3),
+                bits_per_sec: Some(4e8)
+            }
+        );
+        assert_eq!(c[1], c[0]);
+        assert_eq!(c[2].bits_per_sec, Some(1.5e9));
+        assert_eq!((c[3].cpu, c[3].bits_per_sec), (None, Some(8e5)));
+        assert_eq!((c[4].cpu, c[4].bits_per_sec), (Some(0.5), None));
+        assert_eq!(cfg.emulation.subnet_prefix().unwrap(), [10, 78, 0]);
+        assert!(!Layers::default().load().unwrap().emulation.enabled());
+
+        for bad in [
+            "0*0.3",
+            "x*0.3",
+            "0/100mbit",
+            "abc",
+            "0.3/100",
+            "0.3/100mbps",
+            "0.3/10kbit",
+        ] {
+            let mut layers = Layers::default();
+            layers.set("emulation.containers", bad, "--set");
+            let err = layers.load().unwrap_err().to_string();
+            assert!(err.contains("emulation.containers"), "{bad}: {err}");
+        }
+        for bad in ["10.78.0.0", "10.78.0.0/16", "10.78.0.5/24", "8.8.8.0/24"] {
+            let mut layers = Layers::default();
+            layers.set("emulation.subnet", bad, "--set");
+            let err = layers.load().unwrap_err().to_string();
+            assert!(err.contains("emulation.subnet"), "{bad}: {err}");
+        }
+        let mut layers = Layers::default();
+        layers.set("emulation.cpu_period_us", 10, "--set");
+        let err = layers.load().unwrap_err().to_string();
+        assert!(err.contains("emulation.cpu_period_us"), "{err}");
+    }
+
+    /// Only the local runtime emulates; a real cluster says so by key.
+    #[test]
+    fn emulation_only_on_the_local_runtime() {
+        for kind in ["yarn", "mesos"] {
+            let mut layers = Layers::default();
+            layers.set("runtime.kind", kind, "--runtime");
+            layers.set("mesos.master", "m:5050", "--master");
+            layers.set("emulation.containers", "4*0.25/100mbit", "--set");
+            let err = layers.load().unwrap_err().to_string();
+            assert!(
+                err.contains("emulation.containers") && err.contains(kind),
+                "{kind}: {err}"
+            );
+        }
+    }
+
     /// The sandbox examples load and select their runtime.
     #[test]
     fn cluster_examples_load() {

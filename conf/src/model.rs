@@ -36,6 +36,8 @@ pub struct CruiseConfig {
     pub yarn: YarnConfig,
     /// The Mesos runtime.
     pub mesos: MesosConfig,
+    /// An emulated cluster of unequal containers (local runtime).
+    pub emulation: EmulationConfig,
 }
 
 /// The ML application to run.
@@ -610,6 +612,191 @@ impl StoreConfig {
     }
 }
 
+/// How the local runtime emulates unequal containers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum EmulationMechanism {
+    /// `kernel` when running as root with `ip`, `tc` and a cgroup `cpu`
+    /// controller; `process` otherwise.
+    #[default]
+    Auto,
+    /// A network namespace per container on a bridge, `tc` token-bucket
+    /// filters for its bandwidth and a cgroup CPU quota for its share.
+    /// Fails the job if this machine cannot do it.
+    Kernel,
+    /// Throttling inside each evaluator: worker compute is stretched to the
+    /// CPU share and data-plane reads and writes are paced to the bandwidth.
+    Process,
+}
+
+impl EmulationMechanism {
+    /// The name used in files and messages.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EmulationMechanism::Auto => "auto",
+            EmulationMechanism::Kernel => "kernel",
+            EmulationMechanism::Process => "process",
+        }
+    }
+}
+
+/// One emulated container: its CPU share and its link's bandwidth.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct EmulatedContainer {
+    /// Cores it may use (0.25 = a quarter of a core); `None`: unlimited.
+    pub cpu: Option<f64>,
+    /// Its link's bandwidth in each direction, bits per second; `None`:
+    /// unlimited.
+    pub bits_per_sec: Option<f64>,
+}
+
+/// `[emulation]`: an emulated cluster of unequal containers on the local
+/// runtime, so that the optimizer measures heterogeneity rather than being
+/// told about it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EmulationConfig {
+    /// CPU share and bandwidth of each container, in the order the local
+    /// runtime starts them (the first `job.workers` start as workers):
+    /// comma-separated `[COUNT*]CPU[/BANDWIDTH]` items, e.g.
+    /// `"2*0.3/400mbit, 6*0.15/100mbit"`. CPU is in cores, BANDWIDTH a
+    /// number with `kbit`, `mbit` or `gbit` (per second, each direction);
+    /// `-` for either means unlimited. Containers started after the list is
+    /// used up take it from the start again. Empty: no emulation.
+    pub containers: String,
+    /// `auto`, `kernel` or `process` (see [`EmulationMechanism`]).
+    pub mechanism: EmulationMechanism,
+    /// Kernel mechanism: the private IPv4 /24 of the bridge (the AM listens
+    /// on its `.1`) and of the containers' namespaces. Pick one nothing else
+    /// on this machine uses.
+    pub subnet: String,
+    /// Kernel mechanism: the CPU quota period, microseconds. Short periods
+    /// spread a container's share evenly over short computations.
+    pub cpu_period_us: u64,
+}
+
+impl Default for EmulationConfig {
+    fn default() -> Self {
+        EmulationConfig {
+            containers: String::new(),
+            mechanism: EmulationMechanism::Auto,
+            subnet: "10.78.0.0/24".to_string(),
+            cpu_period_us: 10_000,
+        }
+    }
+}
+
+impl EmulationConfig {
+    /// Whether emulation is asked for.
+    pub fn enabled(&self) -> bool {
+        !self.containers.trim().is_empty()
+    }
+
+    /// The emulated containers, in start order (counts expanded).
+    pub fn parsed(&self) -> Result<Vec<EmulatedContainer>, ConfError> {
+        let bad = |reason: String| ConfError::Invalid {
+            key: "emulation.containers".into(),
+            reason,
+        };
+        let mut out = Vec::new();
+        for item in self
+            .containers
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+        {
+            let (count, shape) = match item.split_once('*') {
+                Some((n, rest)) => {
+                    let n: usize = n.trim().parse().ok().filter(|n| *n > 0).ok_or_else(|| {
+                        bad(format!(
+                            "count {n:?} in {item:?} is not a positive whole number"
+                        ))
+                    })?;
+                    (n, rest.trim())
+                }
+                None => (1, item),
+            };
+            let (cpu, bw) = match shape.split_once('/') {
+                Some((c, b)) => (c.trim(), Some(b.trim())),
+                None => (shape, None),
+            };
+            let cpu = match cpu {
+                "-" => None,
+                c => Some(
+                    c.parse::<f64>()
+                        .ok()
+                        .filter(|v| v.is_finite() && *v > 0.0 && *v <= 1024.0)
+                        .ok_or_else(|| {
+                            bad(format!(
+                                "CPU share {c:?} in {item:?} is not a number of cores in (0, 1024] or -"
+                            ))
+                        })?,
+                ),
+            };
+            let bits_per_sec = match bw {
+                None | Some("-") => None,
+                Some(b) => Some(parse_bits_per_sec(b).ok_or_else(|| {
+                    bad(format!(
+                        "bandwidth {b:?} in {item:?} is not like 100mbit, 1.5gbit or 800kbit (at least 100kbit), or -"
+                    ))
+                })?),
+            };
+            out.extend(std::iter::repeat_n(
+                EmulatedContainer { cpu, bits_per_sec },
+                count,
+            ));
+        }
+        Ok(out)
+    }
+
+    /// The kernel mechanism's subnet: its first three octets.
+    pub fn subnet_prefix(&self) -> Result<[u8; 3], ConfError> {
+        let bad = |reason: String| ConfError::Invalid {
+            key: "emulation.subnet".into(),
+            reason,
+        };
+        let (net, len) = self
+            .subnet
+            .split_once('/')
+            .ok_or_else(|| bad(format!("{:?} is not like 10.78.0.0/24", self.subnet)))?;
+        let ip: std::net::Ipv4Addr = net
+            .trim()
+            .parse()
+            .map_err(|_| bad(format!("{:?} is not like 10.78.0.0/24", self.subnet)))?;
+        if len.trim() != "24" {
+            return Err(bad(format!(
+                "{:?}: only /24 subnets are supported",
+                self.subnet
+            )));
+        }
+        let o = ip.octets();
+        if o[3] != 0 {
+            return Err(bad(format!(
+                "{:?} is not a network address (it must end in .0)",
+                self.subnet
+            )));
+        }
+        if !ip.is_private() {
+            return Err(bad(format!(
+                "{:?} is not a private range (10/8, 172.16/12, 192.168/16): the emulated cluster must not take addresses that may exist elsewhere",
+                self.subnet
+            )));
+        }
+        Ok([o[0], o[1], o[2]])
+    }
+}
+
+/// `100mbit` → 1e8 bits per second (`kbit`, `mbit`, `gbit`; at least 100 kbit/s).
+fn parse_bits_per_sec(text: &str) -> Option<f64> {
+    let t = text.trim().to_ascii_lowercase();
+    let (num, scale) = [("kbit", 1e3), ("mbit", 1e6), ("gbit", 1e9)]
+        .into_iter()
+        .find_map(|(unit, scale)| t.strip_suffix(unit).map(|n| (n.trim().to_string(), scale)))?;
+    let v: f64 = num.parse().ok()?;
+    let bits = v * scale;
+    (bits.is_finite() && bits >= 1e5).then_some(bits)
+}
+
 /// `[status]`: the AM's status endpoint.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -804,6 +991,7 @@ impl CruiseConfig {
             );
         }
         self.runtime.capacity_schedule()?;
+        self.validate_emulation()?;
         let o = &self.optimizer;
         if !(o.min_gain >= 0.0 && o.min_gain < 1.0) {
             return bad(
@@ -1062,6 +1250,37 @@ impl CruiseConfig {
                      (row factors or document topics), so its model cannot score other \
                      input; held-out evaluation is supported for mlr and lasso",
                     job.app
+                ),
+            );
+        }
+        Ok(())
+    }
+
+    fn validate_emulation(&self) -> Result<(), ConfError> {
+        let e = &self.emulation;
+        let bad = |key: &str, reason: String| {
+            Err(ConfError::Invalid {
+                key: key.to_string(),
+                reason,
+            })
+        };
+        e.parsed()?;
+        e.subnet_prefix()?;
+        if !(1_000..=1_000_000).contains(&e.cpu_period_us) {
+            return bad(
+                "emulation.cpu_period_us",
+                format!(
+                    "is {}, must be between 1000 and 1000000 (the kernel's limits)",
+                    e.cpu_period_us
+                ),
+            );
+        }
+        if e.enabled() && self.runtime.kind != RuntimeKind::Local {
+            return bad(
+                "emulation.containers",
+                format!(
+                    "is set, but only the local runtime can emulate containers; runtime.kind = \"{}\" runs on a real cluster (leave emulation.containers empty)",
+                    self.runtime.kind.as_str()
                 ),
             );
         }

@@ -28,6 +28,7 @@ use cruise_conf::{ChannelConfig, CruiseConfig};
 use cruise_hdfs::FileSystem;
 
 use crate::apps::{self, App};
+use crate::emulate;
 use crate::os;
 use crate::peer::{DataPlane, PeerSettings};
 use crate::protocol::{
@@ -117,6 +118,9 @@ pub struct EvaluatorEnv {
     pub secret: Secret,
     /// The container id.
     pub container_id: String,
+    /// What an emulated cluster limits this container to (`process`
+    /// mechanism; unlimited otherwise).
+    pub throttle: emulate::Throttle,
 }
 
 impl EvaluatorEnv {
@@ -147,11 +151,30 @@ impl EvaluatorEnv {
                 var: ENV_CONTAINER_ID,
                 reason: "not set (nor CONTAINER_ID or MESOS_TASK_ID)".into(),
             })?;
+        let limit = |var: &'static str| -> Result<Option<f64>, EvaluatorError> {
+            env.get(var)
+                .filter(|v| !v.is_empty())
+                .map(|v| {
+                    v.trim()
+                        .parse::<f64>()
+                        .ok()
+                        .filter(|x| x.is_finite() && *x > 0.0)
+                        .ok_or(EvaluatorError::Env {
+                            var,
+                            reason: format!("{v:?} is not a positive number"),
+                        })
+                })
+                .transpose()
+        };
         Ok(EvaluatorEnv {
             am_addr: get(ENV_AM_ADDR)?,
             job_id: get(ENV_JOB_ID)?,
             secret,
             container_id,
+            throttle: emulate::Throttle {
+                cpu: limit(emulate::ENV_CPU)?,
+                bytes_per_sec: limit(emulate::ENV_BANDWIDTH)?,
+            },
         })
     }
 }
@@ -185,6 +208,16 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> Result<(), EvaluatorError> {
     let defaults = ChannelConfig::default();
+    if env.throttle.is_limited() {
+        emulate::install(env.throttle).map_err(|other| EvaluatorError::Env {
+            var: emulate::ENV_CPU,
+            reason: format!(
+                "this process already emulates {other:?}, not {:?}",
+                env.throttle
+            ),
+        })?;
+        tracing::info!(throttle = ?env.throttle, "emulating a slower container in-process");
+    }
     let connect_timeout = Duration::from_millis(defaults.connect_timeout_ms);
     let stream = connect_with_retry(&env.am_addr, connect_timeout).await?;
     let io = |context: &str| {
@@ -224,10 +257,12 @@ pub async fn run(
         "control channel to the AM".to_string(),
     );
     // A short CPU calibration, so the optimizer can compare containers it
-    // has not yet seen compute.
+    // has not yet seen compute (scaled to an in-process emulated share, as
+    // a cgroup quota would make it measure).
     let cpu_speed = tokio::task::spawn_blocking(|| os::cpu_speed(CALIBRATION))
         .await
-        .unwrap_or(0.0);
+        .unwrap_or(0.0)
+        * emulate::cpu_share();
     to_am
         .send(EvalToAm::Register {
             data_addr,

@@ -12,8 +12,10 @@
 //! - [`ps`]: parameter-server roles (the worker loop, server metrics).
 //! - [`apps`]: the ML applications and their data generators.
 //! - [`evaluator`]: the evaluator's event loop and process entry point.
+//! - [`emulate`]: in-process throttling of an emulated slower container.
 
 pub mod apps;
+pub mod emulate;
 pub mod evaluator;
 pub mod os;
 pub mod peer;

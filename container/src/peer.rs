@@ -38,12 +38,17 @@ use tokio_util::codec::Framed;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::emulate::Throttled;
 use crate::protocol::{
     self, BlockId, BulkToDest, BulkToSource, EvalToAm, EvaluatorId, Faults, FrameCodec,
     FrameOptions, INPUT_TABLE, LinkSample, PeerRequest, PeerResponse, Purpose, RemoteError,
     STATE_TABLE, Secret, TableId, ToClient, ToOwner,
 };
 use crate::store::{self, BlockData, OpKind, PartResult, Pending, Store, StoreOp};
+
+/// A data-plane connection (paced when an emulated cluster limits this
+/// container's bandwidth in-process).
+type Stream = Throttled<TcpStream>;
 
 /// Most times a retryable part is sent again before the error is returned.
 const MAX_RETRIES: u32 = 30;
@@ -492,7 +497,7 @@ impl DataPlane {
         report: &mpsc::Sender<EvalToAm>,
     ) -> Result<u64, PeerError> {
         let addr = self.addr_of(to).ok_or(PeerError::UnknownPeer(to))?;
-        let mut bulk: Framed<TcpStream, FrameCodec<BulkToDest, BulkToSource>> =
+        let mut bulk: Framed<Stream, FrameCodec<BulkToDest, BulkToSource>> =
             self.open(to, addr, Purpose::Bulk).await?;
         let mut total = 0u64;
         for &block in blocks {
@@ -516,7 +521,7 @@ impl DataPlane {
     /// stream failed after the block had landed (then the error is returned).
     async fn move_one(
         &self,
-        bulk: &mut Framed<TcpStream, FrameCodec<BulkToDest, BulkToSource>>,
+        bulk: &mut Framed<Stream, FrameCodec<BulkToDest, BulkToSource>>,
         move_id: u64,
         table: TableId,
         block: BlockId,
@@ -626,7 +631,7 @@ impl DataPlane {
 
     async fn stream_block(
         &self,
-        bulk: &mut Framed<TcpStream, FrameCodec<BulkToDest, BulkToSource>>,
+        bulk: &mut Framed<Stream, FrameCodec<BulkToDest, BulkToSource>>,
         move_id: u64,
         table: TableId,
         block: BlockId,
@@ -691,12 +696,12 @@ impl DataPlane {
         peer: EvaluatorId,
         addr: SocketAddr,
         purpose: Purpose,
-    ) -> Result<Framed<TcpStream, FrameCodec<Out, In>>, PeerError> {
+    ) -> Result<Framed<Stream, FrameCodec<Out, In>>, PeerError> {
         let s = &self.inner.settings;
         let connect = async {
             let stream = TcpStream::connect(addr).await?;
             stream.set_nodelay(true)?;
-            Ok::<_, std::io::Error>(stream)
+            Ok::<_, std::io::Error>(Throttled::new(stream))
         };
         let stream = tokio::time::timeout(s.connect_timeout, connect)
             .await
@@ -843,7 +848,7 @@ impl DataPlane {
         let s = &self.inner.settings;
         // Both kinds of connection share a handshake; the hello says which.
         let (id, framed) = match protocol::auth::accept::<_, ToClient, ToOwner>(
-            stream,
+            Throttled::new(stream),
             &s.secret,
             &s.job_id,
             s.frames,
@@ -882,7 +887,7 @@ impl DataPlane {
     async fn serve_requests(
         &self,
         peer: EvaluatorId,
-        framed: Framed<TcpStream, FrameCodec<ToClient, ToOwner>>,
+        framed: Framed<Stream, FrameCodec<ToClient, ToOwner>>,
     ) {
         let (sink, mut stream) = framed.split();
         let conn_cancel = self.inner.cancel.child_token();
@@ -1001,7 +1006,7 @@ impl DataPlane {
     async fn serve_bulk(
         &self,
         peer: EvaluatorId,
-        framed: Framed<TcpStream, FrameCodec<BulkToSource, BulkToDest>>,
+        framed: Framed<Stream, FrameCodec<BulkToSource, BulkToDest>>,
     ) {
         let (mut sink, mut stream) = framed.split();
         let mut current: Option<Arriving> = None;

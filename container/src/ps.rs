@@ -544,8 +544,10 @@ pub async fn run_worker(mut ctx: WorkerContext) -> Result<(), PsError> {
                         message: format!("compute task failed: {e}"),
                     })?
             };
+            let cpu_secs = t1.elapsed().as_secs_f64();
+            comp_ema = Some(comp_ema.map_or(cpu_secs, |c| 0.8 * c + 0.2 * cpu_secs));
+            crate::emulate::stretch_compute(t1.elapsed()).await;
             let comp_secs = t1.elapsed().as_secs_f64();
-            comp_ema = Some(comp_ema.map_or(comp_secs, |c| 0.8 * c + 0.2 * comp_secs));
             let Some((deltas, stats)) = out else {
                 // The block's state moved away mid-way: skip this mini-batch.
                 refill(&mut ahead, &mut cursor, depth.max(1), pushed);

@@ -9,7 +9,8 @@
 //! environment.
 //!
 //! Implementations:
-//! - [`local`]: evaluator processes on this machine (the embedded default).
+//! - [`local`]: evaluator processes on this machine (the embedded default),
+//!   optionally on an emulated cluster of unequal containers ([`emulation`]).
 //! - [`yarn`]: the YARN RM REST API (submission, capacity, application
 //!   state) and the YARN Services REST API (the evaluator component: create,
 //!   flex, decommission, destroy).
@@ -20,6 +21,7 @@
 //! between several server addresses, bounded retries with backoff, and
 //! errors naming the endpoint and status.
 
+pub mod emulation;
 pub mod http;
 pub mod local;
 pub mod mesos;
@@ -200,6 +202,9 @@ pub enum RmError {
         /// What is wrong with it.
         detail: String,
     },
+    /// The emulated cluster (`[emulation]`) could not be set up.
+    #[error("emulated cluster: {0}")]
+    Emulation(String),
     /// Anything else, with context.
     #[error("{0}")]
     Other(String),
@@ -222,4 +227,10 @@ pub trait ResourceManager: Send + Sync {
 
     /// Releases every container, waits for them to end, and stops.
     async fn shutdown(&self) -> Result<(), RmError>;
+
+    /// The emulated cluster its containers run on, in words (mechanism and
+    /// shapes), if any. Only the local runtime emulates.
+    fn emulation(&self) -> Option<String> {
+        None
+    }
 }

@@ -6,6 +6,11 @@
 //! the grace period. Each container's stdout and stderr go to files in
 //! `<work dir>/containers/<id>/`; when a container ends, its exit status and
 //! the tail of its stderr are reported in [`RmEvent::Completed`].
+//!
+//! With an [`Emulation`] the actor also owns the emulated cluster: each
+//! container is placed (its namespace and cgroup, or its throttling
+//! environment) before its process starts, released when it ends, and the
+//! rest is removed when the actor stops.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -20,6 +25,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::emulation::{Emulation, Placement};
 use crate::{
     Capacity, ContainerId, ContainerRequest, ExitStatus, LaunchSpec, ResourceManager, RmError,
     RmEvent,
@@ -71,6 +77,7 @@ enum Internal {
 pub struct LocalRm {
     cmd: mpsc::Sender<Cmd>,
     actor: std::sync::Mutex<Option<JoinHandle<()>>>,
+    emulation: Option<String>,
 }
 
 impl LocalRm {
@@ -80,7 +87,20 @@ impl LocalRm {
         launch: LaunchSpec,
         events: mpsc::UnboundedSender<RmEvent>,
     ) -> LocalRm {
+        Self::start_emulated(config, launch, events, None)
+    }
+
+    /// Starts the actor with its containers on an emulated cluster (prepared
+    /// beforehand: under the kernel mechanism the AM must listen on the
+    /// bridge before evaluators start). The actor owns it from now on.
+    pub fn start_emulated(
+        config: LocalConfig,
+        launch: LaunchSpec,
+        events: mpsc::UnboundedSender<RmEvent>,
+        emulation: Option<Emulation>,
+    ) -> LocalRm {
         let (cmd_tx, cmd_rx) = mpsc::channel(64);
+        let description = emulation.as_ref().map(Emulation::describe);
         let actor = Actor {
             config,
             launch,
@@ -91,11 +111,13 @@ impl LocalRm {
             tracker: TaskTracker::new(),
             timers: CancellationToken::new(),
             generation: 0,
+            emulation,
         };
         let handle = tokio::spawn(actor.run(cmd_rx));
         LocalRm {
             cmd: cmd_tx,
             actor: std::sync::Mutex::new(Some(handle)),
+            emulation: description,
         }
     }
 
@@ -126,6 +148,10 @@ impl ResourceManager for LocalRm {
 
     async fn capacity(&self) -> Result<Capacity, RmError> {
         self.call(Cmd::Capacity).await
+    }
+
+    fn emulation(&self) -> Option<String> {
+        self.emulation.clone()
     }
 
     async fn shutdown(&self) -> Result<(), RmError> {
@@ -161,6 +187,8 @@ struct Actor {
     /// Bumped at every capacity change; a reclaim deadline of an older
     /// change is ignored.
     generation: u64,
+    /// The emulated cluster, if any.
+    emulation: Option<Emulation>,
 }
 
 impl Actor {
@@ -251,6 +279,9 @@ impl Actor {
         }
         self.tracker.close();
         self.tracker.wait().await;
+        if let Some(e) = &mut self.emulation {
+            e.shutdown();
+        }
         if let Some(reply) = shutting_down {
             let _ = reply.send(());
         }
@@ -329,17 +360,32 @@ impl Actor {
             self.pending -= 1;
             self.seq += 1;
             let id = format!("{}_{:06}", self.config.id_prefix, self.seq);
-            self.launch_one(id, int_tx);
+            let seq = self.seq;
+            self.launch_one(id, seq, int_tx);
         }
     }
 
-    fn launch_one(&mut self, id: ContainerId, int_tx: &mpsc::UnboundedSender<Internal>) {
+    fn launch_one(&mut self, id: ContainerId, seq: u64, int_tx: &mpsc::UnboundedSender<Internal>) {
         let _ = self.events.send(RmEvent::Allocated {
             container: id.clone(),
             host: "localhost".into(),
         });
         let dir = self.launch.work_dir.join("containers").join(&id);
-        match spawn(&self.launch, &id, &dir) {
+        let placement = match self.emulation.as_mut().map(|e| e.place(&id, seq)) {
+            None => Ok(Placement::default()),
+            Some(Ok(p)) => {
+                tracing::info!(container = %id, "emulated: {}", p.note);
+                Ok(p)
+            }
+            Some(Err(e)) => Err(e),
+        };
+        let spawned = placement.and_then(|p| spawn(&self.launch, &id, &dir, p));
+        if spawned.is_err()
+            && let Some(e) = &mut self.emulation
+        {
+            e.release(&id);
+        }
+        match spawned {
             Ok(mut child) => {
                 let pid = child.id();
                 self.running.insert(
@@ -407,6 +453,9 @@ impl Actor {
         let Some(p) = self.running.remove(&id) else {
             return;
         };
+        if let Some(e) = &mut self.emulation {
+            e.release(&id);
+        }
         let exit = match status {
             Ok(s) => {
                 use std::os::unix::process::ExitStatusExt;
@@ -435,7 +484,13 @@ impl Actor {
     }
 }
 
-fn spawn(launch: &LaunchSpec, id: &str, dir: &Path) -> Result<tokio::process::Child, RmError> {
+fn spawn(
+    launch: &LaunchSpec,
+    id: &str,
+    dir: &Path,
+    placement: Placement,
+) -> Result<tokio::process::Child, RmError> {
+    use std::os::fd::AsRawFd;
     let fail = |source: std::io::Error| RmError::Launch {
         program: launch.program.clone(),
         source,
@@ -443,17 +498,43 @@ fn spawn(launch: &LaunchSpec, id: &str, dir: &Path) -> Result<tokio::process::Ch
     std::fs::create_dir_all(dir).map_err(fail)?;
     let stdout = std::fs::File::create(dir.join("stdout")).map_err(fail)?;
     let stderr = std::fs::File::create(dir.join("stderr")).map_err(fail)?;
-    tokio::process::Command::new(&launch.program)
-        .args(&launch.args)
+    let mut cmd = tokio::process::Command::new(&launch.program);
+    cmd.args(&launch.args)
         .envs(&launch.env)
+        .envs(placement.env.iter().map(|(k, v)| (k, v)))
         .env(CONTAINER_ID_ENV, id)
         .current_dir(dir)
         .stdin(Stdio::null())
         .stdout(Stdio::from(stdout))
         .stderr(Stdio::from(stderr))
-        .kill_on_drop(true)
-        .spawn()
-        .map_err(fail)
+        .kill_on_drop(true);
+    let cgroup = placement.cgroup_procs.as_ref().map(|f| f.as_raw_fd());
+    let netns = placement.netns.as_ref().map(|f| f.as_raw_fd());
+    if cgroup.is_some() || netns.is_some() {
+        // SAFETY: between fork and exec the closure only makes two
+        // async-signal-safe system calls on descriptors opened before the
+        // fork (kept open by `placement` until `spawn` returns): writing "0"
+        // to a cgroup's `cgroup.procs` moves the calling process into it,
+        // and `setns` moves it into the container's network namespace.
+        unsafe {
+            cmd.pre_exec(move || {
+                if let Some(fd) = cgroup
+                    && libc::write(fd, b"0".as_ptr().cast(), 1) != 1
+                {
+                    return Err(std::io::Error::last_os_error());
+                }
+                if let Some(fd) = netns
+                    && libc::setns(fd, libc::CLONE_NEWNET) != 0
+                {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    }
+    let child = cmd.spawn().map_err(fail);
+    drop(placement);
+    child
 }
 
 /// The last lines of a file (at most a few KiB), for diagnostics.
@@ -500,6 +581,16 @@ mod tests {
         program: &str,
         args: &[&str],
     ) -> (LocalRm, mpsc::UnboundedReceiver<RmEvent>) {
+        rm_on(dir, max, program, args, None)
+    }
+
+    fn rm_on(
+        dir: &Path,
+        max: u32,
+        program: &str,
+        args: &[&str],
+        emulation: Option<Emulation>,
+    ) -> (LocalRm, mpsc::UnboundedReceiver<RmEvent>) {
         let (tx, rx) = mpsc::unbounded_channel();
         let cfg = LocalConfig {
             max_containers: max,
@@ -508,7 +599,17 @@ mod tests {
             capacity_schedule: Vec::new(),
             reclaim_deadline: Duration::from_secs(30),
         };
-        (LocalRm::start(cfg, spec(dir, program, args), tx), rx)
+        let launch = spec(dir, program, args);
+        (LocalRm::start_emulated(cfg, launch, tx, emulation), rx)
+    }
+
+    fn one_container() -> ContainerRequest {
+        ContainerRequest {
+            count: 1,
+            memory_mb: 64,
+            cores: 1,
+            hosts: vec![],
+        }
     }
 
     async fn next_completed(
@@ -540,14 +641,7 @@ mod tests {
                 "echo \"$GREETING from $CRUISE_CONTAINER_ID\" >&2; exit 3",
             ],
         );
-        rm.request(ContainerRequest {
-            count: 1,
-            memory_mb: 64,
-            cores: 1,
-            hosts: vec![],
-        })
-        .await
-        .unwrap();
+        rm.request(one_container()).await.unwrap();
         let (id, exit, diag, released) = next_completed(&mut rx).await;
         assert_eq!(exit, ExitStatus::Code(3));
         assert_eq!(diag, format!("hello from {id}"));
@@ -568,14 +662,7 @@ mod tests {
                 "trap '' TERM; echo ready; while true; do sleep 0.05; done",
             ],
         );
-        rm.request(ContainerRequest {
-            count: 1,
-            memory_mb: 64,
-            cores: 1,
-            hosts: vec![],
-        })
-        .await
-        .unwrap();
+        rm.request(one_container()).await.unwrap();
         let id = loop {
             if let Some(RmEvent::Running { container, .. }) = rx.recv().await {
                 break container;
@@ -648,14 +735,7 @@ mod tests {
     async fn bad_program_reported() {
         let dir = tempfile::tempdir().unwrap();
         let (rm, mut rx) = rm(dir.path(), 1, "/nonexistent/evaluator", &[]);
-        rm.request(ContainerRequest {
-            count: 1,
-            memory_mb: 64,
-            cores: 1,
-            hosts: vec![],
-        })
-        .await
-        .unwrap();
+        rm.request(one_container()).await.unwrap();
         let (_, exit, diag, _) = next_completed(&mut rx).await;
         assert_eq!(exit, ExitStatus::Unknown);
         assert!(diag.contains("/nonexistent/evaluator"), "{diag}");
@@ -773,6 +853,94 @@ mod tests {
             "the newest go first"
         );
         rm.shutdown().await.unwrap();
+    }
+
+    /// Under the kernel mechanism a container's process runs in its own
+    /// network namespace, behind its token-bucket filters and in its cgroup,
+    /// and all of it is gone once the container ends and the runtime stops.
+    /// Needs root (skipped otherwise; CI runs as root).
+    #[tokio::test]
+    async fn kernel_emulation_places_containers_and_cleans_up() {
+        use crate::emulation::{
+            CgroupCpu, Choice, EmulationSpec, HostFacts, Mechanism, ProcessEnv, Shape,
+        };
+        let facts = HostFacts::probe();
+        if !facts.root || facts.ip.is_none() || facts.tc.is_none() || facts.cgroup.is_none() {
+            eprintln!(
+                "skipped: the kernel emulation needs root, ip, tc and a cgroup cpu controller ({facts:?})"
+            );
+            return;
+        }
+        let emu_spec = EmulationSpec {
+            shapes: vec![Shape {
+                cpu: Some(0.5),
+                bits_per_sec: Some(5e7),
+            }],
+            choice: Choice::Kernel,
+            subnet: [10, 78, 251],
+            cpu_period: Duration::from_millis(10),
+            env: ProcessEnv {
+                cpu: "CPU".into(),
+                bytes_per_sec: "BW".into(),
+            },
+        };
+        let emulation = Emulation::prepare(emu_spec).unwrap();
+        assert_eq!(emulation.mechanism(), Mechanism::Kernel);
+        assert_eq!(
+            emulation.am_ip(),
+            Some(std::net::Ipv4Addr::new(10, 78, 251, 1))
+        );
+        let tag = std::process::id();
+        let bridge = format!("crb{tag}");
+        let netns = format!("cruise-{tag}-1");
+        let links = || {
+            std::process::Command::new("ip")
+                .args(["-o", "link", "show"])
+                .output()
+                .map(|o| String::from_utf8_lossy(&o.stdout).to_string())
+                .unwrap_or_default()
+        };
+        assert!(links().contains(&bridge), "no bridge {bridge}");
+
+        let dir = tempfile::tempdir().unwrap();
+        let script =
+            "ip -o -4 addr show; tc qdisc show dev eth0; grep -E ':cpu(,|:)' /proc/self/cgroup";
+        let (rm, mut rx) = rm_on(dir.path(), 1, "/bin/sh", &["-c", script], Some(emulation));
+        assert!(rm.emulation().is_some_and(|e| e.starts_with("kernel")));
+        rm.request(one_container()).await.unwrap();
+        let (id, exit, diag, _) = next_completed(&mut rx).await;
+        assert_eq!(exit, ExitStatus::Code(0), "{diag}");
+        let out = std::fs::read_to_string(dir.path().join("containers").join(&id).join("stdout"))
+            .unwrap();
+        assert!(
+            out.contains("10.78.251.2/24"),
+            "not in its namespace: {out}"
+        );
+        assert!(!out.contains("10.78.251.1/"), "sees the bridge: {out}");
+        assert!(out.contains("tbf") && out.contains("50Mbit"), "{out}");
+        assert!(out.contains(&netns), "not in its cgroup: {out}");
+
+        // The container ended: its namespace is gone; the bridge stays
+        // until the runtime stops.
+        let namespaces = std::fs::read_dir("/run/netns")
+            .map(|d| {
+                d.flatten()
+                    .map(|e| e.file_name().to_string_lossy().to_string())
+                    .collect::<Vec<_>>()
+            })
+            .unwrap_or_default();
+        assert!(!namespaces.contains(&netns), "{namespaces:?}");
+        assert!(links().contains(&bridge));
+        rm.shutdown().await.unwrap();
+        assert!(!links().contains(&bridge), "bridge left behind");
+        assert!(!links().contains(&format!("crv{tag}x")), "veth left behind");
+        if let Some(CgroupCpu::V1(root) | CgroupCpu::V2(root)) = &facts.cgroup {
+            assert!(
+                !root.join(&netns).exists(),
+                "cgroup left behind in {}",
+                root.display()
+            );
+        }
     }
 
     #[test]

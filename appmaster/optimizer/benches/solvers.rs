@@ -14,6 +14,7 @@ fn job(n: usize) -> Job {
         total_records: 1_000_000,
         mini_batch_size: 1_000,
         bytes_per_mini_batch: 4.0e6,
+        link_bytes_per_mini_batch: None,
         input_blocks: (4 * n) as u32,
         model_blocks: (2 * n) as u32,
         remaining_epochs: 100.0,

@@ -4,8 +4,8 @@
 //! holding model share `m_j` (fraction of the model blocks), per mini-batch:
 //!
 //! ```text
-//! server_bound_ij = w · m_j · M · (1/b_ij + p_j)      (server j's link and CPU, shared by all workers)
-//! worker_bound_i  = Σ_j m_j · M / b_ij               (worker i's own link)
+//! server_bound_ij = w · m_j · (M'/b_j + M·p_j)       (server j's link and CPU, shared by all workers)
+//! worker_bound_i  = Σ_j m_j · M' / b_i  = M' / b_i   (worker i's own link, to all servers at once)
 //! comm_i          = max( max_j server_bound_ij, worker_bound_i ) + λ
 //! comp_i          = c_i · d_i,   comm_i^epoch = ⌈d_i / B⌉ · comm_i
 //! C_i             = max(comp_i, comm_i^epoch) + f · min(comp_i, comm_i^epoch)
@@ -18,9 +18,17 @@
 //! still adds up (`f`, [`Job::serial_fraction`]) and the round-trip latency the
 //! bandwidth does not explain (`λ`, [`Job::latency_secs_per_mini_batch`]).
 //!
-//! `M` is the bytes a worker exchanges per mini-batch (pull + push), `c_i` the compute
-//! seconds per record, `p_j` the server's processing seconds per byte and `b_ij` the
-//! measured link bandwidth (or `min(b_i, b_j)`). Records come in whole input blocks of
+//! `M` is the bytes a worker exchanges per mini-batch (pull + push), which servers
+//! process; `M'` the part on the busier direction of a link (the larger of pull and
+//! push: links carry both directions at once, and their bandwidth is measured in one;
+//! `M` when unknown); `c_i` the compute seconds per record, `p_j` the server's
+//! processing seconds per byte and `b_i`, `b_j` each container's own link bandwidth.
+//! Where the link between `i` and `j` was measured and is slower, its bandwidth `b_ij`
+//! replaces `b_i` and `b_j` for that pair (a link never carries more than either
+//! end's own). (With equal containers the link terms are Cruise's. Pricing every pair
+//! at `min(b_i, b_j)` instead, as before, charged a server's link at a slow worker's
+//! speed times every worker, and a fast worker's transfers to slow servers as if made
+//! one after another.) Records come in whole input blocks of
 //! `D / K` records, model shares in whole blocks of `1 / L`. A worker with no block is
 //! inactive (it neither computes nor talks), a server with no block is not asked.
 //! The [`CostModel`] owns the resolved per-container numbers after the fallbacks for
@@ -132,7 +140,8 @@ pub struct CostModel {
     /// monotonically), with no division on the solvers' hot path.
     inv_bandwidth: Vec<f64>,
     server_proc: Vec<f64>,
-    /// Row-major `n × n` seconds per byte `1 / b_ij`, only when links were measured.
+    /// Row-major `n × n` seconds per byte `1 / b_ij` of measured links (0 where not
+    /// measured), only when some link was measured.
     inv_links: Option<Vec<f64>>,
 }
 
@@ -195,22 +204,14 @@ impl CostModel {
                 .enumerate()
                 .map(|(i, s)| (s.as_str(), i))
                 .collect();
-            let mut m = vec![0.0; n * n];
-            let mut measured = vec![false; n * n];
-            for i in 0..n {
-                for j in 0..n {
-                    m[i * n + j] = 1.0 / bandwidth[i].min(bandwidth[j]);
-                }
-            }
+            // 0: not measured (the endpoints' own links apply).
+            let mut m = vec![0.0f64; n * n];
             for l in &snapshot.links {
                 if let (Some(&i), Some(&j)) = (index.get(l.from.as_str()), index.get(l.to.as_str()))
                 {
-                    if !measured[i * n + j] || 1.0 / l.bytes_per_sec > m[i * n + j] {
-                        m[i * n + j] = 1.0 / l.bytes_per_sec;
-                        m[j * n + i] = 1.0 / l.bytes_per_sec;
-                    }
-                    measured[i * n + j] = true;
-                    measured[j * n + i] = true;
+                    let inv = (1.0 / l.bytes_per_sec).max(m[i * n + j]);
+                    m[i * n + j] = inv;
+                    m[j * n + i] = inv;
                 }
             }
             Some(m)
@@ -289,13 +290,45 @@ impl CostModel {
         self.ids.is_empty()
     }
 
-    /// Seconds per byte between containers `i` and `j`.
+    /// The measured seconds per byte between `i` and `j`, if their link was measured.
     #[inline]
-    pub(crate) fn inv_bw(&self, i: usize, j: usize) -> f64 {
-        match &self.inv_links {
-            Some(m) => m[i * self.ids.len() + j],
-            None => self.inv_bandwidth[i].max(self.inv_bandwidth[j]),
-        }
+    fn measured_inv(&self, i: usize, j: usize) -> Option<f64> {
+        self.inv_links
+            .as_ref()
+            .map(|m| m[i * self.ids.len() + j])
+            .filter(|v| *v > 0.0)
+    }
+
+    /// Seconds per byte of server `j`'s side of worker `i`'s traffic: the server's own
+    /// link (which all its workers share; the worker's side is
+    /// [`CostModel::inv_wrk`]), or the link measured between them when that is slower.
+    #[inline]
+    pub(crate) fn inv_srv(&self, i: usize, j: usize) -> f64 {
+        let own = self.inv_bandwidth[j];
+        self.measured_inv(i, j).map_or(own, |m| m.max(own))
+    }
+
+    /// Seconds per byte of worker `i`'s side of its traffic with server `j`: the
+    /// worker's own link (it talks to all its servers at once, so its link carries the
+    /// sum), or the link measured between them when that is slower.
+    #[inline]
+    pub(crate) fn inv_wrk(&self, i: usize, j: usize) -> f64 {
+        let own = self.inv_bandwidth[i];
+        self.measured_inv(i, j).map_or(own, |m| m.max(own))
+    }
+
+    /// What one model block on server `j` costs worker `i` per mini-batch, seconds:
+    /// `(server-bound per active worker, worker-bound)` =
+    /// `((M'/b_srv + M·p_j) / L, M' / (b_wrk·L))`.
+    #[inline]
+    pub(crate) fn block_costs(&self, i: usize, j: usize) -> (f64, f64) {
+        let l_total = f64::from(self.job.model_blocks);
+        let per_block = self.job.bytes_per_mini_batch / l_total;
+        let per_block_link = self.job.link_bytes() / l_total;
+        (
+            per_block_link * self.inv_srv(i, j) + per_block * self.server_proc[j],
+            per_block_link * self.inv_wrk(i, j),
+        )
     }
 
     /// Records in `k` input blocks.
@@ -349,8 +382,6 @@ impl CostModel {
         w: usize,
         servers: &[(usize, u32)],
     ) -> (f64, Option<usize>) {
-        let m_bytes = self.job.bytes_per_mini_batch;
-        let l_total = f64::from(self.job.model_blocks);
         let mut worst = 0.0f64;
         let mut worst_j = None;
         let mut own = 0.0f64;
@@ -358,14 +389,13 @@ impl CostModel {
             if l == 0 {
                 continue;
             }
-            let share = f64::from(l) / l_total;
-            let inv = self.inv_bw(i, j);
-            let sb = w as f64 * share * m_bytes * (inv + self.server_proc[j]);
+            let (a, b) = self.block_costs(i, j);
+            let sb = w as f64 * f64::from(l) * a;
             if sb > worst || worst_j.is_none() {
                 worst = sb;
                 worst_j = Some(j);
             }
-            own += share * m_bytes * inv;
+            own += f64::from(l) * b;
         }
         if own > worst {
             (own, None)
@@ -525,6 +555,7 @@ mod tests {
             total_records: d,
             mini_batch_size: b,
             bytes_per_mini_batch: m,
+            link_bytes_per_mini_batch: None,
             input_blocks: k,
             model_blocks: l,
             remaining_epochs: 10.0,
@@ -548,58 +579,56 @@ mod tests {
             },
             containers: vec![
                 container("w1", Role::Worker, Some(0.01), 1000.0, None),
-                container("w2", Role::Worker, Some(0.02), 500.0, None),
+                container("w2", Role::Worker, Some(0.015), 500.0, None),
                 container("s1", Role::Server, None, 1000.0, Some(0.001)),
                 container("s2", Role::Server, None, 2000.0, Some(0.0)),
             ],
             links,
         };
         let model = CostModel::new(&snap).unwrap();
-        let target: Target = [
+        let target = target(&[
             ("w1", Role::Worker, 6, 0),
             ("w2", Role::Worker, 4, 0),
             ("s1", Role::Server, 0, 1),
             ("s2", Role::Server, 0, 3),
-        ]
-        .into_iter()
-        .map(|(id, role, k, l)| {
-            (
-                id.to_string(),
-                Placement {
-                    role,
-                    input_blocks: k,
-                    model_blocks: l,
-                },
-            )
-        })
-        .collect();
+        ]);
         (model, target)
+    }
+
+    /// A target from `(id, role, input blocks, model blocks)`.
+    fn target(placements: &[(&str, Role, u32, u32)]) -> Target {
+        placements
+            .iter()
+            .map(|&(id, role, k, l)| {
+                (
+                    id.to_string(),
+                    Placement {
+                        role,
+                        input_blocks: k,
+                        model_blocks: l,
+                    },
+                )
+            })
+            .collect()
     }
 
     fn close(a: f64, b: f64) {
         assert!((a - b).abs() <= 1e-9 * b.abs().max(1.0), "{a} != {b}");
     }
 
-    // Hand computation (w = 2 workers, M = 1000 B):
-    // w1: b=1000 to both servers. server-bound s1 = 2·0.25·1000·(1/1000+0.001) = 1.0,
-    //     s2 = 2·0.75·1000·(1/1000) = 1.5, worker-bound = 1000/1000 = 1.0 → g = 1.5 (s2).
-    //     600 records: comp 6, 6 batches → comm 9, total 15.
-    // w2: b=500 to both. s1 = 500·(0.002+0.001) = 1.5, s2 = 1500·0.002 = 3.0,
-    //     worker-bound = 0.25·2 + 0.75·2 = 2.0 → g = 3.0 (s2).
-    //     400 records: comp 8, 4 batches → comm 12, total 20 → epoch 20.
-    // The same with latency 0.5 s per mini-batch: w1 comm = 6 · (1.5 + 0.5) = 12,
-    // w2 comm = 4 · (3.0 + 0.5) = 14. Fully overlapped (f = 0): w1 max(6, 12) = 12,
-    // w2 max(8, 14) = 14 → 14. Half (f = 0.5): w1 12 + 3 = 15, w2 14 + 4 = 18 → 18.
-    // Serial (f = 1): w1 18, w2 22 → 22, compute plus communication as in Eq. (4).
+    // The case below with latency 0.5 s per mini-batch: w1 comm = 6 · (1.0 + 0.5) = 9,
+    // w2 comm = 4 · (2.0 + 0.5) = 10. Fully overlapped (f = 0): w1 max(6, 9) = 9,
+    // w2 max(6, 10) = 10 → 10. Half (f = 0.5): w1 9 + 3 = 12, w2 10 + 3 = 13 → 13.
+    // Serial (f = 1): w1 15, w2 16 → 16, compute plus communication as in Eq. (4).
     #[test]
     fn overlap_and_latency_hand_computed() {
-        for (f, epoch, w1) in [(0.0, 14.0, 12.0), (0.5, 18.0, 15.0), (1.0, 22.0, 18.0)] {
+        for (f, epoch, w1) in [(0.0, 10.0, 9.0), (0.5, 13.0, 12.0), (1.0, 16.0, 15.0)] {
             let (model, target) = two_by_two_with(vec![], f, 0.5);
             let b = model.evaluate(&target).unwrap();
             close(b.epoch_secs, epoch);
-            close(b.workers[0].comm_secs, 12.0);
+            close(b.workers[0].comm_secs, 9.0);
             close(b.workers[0].total_secs, w1);
-            close(b.workers[1].comm_secs, 14.0);
+            close(b.workers[1].comm_secs, 10.0);
         }
     }
 
@@ -621,50 +650,100 @@ mod tests {
         }
     }
 
+    // Hand computation (w = 2 workers, M = 1000 B; s1 holds 1/4 of the model at
+    // 1000 B/s and 0.001 s/B, s2 3/4 at 2000 B/s):
+    // w1 (1000 B/s): server-bound s1 = 2·0.25·1000·(1/1000+0.001) = 1.0,
+    //     s2 = 2·0.75·1000/2000 = 0.75, worker-bound = 1000/1000 = 1.0 → g = 1.0 (s1).
+    //     600 records: comp 6, 6 batches → comm 6, total 12.
+    // w2 (500 B/s): the servers' bounds are theirs (1.0, 0.75), its own link
+    //     1000/500 = 2.0 → g = 2.0 (worker-bound).
+    //     400 records: comp 6, 4 batches → comm 8, total 14 → epoch 14.
     #[test]
     fn hand_computed_heterogeneous_case() {
         let (model, target) = two_by_two(vec![]);
         let b = model.evaluate(&target).unwrap();
-        close(b.epoch_secs, 20.0);
+        close(b.epoch_secs, 14.0);
         assert_eq!(b.workers.len(), 2);
         close(b.workers[0].comp_secs, 6.0);
-        close(b.workers[0].comm_secs, 9.0);
+        close(b.workers[0].comm_secs, 6.0);
+        assert_eq!(
+            b.workers[0].comm_bound,
+            CommBound::Server {
+                container: "s1".into()
+            }
+        );
         assert_eq!(b.workers[0].mini_batches, 6);
-        close(b.workers[1].comp_secs, 8.0);
-        close(b.workers[1].comm_secs, 12.0);
+        close(b.workers[1].comp_secs, 6.0);
+        close(b.workers[1].comm_secs, 8.0);
         assert_eq!(
             b.bottleneck,
             Bottleneck::Communication {
                 worker: "w2".into(),
-                bound: CommBound::Server {
-                    container: "s2".into()
-                }
+                bound: CommBound::Worker
             }
         );
         assert_eq!(b.active_servers, 2);
     }
 
-    // With a measured 2000 B/s link w2–s2: s2-bound = 1500/2000 = 0.75, s1-bound 1.5,
-    // worker-bound = 0.25·1000/500 + 0.75·1000/2000 = 0.875 → g = 1.5 (s1), comm 6,
-    // total 14; w1 still 15 → epoch 15, bound by w1's communication via s2.
+    // A measured link slower than both ends prices that pair: 250 B/s between w2 and
+    // s2. s2-bound = 2·0.75·1000/250 = 6.0, s1-bound 1.0, worker-bound =
+    // 0.25·1000/500 + 0.75·1000/250 = 3.5 → g = 6.0 (s2), comm 24, total 30; w1 still
+    // 12 → epoch 30. A measured link faster than an end changes nothing.
     #[test]
-    fn pairwise_link_overrides_min_bandwidth() {
-        let link = Link {
+    fn slower_pairwise_link_overrides_own_links() {
+        let link = |bytes_per_sec| Link {
             from: "s2".into(),
             to: "w2".into(),
-            bytes_per_sec: 2000.0,
+            bytes_per_sec,
         };
-        let (model, target) = two_by_two(vec![link]);
+        let (model, target) = two_by_two(vec![link(250.0)]);
         let b = model.evaluate(&target).unwrap();
-        close(b.workers[1].comm_secs, 6.0);
-        close(b.workers[1].total_secs, 14.0);
+        close(b.workers[1].comm_secs, 24.0);
+        close(b.workers[1].total_secs, 30.0);
         assert_eq!(
             b.workers[1].comm_bound,
             CommBound::Server {
-                container: "s1".into()
+                container: "s2".into()
             }
         );
-        close(b.epoch_secs, 15.0);
+        close(b.epoch_secs, 30.0);
+        let (model, target) = two_by_two(vec![link(1e6)]);
+        close(model.evaluate(&target).unwrap().epoch_secs, 14.0);
+    }
+
+    // A fast worker with slow servers is bound by each server's own link, in
+    // parallel, not by the slow links one after another: 1 worker at 1000 B/s, two
+    // servers at 100 B/s with half the model each, M = 100 B: server-bound
+    // 1·0.5·100/100 = 0.5 each, worker-bound 100/1000 = 0.1 → g = 0.5.
+    #[test]
+    fn slow_servers_are_paid_in_parallel() {
+        let snap = |link_bytes| Snapshot {
+            job: Job {
+                link_bytes_per_mini_batch: link_bytes,
+                ..job(100, 10, 100.0, 2, 2)
+            },
+            containers: vec![
+                container("w", Role::Worker, Some(0.0), 1000.0, None),
+                container("a", Role::Server, None, 100.0, Some(0.001)),
+                container("b", Role::Server, None, 100.0, Some(0.001)),
+            ],
+            links: vec![],
+        };
+        let t = target(&[
+            ("w", Role::Worker, 2, 0),
+            ("a", Role::Server, 0, 1),
+            ("b", Role::Server, 0, 1),
+        ]);
+        let epoch = |link_bytes| {
+            let model = CostModel::new(&snap(link_bytes)).unwrap();
+            model.evaluate(&t).unwrap().epoch_secs
+        };
+        // Server-bound 1·0.5·(100/100 + 100·0.001) = 0.55, worker-bound 100/1000:
+        // 10 batches × 0.55 s.
+        close(epoch(None), 5.5);
+        // Full duplex: 50 of the 100 bytes on the busier direction; the servers still
+        // process all 100. 0.5·(50/100 + 0.1) = 0.3 → 10 × 0.3 s.
+        close(epoch(Some(50.0)), 3.0);
     }
 
     // One worker, two equal servers: server-bound 1·0.5·300/100 = 1.5 < worker-bound

@@ -36,7 +36,8 @@
 //!
 //! let job = Job {
 //!     total_records: 1_000_000, mini_batch_size: 1_000,
-//!     bytes_per_mini_batch: 8.0e6, input_blocks: 256, model_blocks: 64,
+//!     bytes_per_mini_batch: 8.0e6, link_bytes_per_mini_batch: Some(4.0e6),
+//!     input_blocks: 256, model_blocks: 64,
 //!     remaining_epochs: 50.0, input_bytes: 0, model_bytes: 0,
 //!     serial_fraction: 1.0, latency_secs_per_mini_batch: 0.0,
 //! };
@@ -56,7 +57,7 @@
 //! {
 //!   "job": {
 //!     "total_records": 100000, "mini_batch_size": 1000,
-//!     "bytes_per_mini_batch": 4000000.0,
+//!     "bytes_per_mini_batch": 4000000.0, "link_bytes_per_mini_batch": 2000000.0,
 //!     "input_blocks": 8, "model_blocks": 4, "remaining_epochs": 20.0,
 //!     "input_bytes": 800000000, "model_bytes": 40000000
 //!   },

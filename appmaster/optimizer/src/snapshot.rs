@@ -32,8 +32,14 @@ pub struct Job {
     /// Mini-batch size `B` in records.
     pub mini_batch_size: u64,
     /// Bytes one worker exchanges with all servers per mini-batch (pull + push), measured.
-    /// This is the model traffic `M`, split across servers in proportion to their model share.
+    /// This is the model traffic `M`, split across servers in proportion to their model share;
+    /// servers process all of it.
     pub bytes_per_mini_batch: f64,
+    /// Of those, the bytes on the busier direction of a link (the larger of pull and
+    /// push), measured: links carry both directions at once, and bandwidths are measured
+    /// in one. `None`: `bytes_per_mini_batch` (as if both directions shared one channel).
+    #[serde(default)]
+    pub link_bytes_per_mini_batch: Option<f64>,
     /// Number of blocks of the input table (partitions are whole blocks).
     pub input_blocks: u32,
     /// Number of blocks of the model table.
@@ -68,6 +74,13 @@ fn one() -> f64 {
 }
 
 impl Job {
+    /// Bytes per mini-batch on the busier direction of a link
+    /// ([`Job::link_bytes_per_mini_batch`], else [`Job::bytes_per_mini_batch`]).
+    pub fn link_bytes(&self) -> f64 {
+        self.link_bytes_per_mini_batch
+            .unwrap_or(self.bytes_per_mini_batch)
+    }
+
     /// Bytes of one block of `table` (0 when the table size is unknown).
     pub fn block_bytes(&self, table: crate::plan::Table) -> f64 {
         match table {
@@ -123,7 +136,8 @@ pub struct ContainerMetrics {
 
 /// A measured bandwidth between two containers (from real transfers), bytes/s.
 /// Looked up in either direction (pulls and pushes use both); when a pair has several
-/// entries the slowest is used; pairs without an entry use `min(b_i, b_j)`.
+/// entries the slowest is used. A measured link only matters where it is slower than
+/// its ends' own bandwidths, which price each end's side of a pair without an entry.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Link {
@@ -174,6 +188,9 @@ impl Snapshot {
             ));
         }
         non_negative("job.bytes_per_mini_batch", j.bytes_per_mini_batch)?;
+        if let Some(v) = j.link_bytes_per_mini_batch {
+            non_negative("job.link_bytes_per_mini_batch", v)?;
+        }
         non_negative("job.remaining_epochs", j.remaining_epochs)?;
         if !(0.0..=1.0).contains(&j.serial_fraction) {
             return Err(OptimizerError::invalid(

@@ -5,7 +5,7 @@
 //!   `(W, S)` so a what-if tool can print them all.
 //! * [`solve_for_roles`] — given roles, the best whole-block partitioning. A fast
 //!   heuristic first: model blocks go to servers greedily in proportion to their
-//!   capacity (`1 / max_i(1/b_ij + p_j)`, which minimises the largest server-bound term),
+//!   capacity (`1 / max_i(1/b_j + p_j)`, which minimises the largest server-bound term),
 //!   then single-block moves between servers while they lower the epoch time. Then an
 //!   exact branch and bound over the model split (module `split`), pruned by lower
 //!   bounds on each worker's communication. Input blocks always go to workers by an
@@ -105,6 +105,7 @@ pub fn solve_homogeneous(
     let (k_total, l_total) = (job.input_blocks as usize, job.model_blocks as usize);
     let per_byte = 1.0 / u.bandwidth_bytes_per_sec;
     let m_bytes = job.bytes_per_mini_batch;
+    let link_bytes = job.link_bytes();
     let mut splits = Vec::with_capacity(containers - 1);
     for workers in 1..containers {
         let servers = containers - workers;
@@ -114,9 +115,9 @@ pub fn solve_homogeneous(
         let l = l_total.div_ceil(s) as f64;
         let records = job.total_records as f64 * f64::from(k) / k_total as f64;
         let nb = crate::cost::batches(job, k) as f64;
-        let server_bound =
-            w as f64 * l / l_total as f64 * m_bytes * (per_byte + u.server_secs_per_byte);
-        let worker_bound = m_bytes * per_byte;
+        let server_bound = w as f64 * l / l_total as f64
+            * (link_bytes * per_byte + m_bytes * u.server_secs_per_byte);
+        let worker_bound = link_bytes * per_byte;
         let comp = u.compute_secs_per_record * records;
         let comm = nb * (server_bound.max(worker_bound) + job.latency_secs_per_mini_batch);
         splits.push(Split {
@@ -300,7 +301,7 @@ pub fn solve_heterogeneous_with(
         .collect();
     // Seconds per record a container would need as a worker talking to an equal peer.
     let job = model.job();
-    let per_record_comm = job.bytes_per_mini_batch / job.mini_batch_size as f64;
+    let per_record_comm = job.link_bytes() / job.mini_batch_size as f64;
     let work_cost: Vec<f64> = (0..n)
         .map(|i| model.compute_secs_per_record(i) + per_record_comm / model.bandwidth(i))
         .collect();
@@ -611,12 +612,14 @@ impl<'a> Search<'a> {
         if workers.is_empty() || servers.is_empty() || workers.len() > k_total as usize {
             return None;
         }
-        // Per-byte cost of each server towards its worst worker.
+        // Per-block serving cost of each server towards its worst worker.
         let weight: Vec<f64> = servers
             .iter()
             .map(|&j| {
-                workers.iter().map(|&i| m.inv_bw(i, j)).fold(0.0, f64::max)
-                    + m.server_secs_per_byte(j)
+                workers
+                    .iter()
+                    .map(|&i| m.block_costs(i, j).0)
+                    .fold(0.0, f64::max)
             })
             .collect();
         let mut l = vec![0u32; m.len()];
@@ -905,6 +908,7 @@ mod tests {
             total_records: d,
             mini_batch_size: b,
             bytes_per_mini_batch: m,
+            link_bytes_per_mini_batch: None,
             input_blocks: k,
             model_blocks: l,
             remaining_epochs: 10.0,

@@ -74,6 +74,7 @@ fn regression_nine_containers() {
         d: 231,
         b: 41,
         m: 1000000.0,
+        ml: 1000000.0,
         k: 3,
         l: 3,
         c: vec![
@@ -126,6 +127,7 @@ fn regression_three_containers_one_block() {
         d: 10,
         b: 7,
         m: 1000000.0,
+        ml: 1000000.0,
         k: 1,
         l: 2,
         c: vec![
@@ -204,6 +206,7 @@ fn regression_ten_containers() {
         d: 231,
         b: 41,
         m: 1000000.0,
+        ml: 1000000.0,
         k: 3,
         l: 3,
         c: vec![
@@ -262,6 +265,7 @@ fn regression_six_containers_four_model_blocks() {
         d: 510,
         b: 49,
         m: 1000000.0,
+        ml: 1000000.0,
         k: 3,
         l: 4,
         c: vec![

@@ -8,8 +8,8 @@
 //! min T
 //! r_i + s_i ≤ 1,  Σ r_i = W,  Σ_t z_it = r_i,  Σ_i Σ_t t·z_it = K
 //! l_j ≤ L·s_j,  Σ l_j = L
-//! g_i ≥ W·M·(l_j/L)·(1/b_ij + p_j)             for all j   (server-bound)
-//! g_i ≥ M·Σ_j (l_j/L)/b_ij                                (worker-bound)
+//! g_i ≥ W·(l_j/L)·(M'/b_j + M·p_j)             for all j   (server-bound)
+//! g_i ≥ M'·Σ_j (l_j/L)/b_i                                (worker-bound)
 //! with C_it = c_i·D·t/K and Q_it = ⌈D·t/(K·B)⌉·(g_i + λ), for all t:
 //! T ≥ C_it + f·Q_it − BigM_it·(1 − z_it)
 //! T ≥ f·C_it + Q_it − BigM_it·(1 − z_it)
@@ -17,7 +17,8 @@
 //!
 //! which is exactly the cost model with whole blocks (idle containers allowed): a
 //! worker's epoch `max(C, Q) + f·min(C, Q)` is the larger of the two right-hand sides
-//! (serial fraction `f`, latency `λ`; `f = 1` gives Cruise's `C + Q`).
+//! (serial fraction `f`, latency `λ`; `f = 1` gives Cruise's `C + Q`); where a link was
+//! measured and is slower, its bandwidth `b_ij` replaces `b_i` and `b_j`.
 
 #![allow(clippy::needless_range_loop)]
 
@@ -45,7 +46,8 @@ fn milp_for_w(inst: &Inst, w: usize) -> Option<f64> {
     let g: Vec<Variable> = (0..n).map(|_| vars.add(variable().min(0.0))).collect();
     let t = vars.add(variable().min(0.0));
     let mut model = vars.minimise(t).using(microlp);
-    let inv = |i: usize, j: usize| 1.0 / inst.link(i, j);
+    let inv_s = |i: usize, j: usize| 1.0 / inst.link_s(i, j);
+    let inv_w = |i: usize, j: usize| 1.0 / inst.link_w(i, j);
     model = model.with(constraint!(
         r.iter().copied().sum::<Expression>() == w as f64
     ));
@@ -64,12 +66,12 @@ fn milp_for_w(inst: &Inst, w: usize) -> Option<f64> {
         let mut gmax = 0.0f64;
         let mut own_max = 0.0;
         for j in 0..n {
-            let a = inv(i, j) + inst.p[j];
-            let coef = w as f64 * inst.m * a / l;
+            let a = inst.ml * inv_s(i, j) + inst.m * inst.p[j];
+            let coef = w as f64 * a / l;
             model = model.with(constraint!(g[i] >= coef * lj[j]));
-            own += (inst.m * inv(i, j) / l) * lj[j];
-            gmax = gmax.max(w as f64 * inst.m * a);
-            own_max += inst.m * inv(i, j);
+            own += (inst.ml * inv_w(i, j) / l) * lj[j];
+            gmax = gmax.max(w as f64 * a);
+            own_max += inst.ml * inv_w(i, j);
         }
         model = model.with(constraint!(g[i] >= own));
         let gmax = gmax.max(own_max);

@@ -30,6 +30,7 @@ fn job(k: u32, l: u32, epochs: f64) -> Job {
         total_records: 100 * u64::from(k),
         mini_batch_size: 20,
         bytes_per_mini_batch: 1.0e6,
+        link_bytes_per_mini_batch: None,
         input_blocks: k,
         model_blocks: l,
         remaining_epochs: epochs,

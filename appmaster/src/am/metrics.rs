@@ -74,6 +74,8 @@ pub struct EvalMetrics {
     pub comp_per_record: Window,
     /// Bytes pulled plus pushed per mini-batch.
     pub bytes_per_batch: Window,
+    /// Bytes per mini-batch on the busier direction (the larger of pull and push).
+    pub link_bytes_per_batch: Window,
     /// Seconds pulling plus pushing per mini-batch (their round trips).
     pub comm_secs_per_batch: Window,
     /// Round trip of the pull per mini-batch (what a pipelined worker waits
@@ -171,6 +173,7 @@ impl Metrics {
         self.evals.entry(id).or_insert_with(|| EvalMetrics {
             comp_per_record: Window::new(w),
             bytes_per_batch: Window::new(w),
+            link_bytes_per_batch: Window::new(w),
             comm_secs_per_batch: Window::new(w),
             pull_secs_per_batch: Window::new(w),
             comp_secs_per_batch: Window::new(w),
@@ -208,6 +211,8 @@ impl Metrics {
         let per = f64::from(n);
         e.bytes_per_batch
             .push((r.pull_bytes + r.push_bytes) as f64 / per);
+        e.link_bytes_per_batch
+            .push(r.pull_bytes.max(r.push_bytes) as f64 / per);
         e.comm_secs_per_batch
             .push((r.pull_secs + r.push_secs) / per);
         e.pull_secs_per_batch.push(r.pull_secs / per);

@@ -90,6 +90,9 @@ pub struct EpochSummary {
     pub stats: Stats,
     /// Wall time of the epoch, seconds.
     pub secs: f64,
+    /// When it ended, seconds after the job started (comparable with a
+    /// reconfiguration's `at_secs`).
+    pub end_secs: f64,
     /// Workers during the epoch (at its end).
     pub workers: u32,
     /// Servers during the epoch (at its end).
@@ -151,6 +154,9 @@ pub struct JobSummary {
     pub evaluators: Vec<EvaluatorSummary>,
     /// Reconfigurations the optimizer made.
     pub reconfigurations: Vec<PlanRecord>,
+    /// The emulated cluster the job ran on (mechanism and container
+    /// shapes), if any.
+    pub emulation: Option<String>,
 }
 
 /// Progress of a job, for the command line.
@@ -219,6 +225,9 @@ pub struct Status {
     pub metrics: metrics::MetricsView,
     /// Reconfigurations so far.
     pub reconfigurations: Vec<PlanRecord>,
+    /// The emulated cluster the job runs on (mechanism and container
+    /// shapes), if any.
+    pub emulation: Option<String>,
 }
 
 /// One evaluator in the status.
@@ -441,6 +450,9 @@ pub async fn run_job(opts: JobOptions) -> Result<JobSummary, AmError> {
     };
     let (rm_tx, rm_rx) = mpsc::unbounded_channel();
     let rm = (opts.rm)(launch, rm_tx)?;
+    if let Some(e) = rm.emulation() {
+        tracing::info!("emulated cluster: {e}");
+    }
 
     let _ = opts.progress.send(Progress::Started {
         job_id: job_id.clone(),

@@ -83,22 +83,33 @@ pub struct JobFacts {
     pub pipelined: bool,
 }
 
-/// Replaces the values by their mean when they all lie within `tol` of each
-/// other (max/min ≤ 1 + tol): differences that small are measurement noise,
-/// and treating them as real would move blocks back and forth for nothing.
+/// Replaces values that lie within `tol` of each other by their group's mean:
+/// in increasing order, a group runs from its smallest value `v` up to
+/// `v·(1 + tol)`. Differences that small are measurement noise, and treating
+/// them as real would move blocks back and forth for nothing; a cluster of
+/// two kinds of containers keeps its two kinds, each evened out.
 fn snap(values: &mut [Option<f64>], tol: f64) {
-    let present: Vec<f64> = values.iter().flatten().copied().collect();
-    let (Some(min), Some(max)) = (
-        present.iter().copied().reduce(f64::min),
-        present.iter().copied().reduce(f64::max),
-    ) else {
-        return;
-    };
-    if min > 0.0 && max / min <= 1.0 + tol {
-        let mean = present.iter().sum::<f64>() / present.len() as f64;
-        for v in values.iter_mut().flatten() {
-            *v = mean;
+    let mut order: Vec<usize> = (0..values.len())
+        .filter(|&i| values[i].is_some_and(|v| v > 0.0 && v.is_finite()))
+        .collect();
+    order.sort_by(|&a, &b| {
+        values[a]
+            .unwrap_or(0.0)
+            .total_cmp(&values[b].unwrap_or(0.0))
+    });
+    let mut start = 0;
+    while start < order.len() {
+        let low = values[order[start]].unwrap_or(0.0);
+        let end = order[start..]
+            .iter()
+            .position(|&i| values[i].unwrap_or(0.0) > low * (1.0 + tol))
+            .map_or(order.len(), |p| start + p);
+        let group = &order[start..end];
+        let mean = group.iter().filter_map(|&i| values[i]).sum::<f64>() / group.len() as f64;
+        for &i in group {
+            values[i] = Some(mean);
         }
+        start = end;
     }
 }
 
@@ -110,6 +121,14 @@ fn orole(r: Role) -> ORole {
     }
 }
 
+/// Bytes per mini-batch of a worker: all of them (pull + push) and those on the
+/// busier direction of a link.
+#[derive(Debug, Clone, Copy)]
+struct Bytes {
+    all: f64,
+    link: Option<f64>,
+}
+
 /// Builds the optimizer's inputs from the AM's state.
 pub fn build_snapshot(
     job: JobFacts,
@@ -117,14 +136,20 @@ pub fn build_snapshot(
     m: &Metrics,
 ) -> (Snapshot, Configuration) {
     let workers: Vec<&EvalFacts> = evals.iter().filter(|e| e.role == Role::Worker).collect();
-    let bytes: Vec<f64> = workers
-        .iter()
-        .filter_map(|e| m.get(e.id).and_then(|x| x.bytes_per_batch.mean()))
-        .collect();
-    let bytes_per_mini_batch = if bytes.is_empty() {
-        0.0
-    } else {
-        bytes.iter().sum::<f64>() / bytes.len() as f64
+    let over_workers = |f: &dyn Fn(&super::metrics::EvalMetrics) -> Option<f64>| {
+        let v: Vec<f64> = workers
+            .iter()
+            .filter_map(|e| m.get(e.id).and_then(f))
+            .collect();
+        (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
+    };
+    let bytes_per_mini_batch = over_workers(&|x| x.bytes_per_batch.mean()).unwrap_or(0.0);
+    // Links carry pulls and pushes at once, each direction at the measured
+    // bandwidth: what takes time is the busier direction.
+    let link_bytes = over_workers(&|x| x.link_bytes_per_batch.mean());
+    let bytes = Bytes {
+        all: bytes_per_mini_batch,
+        link: link_bytes,
     };
     let tol = job.noise_tolerance;
     // Bandwidth is each container's capacity, measured by bulk transfers;
@@ -179,17 +204,8 @@ pub fn build_snapshot(
     // the serial fraction: how much of computation and communication add up
     // in a mini-batch's wall time rather than overlap (1 for workers that
     // pull, compute and push one after the other; less for pipelined ones).
-    let (mut snapshot, config) = assemble(
-        &job,
-        evals,
-        m,
-        &comp,
-        &speed,
-        &bw,
-        &serve,
-        mean_bw,
-        bytes_per_mini_batch,
-    );
+    let (mut snapshot, config) =
+        assemble(&job, evals, m, &comp, &speed, &bw, &serve, mean_bw, bytes);
     let mut per_worker = Vec::new();
     if let Ok(b) =
         CostModel::including_reclaimed(&snapshot).and_then(|model| model.evaluate(&config.counts()))
@@ -256,7 +272,7 @@ fn assemble(
     bw: &[Option<f64>],
     serve: &[Option<f64>],
     mean_bw: f64,
-    bytes_per_mini_batch: f64,
+    bytes: Bytes,
 ) -> (Snapshot, Configuration) {
     let speeds: Vec<f64> = speed.iter().flatten().copied().collect();
     let mean_speed = (!speeds.is_empty()).then(|| speeds.iter().sum::<f64>() / speeds.len() as f64);
@@ -315,7 +331,8 @@ fn assemble(
         job: Job {
             total_records: job.records,
             mini_batch_size: u64::from(job.mini_batch),
-            bytes_per_mini_batch,
+            bytes_per_mini_batch: bytes.all,
+            link_bytes_per_mini_batch: bytes.link,
             input_blocks: job.input_blocks,
             model_blocks: job.model_blocks,
             remaining_epochs: job.remaining_epochs,
@@ -369,6 +386,86 @@ mod tests {
         let mut v = vec![Some(1.0), Some(2.0)];
         snap(&mut v, 0.25);
         assert_eq!(v, vec![Some(1.0), Some(2.0)], "a real difference stays");
+        // Two kinds of containers, each measured with noise: the kinds stay
+        // apart, the noise within each goes.
+        let mut v = vec![Some(4.2), Some(1.1), None, Some(0.9), Some(4.0), Some(1.0)];
+        snap(&mut v, 0.25);
+        let close = |a: Option<f64>, b: f64| a.is_some_and(|a| (a - b).abs() < 1e-12);
+        assert!(close(v[0], 4.1) && close(v[4], 4.1), "{v:?}");
+        assert!(
+            close(v[1], 1.0) && close(v[3], 1.0) && close(v[5], 1.0),
+            "{v:?}"
+        );
+        assert_eq!(v[2], None);
+        // A group is anchored at its smallest value: no chain of small steps
+        // merges values far apart.
+        let mut v = vec![Some(1.0), Some(1.2), Some(1.44), Some(1.73)];
+        snap(&mut v, 0.25);
+        assert!(close(v[0], 1.1) && close(v[1], 1.1), "{v:?}");
+        assert!(close(v[2], 1.585) && close(v[3], 1.585), "{v:?}");
+    }
+
+    fn facts(
+        id: EvaluatorId,
+        role: Role,
+        input: &[u32],
+        model: &[u32],
+        reclaimed: bool,
+    ) -> EvalFacts {
+        EvalFacts {
+            id,
+            role,
+            input: input.iter().copied().collect(),
+            model: model.iter().copied().collect(),
+            reclaimed,
+        }
+    }
+
+    fn job_facts(input_blocks: u32, model_blocks: u32, spare: usize) -> JobFacts {
+        JobFacts {
+            records: 100,
+            mini_batch: 10,
+            input_blocks,
+            model_blocks,
+            remaining_epochs: 4.0,
+            input_bytes: 1000,
+            model_bytes: 2000,
+            spare,
+            noise_tolerance: 0.25,
+            bandwidth_noise_tolerance: 1.0,
+            pipelined: false,
+        }
+    }
+
+    /// Links carry pulls and pushes at once: the snapshot prices the busier
+    /// direction, the servers all of it.
+    #[test]
+    fn link_bytes_are_the_busier_direction() {
+        use cruise_container::protocol::{MiniBatchReport, Stats};
+        let mut m = Metrics::new(4, 0);
+        for (pull, push) in [(300, 100), (500, 100)] {
+            let r = MiniBatchReport {
+                mini_batches: 1,
+                stats: Stats {
+                    records: 10,
+                    ..Stats::default()
+                },
+                comp_secs: 0.01,
+                pull_secs: 0.01,
+                pull_bytes: pull,
+                push_secs: 0.01,
+                push_bytes: push,
+                ..MiniBatchReport::default()
+            };
+            m.mini_batch(1, &r, &[]);
+        }
+        let evals = vec![
+            facts(1, Role::Worker, &[0], &[], false),
+            facts(2, Role::Server, &[], &[0], false),
+        ];
+        let (s, _) = build_snapshot(job_facts(1, 1, 0), &evals, &m);
+        assert_eq!(s.job.bytes_per_mini_batch, 500.0);
+        assert_eq!(s.job.link_bytes_per_mini_batch, Some(400.0));
     }
 
     #[test]
@@ -385,35 +482,10 @@ mod tests {
         m.cpu_speed(2, 4.0);
         m.link(1, 2, 1 << 20, 0.01);
         let evals = vec![
-            EvalFacts {
-                id: 1,
-                role: Role::Worker,
-                input: [0, 1].into(),
-                model: BTreeSet::new(),
-                reclaimed: false,
-            },
-            EvalFacts {
-                id: 2,
-                role: Role::Server,
-                input: BTreeSet::new(),
-                model: [0, 1, 2].into(),
-                reclaimed: true,
-            },
+            facts(1, Role::Worker, &[0, 1], &[], false),
+            facts(2, Role::Server, &[], &[0, 1, 2], true),
         ];
-        let job = JobFacts {
-            records: 100,
-            mini_batch: 10,
-            input_blocks: 2,
-            model_blocks: 3,
-            remaining_epochs: 4.0,
-            input_bytes: 1000,
-            model_bytes: 2000,
-            spare: 1,
-            noise_tolerance: 0.25,
-            bandwidth_noise_tolerance: 1.0,
-            pipelined: false,
-        };
-        let (s, c) = build_snapshot(job, &evals, &m);
+        let (s, c) = build_snapshot(job_facts(2, 3, 1), &evals, &m);
         assert_eq!(s.containers.len(), 3);
         assert_eq!(c.containers.len(), 3);
         let new = &s.containers[2];
@@ -492,9 +564,9 @@ mod tests {
             bandwidth_noise_tolerance: 1.0,
             pipelined,
         };
-        // 1 MB per mini-batch over a 1 GB/s link: 1 ms predicted; measured
-        // round trips 1.5 ms for the pull and as much for the push; compute
-        // 4 ms per mini-batch.
+        // 1 MB per mini-batch, half each way, over a 1 GB/s link (each
+        // direction): 0.5 ms predicted; measured round trips 1.5 ms for the
+        // pull and as much for the push; compute 4 ms per mini-batch.
         let measured = |pipelined: bool, batch_secs: f64| {
             let mut m = Metrics::new(8, 0);
             m.bulk(1, 2, 100 << 20, (100 << 20) as f64 / 1e9);
@@ -517,10 +589,10 @@ mod tests {
             }
             build_snapshot(job(pipelined), &evals, &m).0.job
         };
-        // A serial worker waits for both round trips: 3 ms for a predicted 1.
+        // A serial worker waits for both round trips: 3 ms for a predicted 0.5.
         let serial = measured(false, 0.007);
         assert!(
-            (serial.latency_secs_per_mini_batch - 0.002).abs() < 1e-6,
+            (serial.latency_secs_per_mini_batch - 0.0025).abs() < 1e-6,
             "{serial:?}"
         );
         assert!((serial.serial_fraction - 1.0).abs() < 1e-9, "{serial:?}");
@@ -528,7 +600,7 @@ mod tests {
         // are max(4, 1.5) + f · 1.5 with f = 1/3.
         let piped = measured(true, 0.0045);
         assert!(
-            (piped.latency_secs_per_mini_batch - 0.0005).abs() < 1e-6,
+            (piped.latency_secs_per_mini_batch - 0.001).abs() < 1e-6,
             "{piped:?}"
         );
         assert!(

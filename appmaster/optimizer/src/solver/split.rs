@@ -52,7 +52,7 @@ pub(super) struct Fixed {
     a: Vec<f64>,
     /// `1 / a`, same layout.
     ia: Vec<f64>,
-    /// `b[x·s + y]`: worker-bound seconds per mini-batch per model block, `M / (b_xy·L)`.
+    /// `b[x·s + y]`: worker-bound seconds per mini-batch per model block, `M / (b_x·L)`.
     b: Vec<f64>,
     /// `by_b[x·s ..][..s]`: server positions `y`, cheapest `b[x·s + y]` first.
     by_b: Vec<usize>,
@@ -70,15 +70,10 @@ impl Fixed {
         if !feasible(m, workers.len(), servers.len(), lmin) {
             return None;
         }
-        let job = m.job();
         let w = workers.len();
-        let per_block = job.bytes_per_mini_batch / f64::from(job.model_blocks);
         let cost = |i: usize, j: usize| {
-            let inv = m.inv_bw(i, j);
-            (
-                w as f64 * per_block * (inv + m.server_secs_per_byte(j)),
-                per_block * inv,
-            )
+            let (a, b) = m.block_costs(i, j);
+            (w as f64 * a, b)
         };
         // Branch first on the servers that some worker can use most cheaply: their
         // counts decide the most, and the bounds tighten fastest (measured: several
@@ -290,7 +285,8 @@ fn water(a: &[f64], ia: &[f64], lmin: u32, left: u32) -> f64 {
 /// bound with the whole-block one.
 pub(super) struct RoleBounds<'m> {
     m: &'m CostModel,
-    /// `M·(1/b_ij + p_j)/L`, its inverse, and `M/(b_ij·L)`, at `i·n + j`.
+    /// [`CostModel::block_costs`]: server-bound per active worker, its inverse, and
+    /// worker-bound, at `i·n + j`.
     pa: Vec<f64>,
     pia: Vec<f64>,
     pb: Vec<f64>,
@@ -301,14 +297,12 @@ pub(super) struct RoleBounds<'m> {
 impl<'m> RoleBounds<'m> {
     pub(super) fn new(m: &'m CostModel) -> Self {
         let n = m.len();
-        let job = m.job();
-        let per_block = job.bytes_per_mini_batch / f64::from(job.model_blocks);
         let (mut pa, mut pb) = (Vec::with_capacity(n * n), Vec::with_capacity(n * n));
         for i in 0..n {
             for j in 0..n {
-                let inv = m.inv_bw(i, j);
-                pa.push(per_block * (inv + m.server_secs_per_byte(j)));
-                pb.push(per_block * inv);
+                let (a, b) = m.block_costs(i, j);
+                pa.push(a);
+                pb.push(b);
             }
         }
         let pia = pa.iter().map(|v| 1.0 / v).collect();
@@ -612,6 +606,7 @@ mod tests {
                                 total_records: per_block * u64::from(k),
                                 mini_batch_size: batch,
                                 bytes_per_mini_batch: 1e6,
+                                link_bytes_per_mini_batch: None,
                                 input_blocks: k,
                                 model_blocks: l,
                                 remaining_epochs: 1.0,

@@ -30,6 +30,8 @@ pub struct Inst {
     pub d: u64,
     pub b: u64,
     pub m: f64,
+    /// Bytes per mini-batch on the busier direction of a link.
+    pub ml: f64,
     pub k: u32,
     pub l: u32,
     pub c: Vec<f64>,
@@ -48,18 +50,27 @@ impl Inst {
         self.c.len()
     }
 
-    pub fn link(&self, i: usize, j: usize) -> f64 {
-        let measured: Vec<f64> = self
-            .links
+    /// The measured bandwidth between `i` and `j` (the slowest measurement), if any.
+    pub fn measured(&self, i: usize, j: usize) -> Option<f64> {
+        self.links
             .iter()
             .filter(|&&(a, b, _)| (a, b) == (i, j) || (a, b) == (j, i))
             .map(|l| l.2)
-            .collect();
-        if measured.is_empty() {
-            self.bw[i].min(self.bw[j])
-        } else {
-            measured.into_iter().fold(f64::INFINITY, f64::min)
-        }
+            .reduce(f64::min)
+    }
+
+    /// Bandwidth of server `j`'s side of its traffic with worker `i`: the server's
+    /// own, or the measured link when slower.
+    pub fn link_s(&self, i: usize, j: usize) -> f64 {
+        self.measured(i, j)
+            .map_or(self.bw[j], |m| m.min(self.bw[j]))
+    }
+
+    /// Bandwidth of worker `i`'s side of its traffic with server `j`: the worker's
+    /// own, or the measured link when slower.
+    pub fn link_w(&self, i: usize, j: usize) -> f64 {
+        self.measured(i, j)
+            .map_or(self.bw[i], |m| m.min(self.bw[i]))
     }
 
     pub fn snapshot(&self) -> Snapshot {
@@ -82,6 +93,7 @@ impl Inst {
                 total_records: self.d,
                 mini_batch_size: self.b,
                 bytes_per_mini_batch: self.m,
+                link_bytes_per_mini_batch: Some(self.ml),
                 input_blocks: self.k,
                 model_blocks: self.l,
                 remaining_epochs: 10.0,
@@ -119,9 +131,8 @@ impl Inst {
                     continue;
                 }
                 let share = ll[j] as f64 / self.l as f64;
-                let bij = self.link(i, j);
-                sb = sb.max(w * share * self.m * (1.0 / bij + self.p[j]));
-                wb += share * self.m / bij;
+                sb = sb.max(w * share * (self.ml / self.link_s(i, j) + self.m * self.p[j]));
+                wb += share * self.ml / self.link_w(i, j);
             }
             let recs = self.d as f64 * kk[i] as f64 / self.k as f64;
             let batches = (self.d * kk[i] as u64).div_ceil(self.k as u64 * self.b) as f64;
@@ -221,34 +232,40 @@ pub fn instances(
         10u64..200,
         5u64..60,
         any::<bool>(),
+        0.5f64..=1.0,
         overlap,
     )
-        .prop_flat_map(move |(n, k, l, recs_per_block, b, with_links, (f, lat))| {
-            let per = (1e-3f64..1e-2, 1e6f64..1e7, 0.0f64..1e-7);
-            (
-                Just((n, k, l, recs_per_block, b, f, lat)),
-                proptest::collection::vec(per, n),
-                if with_links {
-                    proptest::collection::vec((0..n, 0..n, 5e5f64..2e7), 0..n).boxed()
-                } else {
-                    Just(Vec::new()).boxed()
-                },
-            )
-                .prop_map(|((_n, k, l, rpb, b, f, lat), per, links)| Inst {
-                    d: rpb * k as u64,
-                    b,
-                    m: 1.0e6,
-                    k,
-                    l,
-                    c: per.iter().map(|x| x.0).collect(),
-                    bw: per.iter().map(|x| x.1).collect(),
-                    p: per.iter().map(|x| x.2).collect(),
-                    links: links.into_iter().filter(|(a, b, _)| a != b).collect(),
-                    f,
-                    lat,
-                })
-                .prop_filter("need two containers", move |i| i.n() == n && n >= 2)
-        })
+        .prop_flat_map(
+            move |(n, k, l, recs_per_block, b, with_links, link_share, (f, lat))| {
+                let per = (1e-3f64..1e-2, 1e6f64..1e7, 0.0f64..1e-7);
+                (
+                    Just((n, k, l, recs_per_block, b, link_share, f, lat)),
+                    proptest::collection::vec(per, n),
+                    if with_links {
+                        proptest::collection::vec((0..n, 0..n, 5e5f64..2e7), 0..n).boxed()
+                    } else {
+                        Just(Vec::new()).boxed()
+                    },
+                )
+                    .prop_map(
+                        |((_n, k, l, rpb, b, link_share, f, lat), per, links)| Inst {
+                            d: rpb * k as u64,
+                            b,
+                            m: 1.0e6,
+                            ml: 1.0e6 * link_share,
+                            k,
+                            l,
+                            c: per.iter().map(|x| x.0).collect(),
+                            bw: per.iter().map(|x| x.1).collect(),
+                            p: per.iter().map(|x| x.2).collect(),
+                            links: links.into_iter().filter(|(a, b, _)| a != b).collect(),
+                            f,
+                            lat,
+                        },
+                    )
+                    .prop_filter("need two containers", move |i| i.n() == n && n >= 2)
+            },
+        )
 }
 
 /// Like [`brute_force`], also returning the best `(kk, ll)`.

@@ -145,6 +145,8 @@ pub(super) struct Driver {
     pending_loss: Option<(EvaluatorId, String, Instant)>,
     /// Measurements and live reconfiguration.
     rc: Reconfig,
+    /// The emulated cluster, in words (from the resource manager).
+    emulation: Option<String>,
 }
 
 impl Driver {
@@ -165,6 +167,7 @@ impl Driver {
         let now = Instant::now();
         let initial_split = config.job.initial_split();
         let config_for_rc = config.clone();
+        let emulation = rm.emulation();
         Driver {
             params: AppParams {
                 value_len: 0,
@@ -205,6 +208,7 @@ impl Driver {
             initial_split,
             pending_loss: None,
             rc: Reconfig::new(&config_for_rc),
+            emulation,
         }
     }
 
@@ -696,7 +700,15 @@ impl Driver {
 
     async fn start_loading(&mut self) {
         let (w, s) = self.initial_split;
-        let ids: Vec<EvaluatorId> = self.evaluators.keys().copied().collect();
+        // Roles are dealt in the order the resource manager started the
+        // containers, not in the order their evaluators happened to
+        // register: the initial configuration is then reproducible (and an
+        // emulated cluster's shapes, given in start order, land on the
+        // roles they were meant for).
+        let mut ids: Vec<EvaluatorId> = self.evaluators.keys().copied().collect();
+        ids.sort_by(|a, b| {
+            start_order(&self.evaluators[a].container, &self.evaluators[b].container)
+        });
         let (workers, servers) = ids.split_at((w as usize).min(ids.len()));
         let (workers, servers) = (
             workers.to_vec(),
@@ -853,6 +865,7 @@ impl Driver {
                 epoch: self.epochs.len() as u32 + 1,
                 stats: std::mem::take(&mut self.window),
                 secs: self.epoch_started.elapsed().as_secs_f64(),
+                end_secs: self.started.elapsed().as_secs_f64(),
                 workers: w,
                 servers: s,
             };
@@ -1055,6 +1068,7 @@ impl Driver {
             optimizer: self.rc.last_decision.clone(),
             metrics: self.rc.metrics.view(),
             reconfigurations: self.rc.history.clone(),
+            emulation: self.emulation.clone(),
         };
         self.status.send_replace(status);
     }
@@ -1063,6 +1077,7 @@ impl Driver {
         let (w, s) = self.initial_split;
         JobSummary {
             reconfigurations: self.rc.history.clone(),
+            emulation: self.emulation.clone(),
             job_id: self.job_id.clone(),
             app: self.config.job.app,
             loss_name: self.loss_name.to_string(),
@@ -1092,6 +1107,17 @@ impl Driver {
                 .collect(),
         }
     }
+}
+
+/// Container ids in the order they were started: by the text before their
+/// trailing number, then by that number (`c_9` before `c_10`).
+fn start_order(a: &str, b: &str) -> std::cmp::Ordering {
+    let split = |s: &str| {
+        let digits = s.len() - s.trim_end_matches(|c: char| c.is_ascii_digit()).len();
+        let (head, tail) = s.split_at(s.len() - digits);
+        (head.to_string(), tail.parse::<u128>().unwrap_or(0))
+    };
+    split(a).cmp(&split(b)).then_with(|| a.cmp(b))
 }
 
 /// "1 worker", "3 workers".
@@ -1124,5 +1150,32 @@ fn stderr_note(diag: &str) -> String {
         let lines: Vec<&str> = diag.lines().collect();
         let tail = &lines[lines.len().saturating_sub(5)..];
         format!("; stderr ends with:\n  {}", tail.join("\n  "))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::start_order;
+
+    #[test]
+    fn containers_sort_in_start_order() {
+        let mut ids = vec![
+            "task_10",
+            "task_9",
+            "container_17_000002",
+            "container_17_000001",
+            "task_1",
+        ];
+        ids.sort_by(|a, b| start_order(a, b));
+        assert_eq!(
+            ids,
+            vec![
+                "container_17_000001",
+                "container_17_000002",
+                "task_1",
+                "task_9",
+                "task_10"
+            ]
+        );
     }
 }
