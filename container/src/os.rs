@@ -91,8 +91,56 @@ pub fn tune_allocator() {
     }
 }
 
+/// A vector with room for `n` elements. From the allocator's mmap threshold
+/// up (32 MiB, see [`tune_allocator`]) the buffer is a fresh mapping of its
+/// own, and filling it faults in one 4 KiB page at a time: 16,384 faults
+/// for a 64 MiB pull, a third of its time on loopback. Such a buffer is
+/// advised to use transparent huge pages (when the kernel's setting is
+/// `madvise` or `always`; otherwise the advice does nothing), 512 times
+/// fewer faults.
+pub fn vec_for_large<T>(n: usize) -> Vec<T> {
+    let v = Vec::with_capacity(n);
+    let bytes = n.saturating_mul(std::mem::size_of::<T>());
+    if bytes >= MMAP_THRESHOLD as usize {
+        advise_huge_pages(v.as_ptr() as usize, bytes);
+    }
+    v
+}
+
+/// Advises the kernel to back the 2 MiB-aligned part of `[start, start +
+/// len)` with huge pages. Best effort: an error only means no advice.
+fn advise_huge_pages(start: usize, len: usize) {
+    #[cfg(target_os = "linux")]
+    {
+        const HUGE: usize = 2 << 20;
+        let from = start.next_multiple_of(HUGE);
+        let to = (start + len) & !(HUGE - 1);
+        if to > from {
+            // SAFETY: the range lies inside an allocation the caller owns;
+            // MADV_HUGEPAGE changes how its pages are backed, never their
+            // contents or whether they are mapped.
+            unsafe {
+                libc::madvise(from as *mut libc::c_void, to - from, libc::MADV_HUGEPAGE);
+            }
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = (start, len);
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn large_vectors_are_usable_after_advice() {
+        let n = (super::MMAP_THRESHOLD as usize / 4) * 2 + 3;
+        let mut v: Vec<f32> = super::vec_for_large(n);
+        assert!(v.capacity() >= n);
+        v.extend((0..n).map(|i| i as f32));
+        assert_eq!(v[n - 1], (n - 1) as f32);
+        let small: Vec<u8> = super::vec_for_large(10);
+        assert!(small.capacity() >= 10);
+    }
+
     #[test]
     fn cpu_speed_is_positive_and_stable_in_order_of_magnitude() {
         let a = super::cpu_speed(std::time::Duration::from_millis(30));

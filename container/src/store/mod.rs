@@ -322,7 +322,7 @@ pub fn assemble(
             .sum();
         let mut out = ValueBatch {
             lens: Vec::with_capacity(keys),
-            data: Vec::with_capacity(total),
+            data: crate::os::vec_for_large(total),
         };
         for (_, resp) in parts {
             if let PeerResponse::Values(b) = resp {
@@ -365,7 +365,7 @@ pub fn assemble(
     let total: usize = batches.iter().map(|(b, _)| b.data.len()).sum();
     let mut out = ValueBatch {
         lens: Vec::with_capacity(keys),
-        data: Vec::with_capacity(total),
+        data: crate::os::vec_for_large(total),
     };
     for &(pi, j) in &at {
         let Some((b, offs)) = batches.get(pi as usize) else {

@@ -9,15 +9,17 @@
 //!
 //! Step: cruise averages the gradient over a mini-batch of B records and
 //! takes one step of `step_size`; scikit-learn steps once per record with
-//! `eta0`. The per-record step is the same when `eta0 = step_size / B`, so
+//! `eta0`. The per-record step is the same when `step_size = eta0 × B`, so
 //! the benchmark runs cruise with a constant step (`mlr.decay = 0`) and
 //! scikit-learn with `learning_rate="constant"`, that `eta0` and
-//! `alpha = mlr.l2`. scikit-learn trains one-vs-rest binary classifiers
+//! `alpha = mlr.l2`. cruise runs at every mini-batch size given (default 100
+//! and 1000: a worker pays a pull and a push round trip per mini-batch,
+//! scikit-learn has no mini-batch and is measured once per repetition). scikit-learn trains one-vs-rest binary classifiers
 //! (K passes per epoch), cruise a softmax: both accuracies are reported.
 //!
 //! ```text
 //! integration/bench/setup.sh          # scikit-learn in the shared venv (once)
-//! cargo run --release -p cruise-integration --bin bench-mlr [-- REPS]
+//! cargo run --release -p cruise-integration --bin bench-mlr [-- REPS [B,B...]]
 //! ```
 //!
 //! Target (issue #2): ≥ 1.0× scikit-learn.
@@ -35,8 +37,10 @@ const FEATURES: u32 = 1_000;
 const CLASSES: u32 = 10;
 const NNZ: u32 = 40;
 const EPOCHS: u32 = 5;
-const MINI_BATCH: u32 = 100;
-const STEP_SIZE: f64 = 10.0;
+/// Mini-batch sizes measured by default.
+const MINI_BATCHES: [u32; 2] = [100, 1000];
+/// scikit-learn's step per record; cruise's is the same.
+const ETA0: f64 = 0.1;
 const L2: f64 = 1e-5;
 
 fn python() -> anyhow::Result<String> {
@@ -71,19 +75,20 @@ struct Ours {
     loss: f64,
 }
 
-fn ours(cruise: &Path, input: &Path, work: &Path) -> anyhow::Result<Ours> {
+fn ours(cruise: &Path, input: &Path, work: &Path, mini_batch: u32) -> anyhow::Result<Ours> {
+    let step = ETA0 * f64::from(mini_batch);
     let v = run_json(
         Command::new(cruise)
             .arg("run")
             .args(["--app", "mlr", "--input"])
             .arg(input)
             .args(["-n", "2", "-w", "1", "--epochs", &EPOCHS.to_string()])
-            .args(["--mini-batch", &MINI_BATCH.to_string(), "--json", "--quiet"])
+            .args(["--mini-batch", &mini_batch.to_string(), "--json", "--quiet"])
             .arg("--work-dir")
             .arg(work)
             .args(["--set", &format!("mlr.features={FEATURES}")])
             .args(["--set", &format!("mlr.classes={CLASSES}")])
-            .args(["--set", &format!("mlr.step_size={STEP_SIZE}")])
+            .args(["--set", &format!("mlr.step_size={step}")])
             .args(["--set", "mlr.decay=0"])
             .args(["--set", &format!("mlr.l2={L2}")]),
         "cruise run",
@@ -107,6 +112,19 @@ fn main() -> anyhow::Result<()> {
             .with_context(|| format!("REPS {a:?} is not a number"))?,
         None => 3,
     };
+    let batches: Vec<u32> = match std::env::args().nth(2) {
+        Some(a) => a
+            .split(',')
+            .map(|b| {
+                b.trim()
+                    .parse()
+                    .ok()
+                    .filter(|&b: &u32| b > 0)
+                    .with_context(|| format!("mini-batch size {b:?} is not a positive number"))
+            })
+            .collect::<anyhow::Result<_>>()?,
+        None => MINI_BATCHES.to_vec(),
+    };
     println!("## MLR training throughput ({})", machine_note());
     let cruise = cruise_release_binary()?;
     let py = python()?;
@@ -128,20 +146,22 @@ fn main() -> anyhow::Result<()> {
     if !st.success() {
         bail!("cruise datagen failed ({st})");
     }
-    let eta0 = STEP_SIZE / f64::from(MINI_BATCH);
-    let (mut o_rate, mut s_rate) = (Vec::new(), Vec::new());
-    let (mut o_last, mut s_last) = (None, None);
+    let mut o_rate: Vec<Vec<f64>> = vec![Vec::new(); batches.len()];
+    let mut o_last: Vec<Option<Ours>> = batches.iter().map(|_| None).collect();
+    let (mut s_rate, mut s_last) = (Vec::new(), None);
     for _ in 0..reps {
-        let o = ours(&cruise, &input, &dir.join("work"))?;
-        o_rate.push(o.samples_per_sec);
-        o_last = Some(o);
+        for (i, &b) in batches.iter().enumerate() {
+            let o = ours(&cruise, &input, &dir.join("work"), b)?;
+            o_rate[i].push(o.samples_per_sec);
+            o_last[i] = Some(o);
+        }
         let s = run_json(
             Command::new(&py)
                 .arg(&script)
                 .arg(&input)
                 .arg(FEATURES.to_string())
                 .arg(EPOCHS.to_string())
-                .arg(eta0.to_string())
+                .arg(ETA0.to_string())
                 .arg(L2.to_string()),
             "scikit-learn",
         )?;
@@ -153,36 +173,40 @@ fn main() -> anyhow::Result<()> {
         s_last = Some(s);
     }
     let _ = std::fs::remove_dir_all(&dir);
-    let (o, s) = (o_last.context("no run")?, s_last.context("no run")?);
-    let (ours_rate, sk_rate) = (median(&mut o_rate), median(&mut s_rate));
-    let ratio = ours_rate / sk_rate;
+    let s = s_last.context("no run")?;
+    let sk_rate = median(&mut s_rate);
+    let mut rows = Vec::new();
+    for (i, &b) in batches.iter().enumerate() {
+        let o = o_last[i].take().context("no run")?;
+        let ours_rate = median(&mut o_rate[i]);
+        let ratio = ours_rate / sk_rate;
+        rows.push(Row {
+            figure: format!("training throughput, 1 worker + 1 server, B = {b}"),
+            value: format!("{ours_rate:.0} samples/s"),
+            reference: format!("scikit-learn SGDClassifier {sk_rate:.0} samples/s"),
+            ratio: Some(ratio),
+            target: "≥ 1.00×".into(),
+            pass: Some(ratio >= 1.0),
+        });
+        rows.push(Row::plain(
+            format!("training accuracy / mean log loss, cruise (softmax), B = {b}"),
+            format!("{:.3} / {:.3}", o.accuracy, o.loss),
+        ));
+    }
+    rows.push(Row::plain(
+        "training accuracy / mean log loss, scikit-learn (one-vs-rest)",
+        format!(
+            "{:.3} / {:.3}",
+            s["accuracy"].as_f64().unwrap_or(f64::NAN),
+            s["log_loss"].as_f64().unwrap_or(f64::NAN)
+        ),
+    ));
     print_table(
         &format!(
             "MLR, {SAMPLES} samples × {FEATURES} features, {CLASSES} classes, {NNZ} nnz, {EPOCHS} epochs, \
-             B = {MINI_BATCH}, step {STEP_SIZE} (per record {eta0}), L2 {L2}; median of {reps}"
+             step per record {ETA0} (cruise: {ETA0} × B on the mean gradient), L2 {L2}; median of {reps}"
         ),
-        &[
-            Row {
-                figure: "training throughput, 1 worker + 1 server".into(),
-                value: format!("{ours_rate:.0} samples/s"),
-                reference: format!("scikit-learn SGDClassifier {sk_rate:.0} samples/s"),
-                ratio: Some(ratio),
-                target: "≥ 1.00×".into(),
-                pass: Some(ratio >= 1.0),
-            },
-            Row::plain(
-                "training accuracy / mean log loss, cruise (softmax)",
-                format!("{:.3} / {:.3}", o.accuracy, o.loss),
-            ),
-            Row::plain(
-                "training accuracy / mean log loss, scikit-learn (one-vs-rest)",
-                format!(
-                    "{:.3} / {:.3}",
-                    s["accuracy"].as_f64().unwrap_or(f64::NAN),
-                    s["log_loss"].as_f64().unwrap_or(f64::NAN)
-                ),
-            ),
-        ],
+        &rows,
     );
     Ok(())
 }
