@@ -1,5 +1,5 @@
-//! Facts about this process and machine (Linux `/proc`; zeros elsewhere), and
-//! the tuning of its memory allocator.
+//! Facts about this process and machine (Linux `/proc`; zeros elsewhere), the
+//! tuning of its memory allocator, and huge-page advice for large buffers.
 
 /// `(resident set size, peak resident set size)` of this process, bytes.
 pub fn memory() -> (u64, u64) {
