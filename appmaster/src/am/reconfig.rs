@@ -200,7 +200,8 @@ pub fn build_snapshot(
     // the running configuration (request round trips, which do not shrink
     // when the model is spread over more servers), per mini-batch. A serial
     // worker waits for its pull and its push; a pipelined one only for its
-    // pull (asked for a mini-batch earlier; the push is not awaited). And
+    // pull (asked for a mini-batch earlier; the push is not awaited), and
+    // for no more than a mini-batch's wall time per mini-batch. And
     // the serial fraction: how much of computation and communication add up
     // in a mini-batch's wall time rather than overlap (1 for workers that
     // pull, compute and push one after the other; less for pipelined ones).
@@ -218,14 +219,40 @@ pub fn build_snapshot(
                 continue;
             }
             let predicted = w.comm_secs / w.mini_batches as f64;
-            let waited_on = if job.pipelined {
-                &x.pull_secs_per_batch
+            let measured = if job.pipelined {
+                // Pulls leave a few mini-batches ahead. When communication
+                // bounds the worker (it waits for most of a mini-batch),
+                // they queue behind each other and each round trip
+                // stretches to several mini-batches, while the link
+                // delivers one pull per mini-batch: the mini-batch's wall
+                // time. (Taking the round trip then charged a saturated
+                // server's queue as latency to every other configuration.)
+                let pull = x.pull_secs_per_batch.mean();
+                match (
+                    pull,
+                    x.batch_secs_per_batch.mean(),
+                    x.wait_secs_per_batch.mean(),
+                ) {
+                    (Some(pull), Some(batch), Some(wait)) if wait >= COMM_BOUND_WAIT * batch => {
+                        Some(pull.min(batch))
+                    }
+                    _ => pull,
+                }
             } else {
-                &x.comm_secs_per_batch
+                x.comm_secs_per_batch.mean()
             };
-            let Some(measured) = waited_on.mean() else {
+            let Some(measured) = measured else {
                 continue;
             };
+            tracing::debug!(
+                worker = %w.container,
+                predicted,
+                measured,
+                pull = ?x.pull_secs_per_batch.mean(),
+                batch = ?x.batch_secs_per_batch.mean(),
+                wait = ?x.wait_secs_per_batch.mean(),
+                "communication per mini-batch"
+            );
             per_worker.push((
                 predicted,
                 (measured - predicted).max(0.0),
@@ -245,6 +272,10 @@ pub fn build_snapshot(
     snapshot.job.serial_fraction = serial_fraction;
     (snapshot, config)
 }
+
+/// A pipelined worker that waits for communication for at least this
+/// fraction of its mini-batches' wall time is bound by communication.
+const COMM_BOUND_WAIT: f64 = 0.5;
 
 fn mean(v: impl Iterator<Item = f64>) -> Option<f64> {
     let (sum, n) = v.fold((0.0, 0usize), |(s, n), x| (s + x, n + 1));
@@ -567,7 +598,7 @@ mod tests {
         // 1 MB per mini-batch, half each way, over a 1 GB/s link (each
         // direction): 0.5 ms predicted; measured round trips 1.5 ms for the
         // pull and as much for the push; compute 4 ms per mini-batch.
-        let measured = |pipelined: bool, batch_secs: f64| {
+        let measured = |pipelined: bool, batch_secs: f64, wait_secs: f64| {
             let mut m = Metrics::new(8, 0);
             m.bulk(1, 2, 100 << 20, (100 << 20) as f64 / 1e9);
             for _ in 0..8 {
@@ -583,6 +614,7 @@ mod tests {
                     push_secs: 0.015,
                     push_bytes: 5_000_000,
                     batch_secs: 10.0 * batch_secs,
+                    wait_secs: 10.0 * wait_secs,
                     ..Default::default()
                 };
                 m.mini_batch(1, &r, &[]);
@@ -590,7 +622,7 @@ mod tests {
             build_snapshot(job(pipelined), &evals, &m).0.job
         };
         // A serial worker waits for both round trips: 3 ms for a predicted 0.5.
-        let serial = measured(false, 0.007);
+        let serial = measured(false, 0.007, 0.003);
         assert!(
             (serial.latency_secs_per_mini_batch - 0.0025).abs() < 1e-6,
             "{serial:?}"
@@ -598,7 +630,7 @@ mod tests {
         assert!((serial.serial_fraction - 1.0).abs() < 1e-9, "{serial:?}");
         // A pipelined one only for its pull: 1.5 ms. Its 4.5 ms a mini-batch
         // are max(4, 1.5) + f · 1.5 with f = 1/3.
-        let piped = measured(true, 0.0045);
+        let piped = measured(true, 0.0045, 0.0005);
         assert!(
             (piped.latency_secs_per_mini_batch - 0.001).abs() < 1e-6,
             "{piped:?}"
@@ -606,6 +638,23 @@ mod tests {
         assert!(
             (piped.serial_fraction - 1.0 / 3.0).abs() < 1e-6,
             "{piped:?}"
+        );
+        // A pipelined worker bound by communication (it waits 0.6 of its
+        // 0.8 ms mini-batches): its pulls, two mini-batches ahead, queue
+        // and take 1.5 ms each, but one arrives every 0.8 ms. The link's
+        // share of a mini-batch is 0.8 ms, 0.3 beyond the prediction; the
+        // 1.5 ms round trip is not.
+        let bound = measured(true, 0.0008, 0.0006);
+        assert!(
+            (bound.latency_secs_per_mini_batch - 0.0003).abs() < 1e-6,
+            "{bound:?}"
+        );
+        // The same round trips and wall time, waiting little: the pulls
+        // arrive in time, and their round trip is the measure.
+        let hidden = measured(true, 0.0008, 0.0001);
+        assert!(
+            (hidden.latency_secs_per_mini_batch - 0.001).abs() < 1e-6,
+            "{hidden:?}"
         );
     }
 }
