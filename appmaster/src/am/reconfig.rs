@@ -200,8 +200,7 @@ pub fn build_snapshot(
     // the running configuration (request round trips, which do not shrink
     // when the model is spread over more servers), per mini-batch. A serial
     // worker waits for its pull and its push; a pipelined one only for its
-    // pull (asked for a mini-batch earlier; the push is not awaited), and
-    // for no more than a mini-batch's wall time per mini-batch. And
+    // pull (asked for a mini-batch earlier; the push is not awaited). And
     // the serial fraction: how much of computation and communication add up
     // in a mini-batch's wall time rather than overlap (1 for workers that
     // pull, compute and push one after the other; less for pipelined ones).
@@ -220,24 +219,7 @@ pub fn build_snapshot(
             }
             let predicted = w.comm_secs / w.mini_batches as f64;
             let measured = if job.pipelined {
-                // Pulls leave a few mini-batches ahead. When communication
-                // bounds the worker (it waits for most of a mini-batch),
-                // they queue behind each other and each round trip
-                // stretches to several mini-batches, while the link
-                // delivers one pull per mini-batch: the mini-batch's wall
-                // time. (Taking the round trip then charged a saturated
-                // server's queue as latency to every other configuration.)
-                let pull = x.pull_secs_per_batch.mean();
-                match (
-                    pull,
-                    x.batch_secs_per_batch.mean(),
-                    x.wait_secs_per_batch.mean(),
-                ) {
-                    (Some(pull), Some(batch), Some(wait)) if wait >= COMM_BOUND_WAIT * batch => {
-                        Some(pull.min(batch))
-                    }
-                    _ => pull,
-                }
+                x.pull_secs_per_batch.mean()
             } else {
                 x.comm_secs_per_batch.mean()
             };
@@ -272,10 +254,6 @@ pub fn build_snapshot(
     snapshot.job.serial_fraction = serial_fraction;
     (snapshot, config)
 }
-
-/// A pipelined worker that waits for communication for at least this
-/// fraction of its mini-batches' wall time is bound by communication.
-const COMM_BOUND_WAIT: f64 = 0.5;
 
 fn mean(v: impl Iterator<Item = f64>) -> Option<f64> {
     let (sum, n) = v.fold((0.0, 0usize), |(s, n), x| (s + x, n + 1));
@@ -638,23 +616,6 @@ mod tests {
         assert!(
             (piped.serial_fraction - 1.0 / 3.0).abs() < 1e-6,
             "{piped:?}"
-        );
-        // A pipelined worker bound by communication (it waits 0.6 of its
-        // 0.8 ms mini-batches): its pulls, two mini-batches ahead, queue
-        // and take 1.5 ms each, but one arrives every 0.8 ms. The link's
-        // share of a mini-batch is 0.8 ms, 0.3 beyond the prediction; the
-        // 1.5 ms round trip is not.
-        let bound = measured(true, 0.0008, 0.0006);
-        assert!(
-            (bound.latency_secs_per_mini_batch - 0.0003).abs() < 1e-6,
-            "{bound:?}"
-        );
-        // The same round trips and wall time, waiting little: the pulls
-        // arrive in time, and their round trip is the measure.
-        let hidden = measured(true, 0.0008, 0.0001);
-        assert!(
-            (hidden.latency_secs_per_mini_batch - 0.001).abs() < 1e-6,
-            "{hidden:?}"
         );
     }
 }
