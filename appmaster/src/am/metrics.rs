@@ -87,15 +87,8 @@ pub struct EvalMetrics {
     /// the rest): what a mini-batch really costs when communication
     /// overlaps computation.
     pub batch_secs_per_batch: Window,
-    /// Seconds per mini-batch the worker waited for communication (its pull
-    /// and, when serial, its push).
-    pub wait_secs_per_batch: Window,
     /// Server busy seconds per byte served.
     pub server_secs_per_byte: Window,
-    /// Bytes per second a server moved on the busier direction of its link,
-    /// per report period: what its link carried, so at least its capacity
-    /// when the server is saturated.
-    pub served_bytes_per_sec: Window,
     /// Mini-batches counted since the last reset.
     pub batches: u32,
     /// Mini-batches still to skip (warm-up, or after a reconfiguration).
@@ -185,9 +178,7 @@ impl Metrics {
             pull_secs_per_batch: Window::new(w),
             comp_secs_per_batch: Window::new(w),
             batch_secs_per_batch: Window::new(w),
-            wait_secs_per_batch: Window::new(w),
             server_secs_per_byte: Window::new(w),
-            served_bytes_per_sec: Window::new(w),
             batches: 0,
             skip: warmup,
             cpu_speed: None,
@@ -229,7 +220,6 @@ impl Metrics {
         if r.batch_secs > 0.0 {
             e.batch_secs_per_batch.push(r.batch_secs / per);
         }
-        e.wait_secs_per_batch.push(r.wait_secs / per);
         e.batches += n;
         for l in links {
             self.link(id, l.peer, l.bytes, l.secs);
@@ -262,26 +252,13 @@ impl Metrics {
             .push(bytes as f64 / secs);
     }
 
-    /// An evaluator's capacity: the fastest bulk transfer it took part in,
-    /// or what its link carried while it served, if more. A probe that
-    /// crosses a link saturated by training measures what is left of it
-    /// (a server behind 100 Mbit/s serving seven workers was probed at 1.75
-    /// MB/s), while the served rate of a saturated server is its link's.
+    /// An evaluator's capacity: the fastest bulk transfer it took part in.
     pub fn capacity(&self, id: EvaluatorId) -> Option<f64> {
-        let probed = self
-            .bulk
+        self.bulk
             .iter()
             .filter(|((a, b), _)| *a == id || *b == id)
             .filter_map(|(_, w)| w.mean())
-            .reduce(f64::max);
-        let served = self
-            .evals
-            .get(&id)
-            .and_then(|e| e.served_bytes_per_sec.mean());
-        match (probed, served) {
-            (Some(p), Some(s)) => Some(p.max(s)),
-            (p, s) => p.or(s),
-        }
+            .reduce(f64::max)
     }
 
     /// Mean capacity over every bulk-measured link.
@@ -297,13 +274,6 @@ impl Metrics {
             self.eval(id)
                 .server_secs_per_byte
                 .push(r.busy_secs / bytes as f64);
-        }
-        // Tiny totals measure request rates, not the link.
-        let busier = r.bytes_in.max(r.bytes_out);
-        if busier >= 64 * 1024 && r.period_secs > 0.0 {
-            self.eval(id)
-                .served_bytes_per_sec
-                .push(busier as f64 / r.period_secs);
         }
     }
 
@@ -445,36 +415,6 @@ mod tests {
         }
         assert_eq!(w.mean(), Some(3.0));
         assert_eq!(w.len(), 3);
-    }
-
-    #[test]
-    fn capacity_is_at_least_what_a_server_carried() {
-        let mut m = Metrics::new(8, 0);
-        // Probed while its link was busy: 2 MB/s.
-        m.bulk(1, 2, 4 << 20, (4 << 20) as f64 / 2e6);
-        assert!((m.capacity(2).unwrap() - 2e6).abs() < 1.0);
-        // Serving, it sent 12 MB in a second: the link carries at least that.
-        let r = ServerReport {
-            period_secs: 1.0,
-            requests: 100,
-            busy_secs: 0.1,
-            bytes_in: 1_000_000,
-            bytes_out: 12_000_000,
-        };
-        m.server(2, &r);
-        assert!((m.capacity(2).unwrap() - 12e6).abs() < 1.0);
-        // A faster probe still wins; an idle server's trickle is ignored.
-        m.bulk(2, 3, 4 << 20, (4 << 20) as f64 / 40e6);
-        assert!((m.capacity(2).unwrap() - 40e6).abs() < 1.0);
-        m.server(
-            4,
-            &ServerReport {
-                bytes_in: 100,
-                bytes_out: 100,
-                ..r
-            },
-        );
-        assert_eq!(m.capacity(4), None);
     }
 
     #[test]

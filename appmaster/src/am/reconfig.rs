@@ -218,23 +218,14 @@ pub fn build_snapshot(
                 continue;
             }
             let predicted = w.comm_secs / w.mini_batches as f64;
-            let measured = if job.pipelined {
-                x.pull_secs_per_batch.mean()
+            let waited_on = if job.pipelined {
+                &x.pull_secs_per_batch
             } else {
-                x.comm_secs_per_batch.mean()
+                &x.comm_secs_per_batch
             };
-            let Some(measured) = measured else {
+            let Some(measured) = waited_on.mean() else {
                 continue;
             };
-            tracing::debug!(
-                worker = %w.container,
-                predicted,
-                measured,
-                pull = ?x.pull_secs_per_batch.mean(),
-                batch = ?x.batch_secs_per_batch.mean(),
-                wait = ?x.wait_secs_per_batch.mean(),
-                "communication per mini-batch"
-            );
             per_worker.push((
                 predicted,
                 (measured - predicted).max(0.0),
@@ -576,7 +567,7 @@ mod tests {
         // 1 MB per mini-batch, half each way, over a 1 GB/s link (each
         // direction): 0.5 ms predicted; measured round trips 1.5 ms for the
         // pull and as much for the push; compute 4 ms per mini-batch.
-        let measured = |pipelined: bool, batch_secs: f64, wait_secs: f64| {
+        let measured = |pipelined: bool, batch_secs: f64| {
             let mut m = Metrics::new(8, 0);
             m.bulk(1, 2, 100 << 20, (100 << 20) as f64 / 1e9);
             for _ in 0..8 {
@@ -592,7 +583,6 @@ mod tests {
                     push_secs: 0.015,
                     push_bytes: 5_000_000,
                     batch_secs: 10.0 * batch_secs,
-                    wait_secs: 10.0 * wait_secs,
                     ..Default::default()
                 };
                 m.mini_batch(1, &r, &[]);
@@ -600,7 +590,7 @@ mod tests {
             build_snapshot(job(pipelined), &evals, &m).0.job
         };
         // A serial worker waits for both round trips: 3 ms for a predicted 0.5.
-        let serial = measured(false, 0.007, 0.003);
+        let serial = measured(false, 0.007);
         assert!(
             (serial.latency_secs_per_mini_batch - 0.0025).abs() < 1e-6,
             "{serial:?}"
@@ -608,7 +598,7 @@ mod tests {
         assert!((serial.serial_fraction - 1.0).abs() < 1e-9, "{serial:?}");
         // A pipelined one only for its pull: 1.5 ms. Its 4.5 ms a mini-batch
         // are max(4, 1.5) + f · 1.5 with f = 1/3.
-        let piped = measured(true, 0.0045, 0.0005);
+        let piped = measured(true, 0.0045);
         assert!(
             (piped.latency_secs_per_mini_batch - 0.001).abs() < 1e-6,
             "{piped:?}"
