@@ -380,7 +380,7 @@ pub struct OptimizerConfig {
     /// Write the optimizer's input (a snapshot for `cruise plan`) to this file
     /// at every look. Empty: do not write.
     pub snapshot_file: String,
-    /// On scale-in, the input blocks of containers given back are `moved`
+    /// On scale-in, the input blocks of containers given back are `move`d
     /// to the workers that stay, `reload`ed from the job's input there, or
     /// (`auto`) whichever is predicted faster. Apps with worker-local state
     /// (nmf, lda) always move: their state is not in the input.

@@ -3,8 +3,10 @@
 //! - [`load_input`]: read input splits, parse them with the app, store them as
 //!   input blocks (and the app's worker-local state beside them).
 //! - [`run_worker`]: the worker task. For each local input block, for each
-//!   mini-batch: pull the model keys it needs, compute on a blocking thread,
-//!   push the deltas, report what it measured. Between local epochs it ticks
+//!   mini-batch: pull the model keys it needs, compute, push the deltas. With
+//!   `job.pipeline` the pulls of the next mini-batches are already on their
+//!   way and pushes are not awaited until the pipeline is full; measurements
+//!   are summed and reported every 20 ms. Between local epochs it ticks
 //!   its clock and, under SSP, waits until the slowest worker is within the
 //!   staleness bound.
 //! - [`evaluate`]: the objective over all local input with the current model;
@@ -155,14 +157,8 @@ fn batches(n: usize, size: usize) -> impl Iterator<Item = Range<usize>> {
     (0..n).step_by(size).map(move |s| s..(s + size).min(n))
 }
 
-async fn pull(
-    dp: &DataPlane,
-    keys: &[Key],
-    links: &mut Vec<LinkSample>,
-) -> Result<ValueBatch, PsError> {
-    let (r, samples) = dp.execute_traced(pull_op(keys.to_vec())).await;
-    links.extend(samples);
-    pulled(r)
+async fn pull(dp: &DataPlane, keys: &[Key]) -> Result<ValueBatch, PsError> {
+    pulled(dp.execute(pull_op(keys.to_vec())).await)
 }
 
 fn pull_op(keys: Vec<Key>) -> StoreOp {
@@ -188,7 +184,8 @@ fn pulled(r: PartResult) -> Result<ValueBatch, PsError> {
     }
 }
 
-/// Sums the samples of each peer (a pull and a push to the same server).
+/// Sums the samples of each peer over a report (the pulls and pushes of its
+/// mini-batches to the same server).
 fn merge_links(samples: Vec<LinkSample>) -> Vec<LinkSample> {
     let mut out: Vec<LinkSample> = Vec::new();
     for s in samples {
@@ -260,6 +257,12 @@ fn apply_own_pushes(
     values: &mut ValueBatch,
     pushes: &[&StoreOp],
 ) {
+    // A malformed answer (not one value per key) is left for the app's own
+    // checks to refuse.
+    let total: usize = values.lens.iter().map(|&l| l as usize).sum();
+    if values.lens.len() != keys.len() || values.data.len() != total {
+        return;
+    }
     let offsets = crate::store::value_offsets(values);
     for op in pushes {
         let push_offsets = crate::store::value_offsets(&op.values);
@@ -386,7 +389,7 @@ impl Reporter {
 
 /// Waits for a push in flight; returns its mini-batch's report completed
 /// with the push's round trip and transfers, and how long this waited.
-async fn complete_push(p: InFlightPush) -> Result<(MiniBatchReport, f64), PsError> {
+async fn complete_push(p: InFlightPush) -> Result<MiniBatchReport, PsError> {
     let t = Instant::now();
     let (r, samples) = p.push.await;
     let waited = t.elapsed().as_secs_f64();
@@ -397,7 +400,7 @@ async fn complete_push(p: InFlightPush) -> Result<(MiniBatchReport, f64), PsErro
     let mut report = p.report;
     report.push_secs = round_trip(&samples, waited);
     report.links.extend(samples);
-    Ok((report, waited))
+    Ok(report)
 }
 
 /// Flushes every push in flight, oldest first, and the reports.
@@ -406,7 +409,7 @@ async fn flush_pushes(
     pushes: &mut VecDeque<InFlightPush>,
 ) -> Result<(), PsError> {
     while let Some(p) = pushes.pop_front() {
-        reporter.add(complete_push(p).await?.0);
+        reporter.add(complete_push(p).await?);
     }
     reporter.flush().await
 }
@@ -500,9 +503,9 @@ pub async fn run_worker(mut ctx: WorkerContext) -> Result<(), PsError> {
             }
             let t0 = Instant::now();
             let (r, links) = cur.pull.await;
-            let mut wait_secs = t0.elapsed().as_secs_f64();
+            let waited = t0.elapsed().as_secs_f64();
             let mut values = pulled(r)?;
-            let pull_secs = round_trip(&links, wait_secs);
+            let pull_secs = round_trip(&links, waited);
             let unseen: Vec<&StoreOp> = recent
                 .iter()
                 .filter(|p| p.seq >= cur.seen)
@@ -556,9 +559,7 @@ pub async fn run_worker(mut ctx: WorkerContext) -> Result<(), PsError> {
             // Room for this push: the oldest beyond the depth must be answered.
             while depth > 0 && pushes.len() >= depth {
                 let Some(p) = pushes.pop_front() else { break };
-                let (r, waited) = complete_push(p).await?;
-                wait_secs += waited;
-                reporter.add(r);
+                reporter.add(complete_push(p).await?);
             }
             let mut report = MiniBatchReport {
                 mini_batches: 1,
@@ -569,7 +570,6 @@ pub async fn run_worker(mut ctx: WorkerContext) -> Result<(), PsError> {
                 pull_bytes,
                 push_secs: 0.0,
                 push_bytes: deltas.byte_len() as u64,
-                wait_secs,
                 batch_secs: 0.0,
                 links,
             };
@@ -605,8 +605,7 @@ pub async fn run_worker(mut ctx: WorkerContext) -> Result<(), PsError> {
                     p.report.batch_secs = last_end.elapsed().as_secs_f64();
                     pushes.push_back(p);
                 } else {
-                    let (mut r, waited) = complete_push(push).await?;
-                    r.wait_secs += waited;
+                    let mut r = complete_push(push).await?;
                     r.batch_secs = last_end.elapsed().as_secs_f64();
                     reporter.add(r);
                     refill(&mut ahead, &mut cursor, 1, pushed);
@@ -650,7 +649,7 @@ async fn evaluate_block(
     let mut keys = Vec::new();
     for rows in batches(input.len(), eval_batch(mini_batch)) {
         app.keys(input, rows.clone(), &mut keys);
-        let values = pull(dp, &keys, &mut Vec::new()).await?;
+        let values = pull(dp, &keys).await?;
         let (a, inp, st, ks) = (
             Arc::clone(app),
             Arc::clone(input),

@@ -136,8 +136,8 @@ pub struct CostModel {
     current: Vec<Placement>,
     compute: Vec<f64>,
     bandwidth: Vec<f64>,
-    /// `1 / bandwidth`: `1 / min(b_i, b_j)` is `max` of these (exactly, as `1/x` rounds
-    /// monotonically), with no division on the solvers' hot path.
+    /// `1 / bandwidth`: each end's own seconds per byte, so that pricing a pair's
+    /// sides needs no division.
     inv_bandwidth: Vec<f64>,
     server_proc: Vec<f64>,
     /// Row-major `n × n` seconds per byte `1 / b_ij` of measured links (0 where not
@@ -344,7 +344,7 @@ impl CostModel {
     }
 
     /// Epoch time of worker `i` with `k` blocks and per-mini-batch communication `g`
-    /// (latency not included; see [`CostModel::epoch_of`]).
+    /// (`g` without the latency, which [`CostModel::parts`] adds).
     #[inline]
     pub(crate) fn worker_time(&self, i: usize, k: u32, g: f64) -> f64 {
         if k == 0 {

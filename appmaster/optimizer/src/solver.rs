@@ -5,7 +5,8 @@
 //!   `(W, S)` so a what-if tool can print them all.
 //! * [`solve_for_roles`] — given roles, the best whole-block partitioning. A fast
 //!   heuristic first: model blocks go to servers greedily in proportion to their
-//!   capacity (`1 / max_i(1/b_j + p_j)`, which minimises the largest server-bound term),
+//!   capacity (the inverse of the largest server-bound cost of a block on it over the
+//!   workers, `(M'/b_j + M·p_j)/L`, which minimises the largest server-bound term),
 //!   then single-block moves between servers while they lower the epoch time. Then an
 //!   exact branch and bound over the model split (module `split`), pruned by lower
 //!   bounds on each worker's communication. Input blocks always go to workers by an

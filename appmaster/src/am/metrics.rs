@@ -400,7 +400,6 @@ mod tests {
             pull_bytes: bytes,
             push_secs: 0.001,
             push_bytes: bytes,
-            wait_secs: 0.002,
             batch_secs: comp + 0.002,
             links: Vec::new(),
         }

@@ -137,11 +137,7 @@ pub fn build_snapshot(
 ) -> (Snapshot, Configuration) {
     let workers: Vec<&EvalFacts> = evals.iter().filter(|e| e.role == Role::Worker).collect();
     let over_workers = |f: &dyn Fn(&super::metrics::EvalMetrics) -> Option<f64>| {
-        let v: Vec<f64> = workers
-            .iter()
-            .filter_map(|e| m.get(e.id).and_then(f))
-            .collect();
-        (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
+        mean(workers.iter().filter_map(|e| m.get(e.id).and_then(f)))
     };
     let bytes_per_mini_batch = over_workers(&|x| x.bytes_per_batch.mean()).unwrap_or(0.0);
     // Links carry pulls and pushes at once, each direction at the measured

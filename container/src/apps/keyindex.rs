@@ -1,4 +1,4 @@
-//! Key bookkeeping shared by the sparse apps: the sorted, distinct model keys
+//! Key bookkeeping for MLR (the sparse app that pays for it most): the sorted, distinct model keys
 //! a mini-batch needs, and the position of each of its entries' keys among
 //! them.
 //!

@@ -434,10 +434,6 @@ pub struct MiniBatchReport {
     pub push_secs: f64,
     /// Bytes pushed (deltas sent).
     pub push_bytes: u64,
-    /// Seconds the worker spent waiting for the pull and for pushes in
-    /// this mini-batch (with `job.pipeline`, less than the round trips:
-    /// communication overlaps computation).
-    pub wait_secs: f64,
     /// Wall time of the mini-batch in the worker's loop, waits, compute and
     /// reporting included: what the mini-batch cost the worker.
     pub batch_secs: f64,
@@ -458,7 +454,6 @@ impl MiniBatchReport {
         self.pull_bytes += o.pull_bytes;
         self.push_secs += o.push_secs;
         self.push_bytes += o.push_bytes;
-        self.wait_secs += o.wait_secs;
         self.batch_secs += o.batch_secs;
         self.links.extend_from_slice(&o.links);
     }

@@ -764,7 +764,6 @@ impl Store {
     /// not hold, so it must move instead).
     pub fn drop_input(&self, blocks: &[BlockId]) -> Result<(), StoreError> {
         let input = self.table(INPUT_TABLE)?;
-        let state = self.table(STATE_TABLE).ok();
         for &b in blocks {
             let slot = lock(Self::slot(&input, INPUT_TABLE, b)?);
             if !matches!(&*slot, Slot::Owned(BlockData::Input(_))) {
@@ -774,9 +773,7 @@ impl Store {
                     message: format!("cannot drop a block that is {}", slot.name()),
                 });
             }
-            if let Some(t) = &state
-                && matches!(&*lock(Self::slot(t, STATE_TABLE, b)?), Slot::Owned(_))
-            {
+            if self.is_owned(STATE_TABLE, b) {
                 return Err(StoreError::BadState {
                     table: STATE_TABLE,
                     block: b,

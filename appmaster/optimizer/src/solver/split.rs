@@ -48,11 +48,12 @@ pub(super) struct Fixed {
     /// Fewest model blocks a server must hold.
     lmin: u32,
     /// `a[x·s + y]`: server-bound seconds per mini-batch that one model block on server
-    /// `y` costs worker `x`: `w·M·(1/b_xy + p_y) / L`.
+    /// `y` costs worker `x`: `w·(M'/b_y + M·p_y) / L` (`b_xy` for `b_y` where that
+    /// link was measured and is slower).
     a: Vec<f64>,
     /// `1 / a`, same layout.
     ia: Vec<f64>,
-    /// `b[x·s + y]`: worker-bound seconds per mini-batch per model block, `M / (b_x·L)`.
+    /// `b[x·s + y]`: worker-bound seconds per mini-batch per model block, `M' / (b_x·L)`.
     b: Vec<f64>,
     /// `by_b[x·s ..][..s]`: server positions `y`, cheapest `b[x·s + y]` first.
     by_b: Vec<usize>,
@@ -436,8 +437,9 @@ impl Dfs<'_, '_> {
 /// take within `bar` with communication `g` per mini-batch, or 0.
 ///
 /// With `u` the time per block without the rounding up of mini-batches, the time for
-/// `k` blocks lies in `[k·u, k·u + g]`, so the answer lies in
-/// `[(bar − g)/u, bar/u]`: a short binary search.
+/// `k` blocks is near `[k·u, k·u + g]` (exactly so for a serial worker without
+/// latency), so `(bar − g)/u` and `bar/u` are guesses at the answer's bounds, each
+/// checked with [`CostModel::worker_time`] before it narrows a binary search.
 fn kmax(m: &CostModel, i: usize, g: f64, bar: f64, cap: u32) -> u32 {
     if m.worker_time(i, 1, g) > bar {
         return 0;
