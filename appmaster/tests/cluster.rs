@@ -21,6 +21,11 @@ fn config(epochs: u32) -> CruiseConfig {
     c.job.mini_batch = 50;
     c.mlr.classes = 4;
     c.mlr.features = 100;
+    // The default step (10) is tuned for the 20k x 1000 default job; on this
+    // small one it makes the loss spike now and then, and the accuracy after
+    // 3 epochs ranged 0.80-0.94 between runs (CI saw 0.796). With 4 it
+    // stays within 0.90-0.95.
+    c.mlr.step_size = 4.0;
     c.store.model_blocks = 8;
     c.store.input_blocks = 6;
     c.status.bind = String::new();

@@ -23,6 +23,8 @@ fn config(containers: u32, workers: u32, epochs: u32) -> CruiseConfig {
     c.job.mini_batch = 50;
     c.mlr.classes = 4;
     c.mlr.features = 100;
+    // As in cluster.rs: the default step (10) makes this small job's loss spike.
+    c.mlr.step_size = 4.0;
     c.store.model_blocks = 16;
     c.store.input_blocks = 16;
     c.status.bind = String::new();
