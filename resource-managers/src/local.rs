@@ -903,8 +903,8 @@ mod tests {
         assert!(links().contains(&bridge), "no bridge {bridge}");
 
         let dir = tempfile::tempdir().unwrap();
-        let script =
-            "ip -o -4 addr show; tc qdisc show dev eth0; grep -E ':cpu(,|:)' /proc/self/cgroup";
+        // Its cgroup: the `cpu` line under v1, the unified `0::` line under v2.
+        let script = "ip -o -4 addr show; tc qdisc show dev eth0; grep -E ':cpu(,|:)|^0::' /proc/self/cgroup";
         let (rm, mut rx) = rm_on(dir.path(), 1, "/bin/sh", &["-c", script], Some(emulation));
         assert!(rm.emulation().is_some_and(|e| e.starts_with("kernel")));
         rm.request(one_container()).await.unwrap();

@@ -143,6 +143,11 @@ pub struct CostModel {
     /// Row-major `n × n` seconds per byte `1 / b_ij` of measured links (0 where not
     /// measured), only when some link was measured.
     inv_links: Option<Vec<f64>>,
+    /// Bytes of one model block processed per mini-batch, `M / L`, and carried
+    /// over links, `M' / L` (fixed with the job; precomputed for the solvers'
+    /// inner loops).
+    per_block: f64,
+    per_block_link: f64,
 }
 
 impl CostModel {
@@ -225,7 +230,10 @@ impl CostModel {
             })
             .collect();
         let inv_bandwidth = bandwidth.iter().map(|b| 1.0 / b).collect();
+        let l_total = f64::from(snapshot.job.model_blocks);
         Ok(CostModel {
+            per_block: snapshot.job.bytes_per_mini_batch / l_total,
+            per_block_link: snapshot.job.link_bytes() / l_total,
             job: snapshot.job.clone(),
             ids,
             current,
@@ -299,35 +307,23 @@ impl CostModel {
             .filter(|v| *v > 0.0)
     }
 
-    /// Seconds per byte of server `j`'s side of worker `i`'s traffic: the server's own
-    /// link (which all its workers share; the worker's side is
-    /// [`CostModel::inv_wrk`]), or the link measured between them when that is slower.
-    #[inline]
-    pub(crate) fn inv_srv(&self, i: usize, j: usize) -> f64 {
-        let own = self.inv_bandwidth[j];
-        self.measured_inv(i, j).map_or(own, |m| m.max(own))
-    }
-
-    /// Seconds per byte of worker `i`'s side of its traffic with server `j`: the
-    /// worker's own link (it talks to all its servers at once, so its link carries the
-    /// sum), or the link measured between them when that is slower.
-    #[inline]
-    pub(crate) fn inv_wrk(&self, i: usize, j: usize) -> f64 {
-        let own = self.inv_bandwidth[i];
-        self.measured_inv(i, j).map_or(own, |m| m.max(own))
-    }
-
     /// What one model block on server `j` costs worker `i` per mini-batch, seconds:
     /// `(server-bound per active worker, worker-bound)` =
     /// `((M'/b_srv + M·p_j) / L, M' / (b_wrk·L))`.
+    ///
+    /// `b_srv` is the server's own link (all its workers share it) and `b_wrk` the
+    /// worker's (it talks to all its servers at once, so its link carries the sum),
+    /// each replaced by the link measured between the two when that is slower.
     #[inline]
     pub(crate) fn block_costs(&self, i: usize, j: usize) -> (f64, f64) {
-        let l_total = f64::from(self.job.model_blocks);
-        let per_block = self.job.bytes_per_mini_batch / l_total;
-        let per_block_link = self.job.link_bytes() / l_total;
+        let (own_srv, own_wrk) = (self.inv_bandwidth[j], self.inv_bandwidth[i]);
+        let (srv, wrk) = match self.measured_inv(i, j) {
+            Some(m) => (m.max(own_srv), m.max(own_wrk)),
+            None => (own_srv, own_wrk),
+        };
         (
-            per_block_link * self.inv_srv(i, j) + per_block * self.server_proc[j],
-            per_block_link * self.inv_wrk(i, j),
+            self.per_block_link * srv + self.per_block * self.server_proc[j],
+            self.per_block_link * wrk,
         )
     }
 

@@ -174,9 +174,14 @@ impl ReconfigCostModel {
 
     /// Learns from the succeeded operations of an executed plan. Bytes come from the
     /// runtime's report, or from the job's block sizes when it reported none.
+    /// Input moves carried out by re-reading the input are left out: their
+    /// speed is the input source's, not the links' a move is priced by.
     pub fn observe(&mut self, plan: &Plan, report: &ExecutionReport, job: &Job) {
         for (p, o) in plan.ops.iter().zip(&report.outcomes) {
             if let OpOutcome::Succeeded { duration, report } = o {
+                if report.reloaded {
+                    continue;
+                }
                 let bytes = if report.bytes_moved > 0 {
                     report.bytes_moved as f64
                 } else {

@@ -341,6 +341,24 @@ fn cost_model_learns_from_observed_plans() {
                 reloaded: false,
             },
         });
+        // Input re-read from its source instead (scale-in): another
+        // mechanism with its own speed, which says nothing about moves.
+        ops.push(cruise_optimizer::PlannedOp {
+            op: Operation::Move {
+                table: Table::Input,
+                blocks: vec![i],
+                from: "a".into(),
+                to: "c".into(),
+            },
+            deps: vec![],
+        });
+        outcomes.push(OpOutcome::Succeeded {
+            duration: Duration::from_secs(30),
+            report: OpReport {
+                bytes_moved: 0,
+                reloaded: true,
+            },
+        });
         ops.push(cruise_optimizer::PlannedOp {
             op: Operation::Add {
                 container: format!("n{i}"),

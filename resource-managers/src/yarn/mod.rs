@@ -118,41 +118,9 @@ impl YarnRm {
         if launch.program.is_empty() {
             return Err(RmError::BadRequest("empty evaluator program".into()));
         }
-        let rm = RmClient::new(
-            &config.rm_addresses,
-            config.user.clone(),
-            config.http.clone(),
-        )?;
-        let svc = ServicesClient::new(
-            &config.rm_addresses,
-            config.user.clone(),
-            config.http.clone(),
-        )?;
-        let guard = ServiceGuard {
-            addresses: config.rm_addresses.clone(),
-            user: config.user.clone(),
-            name: config.service_name.clone(),
-            armed: false,
-        };
         let (cmd_tx, cmd_rx) = mpsc::channel(64);
         let service = config.service_name.clone();
-        let actor = Actor {
-            cfg: config,
-            launch,
-            events,
-            rm: Arc::new(rm),
-            svc: Arc::new(svc),
-            created: false,
-            desired: 0,
-            unseen: 0,
-            size: None,
-            known: BTreeMap::new(),
-            gone: HashSet::new(),
-            reported_capacity: None,
-            candidate_capacity: None,
-            failed: false,
-            guard,
-        };
+        let actor = Actor::new(config, launch, events)?;
         let handle = tokio::spawn(actor.run(cmd_rx));
         Ok(YarnRm {
             cmd: cmd_tx,
@@ -280,8 +248,6 @@ struct Actor {
     created: bool,
     /// The component's count as last set.
     desired: u32,
-    /// Containers asked for and not seen in the service yet.
-    unseen: u32,
     /// Evaluator size (memory MB, cores), fixed by the first request.
     size: Option<(u32, u32)>,
     /// Live containers seen in the service.
@@ -313,6 +279,45 @@ pub fn shell_quote(s: &str) -> String {
 }
 
 impl Actor {
+    fn new(
+        config: YarnConfig,
+        launch: LaunchSpec,
+        events: mpsc::UnboundedSender<RmEvent>,
+    ) -> Result<Actor, RmError> {
+        let rm = RmClient::new(
+            &config.rm_addresses,
+            config.user.clone(),
+            config.http.clone(),
+        )?;
+        let svc = ServicesClient::new(
+            &config.rm_addresses,
+            config.user.clone(),
+            config.http.clone(),
+        )?;
+        let guard = ServiceGuard {
+            addresses: config.rm_addresses.clone(),
+            user: config.user.clone(),
+            name: config.service_name.clone(),
+            armed: false,
+        };
+        Ok(Actor {
+            cfg: config,
+            launch,
+            events,
+            rm: Arc::new(rm),
+            svc: Arc::new(svc),
+            created: false,
+            desired: 0,
+            size: None,
+            known: BTreeMap::new(),
+            gone: HashSet::new(),
+            reported_capacity: None,
+            candidate_capacity: None,
+            failed: false,
+            guard,
+        })
+    }
+
     async fn run(mut self, mut cmds: mpsc::Receiver<Cmd>) {
         let mut poll = tokio::time::interval(self.cfg.poll_interval);
         poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -426,7 +431,6 @@ impl Actor {
             tracing::info!(service = %name, containers = target, "created the YARN service");
         }
         self.desired = target;
-        self.unseen += req.count;
         Ok(())
     }
 
@@ -505,7 +509,6 @@ impl Actor {
                         released: false,
                     },
                 );
-                self.unseen = self.unseen.saturating_sub(1);
                 self.emit(RmEvent::Allocated {
                     container: c.id.clone(),
                     host,
@@ -568,6 +571,16 @@ impl Actor {
         });
     }
 
+    /// Containers the component's count asks for that the service does not
+    /// list yet. Derived, not counted: a container that YARN replaced, or
+    /// that came and went between two polls, must not leave it above zero
+    /// for good (that would stop capacity reads for the rest of the job).
+    fn unseen(&self) -> u32 {
+        let live = self.known.values().filter(|k| !k.released).count();
+        self.desired
+            .saturating_sub(u32::try_from(live).unwrap_or(u32::MAX))
+    }
+
     async fn capacity(&mut self) -> Result<Capacity, RmError> {
         let fit = self.fit().await?;
         Ok(Capacity {
@@ -595,7 +608,7 @@ impl Actor {
         // appeared, one already allocated but not seen yet would count
         // nowhere, and the job would be told to give back what it just got
         // (seen in e2e_grow). Read again once they have appeared.
-        if self.unseen > 0 {
+        if self.unseen() > 0 {
             self.candidate_capacity = None;
             return;
         }
@@ -658,5 +671,86 @@ mod tests {
         assert_eq!(shell_quote("a b"), "'a b'");
         assert_eq!(shell_quote("it's"), r"'it'\''s'");
         assert_eq!(shell_quote(""), "''");
+    }
+
+    fn report(containers: &[(&str, &str)]) -> services::ServiceReport {
+        services::ServiceReport {
+            name: "svc".into(),
+            components: vec![services::ComponentReport {
+                name: "evaluator".into(),
+                containers: containers
+                    .iter()
+                    .map(|(id, state)| services::ContainerReport {
+                        id: (*id).into(),
+                        state: (*state).into(),
+                        component_instance_name: format!("evaluator-{id}"),
+                        ..Default::default()
+                    })
+                    .collect(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }
+    }
+
+    /// Containers asked for and not listed yet are derived from the count,
+    /// so one that failed and was replaced between two polls does not hold
+    /// capacity reads back for good (it did when they were counted).
+    #[test]
+    fn unseen_containers_follow_the_service() {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let cfg = YarnConfig {
+            rm_addresses: vec!["127.0.0.1:1".into()],
+            user: None,
+            http: HttpOptions::default(),
+            service_name: "svc".into(),
+            component: "evaluator".into(),
+            queue: "default".into(),
+            tarball: None,
+            lifetime_secs: None,
+            poll_interval: Duration::from_secs(1),
+            capacity_poll_interval: Duration::from_secs(1),
+            min_allocation_mb: 1024,
+            default_size: (1024, 1),
+        };
+        let launch = LaunchSpec {
+            program: "evaluator".into(),
+            args: vec![],
+            env: BTreeMap::new(),
+            work_dir: "/tmp".into(),
+        };
+        let mut a = Actor::new(cfg, launch, tx).unwrap();
+        a.desired = 3;
+        assert_eq!(a.unseen(), 3);
+        a.apply(&report(&[("c1", "READY"), ("c2", "RUNNING_BUT_UNREADY")]));
+        assert_eq!(a.unseen(), 1);
+        // c3 came and failed between polls, and YARN already relaunched it
+        // as c4: it is never listed, yet nothing is missing.
+        a.apply(&report(&[
+            ("c1", "READY"),
+            ("c2", "READY"),
+            ("c4", "READY"),
+        ]));
+        assert_eq!(a.unseen(), 0);
+        // c2 is lost: one is missing until its replacement shows up.
+        a.apply(&report(&[("c1", "READY"), ("c4", "READY")]));
+        assert_eq!(a.unseen(), 1);
+        a.apply(&report(&[
+            ("c1", "READY"),
+            ("c4", "READY"),
+            ("c5", "READY"),
+        ]));
+        assert_eq!(a.unseen(), 0);
+        // A released container no longer counts, and neither does its slot.
+        a.known.get_mut("c1").unwrap().released = true;
+        a.desired -= 1;
+        assert_eq!(a.unseen(), 0);
+        let mut allocated = 0;
+        while let Ok(e) = rx.try_recv() {
+            if matches!(e, RmEvent::Allocated { .. }) {
+                allocated += 1;
+            }
+        }
+        assert_eq!(allocated, 4, "c1, c2, c4, c5");
     }
 }
