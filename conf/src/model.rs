@@ -136,7 +136,8 @@ pub struct JobConfig {
     pub workers: u32,
     /// Number of training epochs (passes over the data set).
     pub epochs: u32,
-    /// Records per mini-batch.
+    /// Records per mini-batch. Mini-batches do not span input blocks: a block
+    /// is cut into `round(records / mini_batch)` of near-equal size.
     pub mini_batch: u32,
     /// `async` or `ssp`.
     pub sync: SyncMode,

@@ -222,6 +222,14 @@ pub fn build_snapshot(
             let Some(measured) = waited_on.mean() else {
                 continue;
             };
+            tracing::debug!(
+                worker = %w.container,
+                predicted_comm = predicted,
+                measured,
+                comp = x.comp_secs_per_batch.mean(),
+                batch = x.batch_secs_per_batch.mean(),
+                "per mini-batch: the cost model's communication and what was measured"
+            );
             per_worker.push((
                 predicted,
                 (measured - predicted).max(0.0),

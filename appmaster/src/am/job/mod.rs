@@ -604,8 +604,12 @@ impl Driver {
                 if let Some(t) = self.rc.load_started.remove(&id) {
                     self.rc.metrics.load(bytes, t.elapsed().as_secs_f64());
                 }
-                for &(b, _, bytes) in &blocks {
+                for &(b, records, bytes) in &blocks {
                     self.rc.input_bytes.insert(b, bytes);
+                    self.rc.mini_batches_per_epoch += cruise_container::ps::mini_batch_count(
+                        usize::try_from(records).unwrap_or(usize::MAX),
+                        self.config.job.mini_batch as usize,
+                    ) as u64;
                 }
                 self.records_per_epoch += blocks.iter().map(|b| b.1).sum::<u64>();
                 self.maybe_start_training().await?;
