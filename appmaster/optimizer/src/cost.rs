@@ -559,6 +559,7 @@ mod tests {
             model_bytes: 0,
             serial_fraction: 1.0,
             latency_secs_per_mini_batch: 0.0,
+            asynchronous: false,
         }
     }
 
@@ -571,6 +572,7 @@ mod tests {
             job: Job {
                 serial_fraction: f,
                 latency_secs_per_mini_batch: latency,
+                asynchronous: false,
                 ..job(1000, 100, 1000.0, 10, 4)
             },
             containers: vec![

@@ -67,6 +67,15 @@ pub struct Job {
     /// beyond the model's prediction; default 0.
     #[serde(default)]
     pub latency_secs_per_mini_batch: f64,
+    /// Workers train asynchronously (no clock holds them together): an
+    /// epoch ends when the workers together have processed the data set, so
+    /// its time is the data set over their summed throughput, whatever the
+    /// split of the input blocks among them. The trigger then compares
+    /// configurations by their roles, each with its best partition, and a
+    /// plan that would only move input between the same workers gains
+    /// nothing.
+    #[serde(default)]
+    pub asynchronous: bool,
 }
 
 fn one() -> f64 {

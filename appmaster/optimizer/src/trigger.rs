@@ -325,10 +325,21 @@ impl TriggerPolicy {
             }
         }
         let now = CostModel::including_reclaimed(snapshot)?;
-        let current_epoch = now
-            .evaluate(&current.counts())
-            .map(|b| b.epoch_secs)
-            .unwrap_or(f64::INFINITY);
+        let evaluated = || {
+            now.evaluate(&current.counts())
+                .map(|b| b.epoch_secs)
+                .unwrap_or(f64::INFINITY)
+        };
+        // Asynchronous workers each go at their own pace whatever input
+        // they hold: today's roles are worth their best partition.
+        let current_epoch = if snapshot.job.asynchronous {
+            let roles: Vec<Role> = now.current_placements().iter().map(|p| p.role).collect();
+            solve_for_roles(&now, &roles)
+                .map(|s| s.epoch_secs)
+                .unwrap_or_else(|_| evaluated())
+        } else {
+            evaluated()
+        };
         let model = CostModel::new(snapshot)?;
         let best = solve(&model)?;
         let job = &snapshot.job;

@@ -38,6 +38,7 @@ fn job(k: u32, l: u32, epochs: f64) -> Job {
         model_bytes: 16 << 20,
         serial_fraction: 1.0,
         latency_secs_per_mini_batch: 0.0,
+        asynchronous: false,
     }
 }
 
@@ -455,4 +456,42 @@ fn a_reclaimed_server_gives_its_model_blocks_to_the_servers_that_stay() {
     let after = p.plan.apply(&cfg).unwrap();
     assert!(!after.containers.contains_key("c3"));
     assert_eq!(after.validate().unwrap(), (48, 64));
+}
+
+/// Asynchronous workers each train at their own pace whatever input they
+/// hold, so a plan that would only even out the input between the same
+/// workers gains nothing and is not proposed; under a clock (SSP) the slow
+/// worker holds every epoch back and the same plan pays.
+#[test]
+fn asynchronous_jobs_do_not_rebalance_for_nothing() {
+    let mut j = job(32, 8, 1000.0);
+    // A fast and a slow worker on equal halves; the servers' CPUs are too
+    // slow to train on.
+    let specs = vec![
+        spec("fast", 1e-3, 1e9, 1e-9),
+        spec("slow", 4e-3, 1e9, 1e-9),
+        spec("s0", 10.0, 1e9, 1e-9),
+        spec("s1", 10.0, 1e9, 1e-9),
+    ];
+    let cfg = config(&j, &["fast", "slow"], &["s0", "s1"], &[]);
+    let policy = TriggerPolicy::default();
+    let d = policy
+        .decide(&snapshot(&j, &specs, &cfg, 50), &cfg)
+        .unwrap();
+    let Decision::Reconfigure(p) = d else {
+        panic!("under a clock the input is evened out: {d:?}")
+    };
+    assert!(
+        p.plan
+            .ops
+            .iter()
+            .all(|o| matches!(o.op, Operation::Move { .. })),
+        "{:?}",
+        p.plan
+    );
+    j.asynchronous = true;
+    let d = policy
+        .decide(&snapshot(&j, &specs, &cfg, 50), &cfg)
+        .unwrap();
+    assert!(matches!(d, Decision::Stay { .. }), "{d:?}");
 }

@@ -81,6 +81,8 @@ pub struct JobFacts {
     pub bandwidth_noise_tolerance: f64,
     /// Workers pull ahead and do not await their pushes (`job.pipeline`).
     pub pipelined: bool,
+    /// Workers are not held together by clocks (`job.sync = "async"`).
+    pub asynchronous: bool,
 }
 
 /// Replaces values that lie within `tol` of each other by their group's mean:
@@ -344,6 +346,7 @@ fn assemble(
             model_bytes: job.model_bytes,
             serial_fraction: 1.0,
             latency_secs_per_mini_batch: 0.0,
+            asynchronous: job.asynchronous,
         },
         containers,
         links,
@@ -438,6 +441,7 @@ mod tests {
             noise_tolerance: 0.25,
             bandwidth_noise_tolerance: 1.0,
             pipelined: false,
+            asynchronous: false,
         }
     }
 
@@ -567,6 +571,7 @@ mod tests {
             noise_tolerance: 0.25,
             bandwidth_noise_tolerance: 1.0,
             pipelined,
+            asynchronous: false,
         };
         // 1 MB per mini-batch, half each way, over a 1 GB/s link (each
         // direction): 0.5 ms predicted; measured round trips 1.5 ms for the

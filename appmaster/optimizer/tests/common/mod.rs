@@ -101,6 +101,7 @@ impl Inst {
                 model_bytes: 0,
                 serial_fraction: self.f,
                 latency_secs_per_mini_batch: self.lat,
+                asynchronous: false,
             },
             containers,
             links: self

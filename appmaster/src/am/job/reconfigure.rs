@@ -435,6 +435,7 @@ impl Driver {
             noise_tolerance: self.config.optimizer.noise_tolerance,
             bandwidth_noise_tolerance: self.config.optimizer.bandwidth_noise_tolerance,
             pipelined: self.config.job.pipeline,
+            asynchronous: self.config.job.sync == cruise_conf::SyncMode::Async,
         };
         let (snapshot, current) = build_snapshot(facts, &evals, &self.rc.metrics);
         let file = &self.config.optimizer.snapshot_file;
