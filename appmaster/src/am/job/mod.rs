@@ -217,7 +217,16 @@ impl Driver {
         mut events: mpsc::Receiver<Event>,
         mut rm_events: mpsc::UnboundedReceiver<RmEvent>,
     ) -> Result<JobSummary, AmError> {
-        let r = self.run_inner(&mut events, &mut rm_events).await;
+        let r = match self.run_inner(&mut events, &mut rm_events).await {
+            // Cancelling closes the control connections, and the evaluators
+            // exit because of it: whichever of those events the loop saw
+            // before the cancellation itself, the cause is the cancellation.
+            Err(e) if self.cancel.is_cancelled() && !matches!(e, AmError::Cancelled) => {
+                tracing::debug!("after the job was cancelled: {e}");
+                Err(AmError::Cancelled)
+            }
+            r => r,
+        };
         let r = match r {
             Ok(()) => Ok(self.summary()),
             Err(e) => {
