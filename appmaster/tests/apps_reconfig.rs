@@ -202,12 +202,18 @@ async fn nmf_keeps_its_quality_under_reconfiguration() {
 async fn lda_keeps_its_quality_under_reconfiguration() {
     let dir = tempfile::tempdir().unwrap();
     let input = dir.path().join("lda.txt");
+    // Documents of 60 tokens. At 30 (seed 13) collapsed Gibbs sampling has a
+    // second basin (2.615 nats per token against 2.414) that 3 of 16
+    // disturbed and 1 of 28 undisturbed runs fell into on a loaded machine:
+    // the comparison then measured which basin a run found, not what the
+    // reconfiguration did. At 60 all of 24 disturbed runs under the same
+    // load ended within 0.1% of their undisturbed run.
     let truth = generate(
         &GenSpec::Lda(lda::GenParams {
             docs: 600,
             vocab: 100,
             topics: 4,
-            doc_len: 30,
+            doc_len: 60,
             alpha: 0.1,
             beta: 0.05,
             seed: 13,
