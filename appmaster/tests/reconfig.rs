@@ -53,6 +53,14 @@ fn consistent(s: &JobSummary) {
     );
 }
 
+/// Cancels an endless job and waits for it to end.
+async fn stop(cluster: Cluster) {
+    cluster.cancel();
+    let _ = tokio::time::timeout(WAIT, cluster.join())
+        .await
+        .expect("no hang");
+}
+
 async fn training(cluster: &mut Cluster) {
     cluster
         .await_status(WAIT, |s| s.phase == "training" && s.records_processed > 0)
@@ -84,10 +92,7 @@ async fn offered_capacity_is_used() {
         .await
         .unwrap();
     assert!(st.capacity == 4);
-    cluster.cancel();
-    let _ = tokio::time::timeout(WAIT, cluster.join())
-        .await
-        .expect("no hang");
+    stop(cluster).await;
 }
 
 /// Capacity taken back: a forced plan moves the blocks off the container to
@@ -168,10 +173,7 @@ async fn shrink(scale_in_input: ScaleInInput) -> cruise_appmaster::am::Status {
         })
         .await
         .unwrap();
-    cluster.cancel();
-    let _ = tokio::time::timeout(WAIT, cluster.join())
-        .await
-        .expect("no hang");
+    stop(cluster).await;
     st
 }
 
@@ -215,4 +217,30 @@ async fn failed_operation_leaves_a_consistent_job() {
         .expect("no hang")
         .expect("the job survives a failed operation");
     consistent(&s);
+}
+
+/// The optimizer is told the mini-batch the workers really run. Workers cut
+/// each input block into round(n / B) near-equal mini-batches: 16 blocks of
+/// about 250 records at B = 70 make 4 mini-batches of about 62.5 each, so
+/// the snapshot the optimizer works from says 63 (4000 / 64), not 70.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_optimizer_sees_the_mini_batch_the_workers_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let snapshot = dir.path().join("snapshot.json");
+    let mut c = config(2, 1, 1_000_000);
+    c.job.mini_batch = 70;
+    c.optimizer.snapshot_file = snapshot.display().to_string();
+    let mut cluster = Cluster::start(c, data(dir.path(), 4000), dir.path().join("w"));
+    let read = || -> Option<serde_json::Value> {
+        serde_json::from_str(&std::fs::read_to_string(&snapshot).ok()?).ok()
+    };
+    cluster
+        .await_status(WAIT, |_| read().is_some())
+        .await
+        .unwrap();
+    stop(cluster).await;
+    let job = read().unwrap()["job"].clone();
+    assert_eq!(job["total_records"], 4000, "{job}");
+    assert_eq!(job["input_blocks"], 16, "{job}");
+    assert_eq!(job["mini_batch_size"], 63, "{job}");
 }

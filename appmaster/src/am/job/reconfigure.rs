@@ -56,6 +56,12 @@ struct MoveOp {
 /// containers read 32 MB/s where their probe read 46).
 const MIN_MEASURING_BLOCK: u64 = 1 << 20;
 
+/// Whether a move of `blocks` blocks and `bytes` bytes measures its link's
+/// capacity: its blocks average at least [`MIN_MEASURING_BLOCK`].
+fn measures_capacity(bytes: u64, blocks: usize) -> bool {
+    blocks > 0 && bytes / blocks as u64 >= MIN_MEASURING_BLOCK
+}
+
 /// A move of input blocks in a scale-in, carried out by
 /// re-reading the blocks from the job's input at the destination: the
 /// source drops them, then the destination loads them.
@@ -878,7 +884,7 @@ impl Driver {
         let Some(m) = self.rc.moves.remove(&move_id) else {
             return;
         };
-        if m.blocks > 0 && m.bytes / m.blocks as u64 >= MIN_MEASURING_BLOCK {
+        if measures_capacity(m.bytes, m.blocks) {
             self.rc.metrics.bulk(m.from, m.to, m.bytes, secs);
         }
         let r = match result {
@@ -1284,6 +1290,17 @@ mod tests {
         assert_eq!(effective_mini_batch(0, 0, 100), 100, "before loading");
         assert_eq!(effective_mini_batch(5, 10, 100), 1);
     }
+
+    #[test]
+    fn only_moves_of_large_blocks_measure_capacity() {
+        // The move that misled the model: 32 input blocks of 68 KB.
+        assert!(!measures_capacity(32 * 68_000, 32));
+        assert!(measures_capacity(4 << 20, 4), "blocks of 1 MiB");
+        assert!(!measures_capacity((4 << 20) - 1, 4), "just under 1 MiB");
+        assert!(measures_capacity(64 << 20, 1));
+        assert!(!measures_capacity(1 << 30, 0), "no blocks: nothing moved");
+    }
+
     use cruise_conf::ScaleInInput;
 
     #[test]
