@@ -680,7 +680,21 @@ impl Kernel {
         let Some(l) = self.live.remove(id) else {
             return;
         };
-        // Deleting the namespace deletes the veth pair (and its qdiscs).
+        // The namespace, and the veth end in it, go only once its last
+        // process has gone and the kernel has cleaned up after it (later
+        // than the evaluator's exit, and a killed one may not have exited
+        // yet). Deleting the host's end removes the pair (and its qdiscs) at
+        // once: nothing is left behind, and the address, free again, can be
+        // given to the next container without its veth name being taken.
+        if Path::new("/sys/class/net").join(&l.host_veth).exists()
+            && let Err(e) = run(
+                &self.ip,
+                &["link", "del", &l.host_veth],
+                "removing a container's link",
+            )
+        {
+            tracing::warn!("{e}");
+        }
         if let Err(e) = run(
             &self.ip,
             &["netns", "del", &l.netns],
