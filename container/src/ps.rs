@@ -233,9 +233,60 @@ fn round_trip(samples: &[LinkSample], waited: f64) -> f64 {
         .unwrap_or(waited)
 }
 
-/// Without `job.pipeline`, mini-batches that compute in less than this
-/// (smoothed) compute on the worker's own thread; others on the blocking pool.
+/// Mini-batches that compute in less than this (smoothed) compute on the
+/// worker's own thread; others on the blocking pool. With `job.pipeline`,
+/// all but the timing runs ([`TimingRuns`]) do.
 const INLINE_COMPUTE_SECS: f64 = 500e-6;
+
+/// With `job.pipeline`, short computations go to the blocking pool anyway in
+/// runs of `RUN` mini-batches, one run every `EVERY` mini-batches or every
+/// `INTERVAL`, whichever comes first, so that the answers arriving meanwhile
+/// are read, and timed, when they arrive: the optimizer's round trips and
+/// link speeds come from those. A computation on the worker's own thread
+/// holds every answer until it ends, and the requests on their way during
+/// one are not timed. (A pull is on its way during one computation, a push
+/// during two: a run of 2 times 2 pulls and a push.) Handing every
+/// computation to the pool and back cost MLR at B = 100 a third of its
+/// throughput (thread wake-ups both ways, 2 per mini-batch).
+struct TimingRuns {
+    /// Mini-batches since the last run started.
+    since: u64,
+    /// When the last run started.
+    started: Instant,
+    /// Mini-batches of the current run still to go.
+    left: u64,
+}
+
+impl TimingRuns {
+    const RUN: u64 = 2;
+    const EVERY: u64 = 16;
+    const INTERVAL: Duration = Duration::from_millis(10);
+
+    fn new() -> Self {
+        TimingRuns {
+            since: Self::EVERY,
+            started: Instant::now(),
+            left: 0,
+        }
+    }
+
+    /// Whether the next (short) computation belongs to a timing run.
+    fn next(&mut self) -> bool {
+        if self.left == 0 && (self.since >= Self::EVERY || self.started.elapsed() >= Self::INTERVAL)
+        {
+            self.left = Self::RUN;
+            self.since = 0;
+            self.started = Instant::now();
+        }
+        self.since += 1;
+        if self.left > 0 {
+            self.left -= 1;
+            true
+        } else {
+            false
+        }
+    }
+}
 
 /// With `job.pipeline`: mini-batches pulled ahead, and pushes left
 /// unacknowledged, at most. Two hide a round trip behind a computation; more
@@ -259,6 +310,9 @@ struct Prefetched {
     /// Pushes this worker had sent when the pull went out: the answer
     /// reflects those, and not the ones sent since.
     seen: u64,
+    /// No computation ran on the worker's own thread while it was on its
+    /// way, so its answer was timed when it arrived.
+    timed: bool,
 }
 
 /// A push this worker sent, kept until every pull on its way reflects it.
@@ -316,6 +370,8 @@ fn apply_own_pushes(
 struct InFlightPush {
     push: Traced,
     report: MiniBatchReport,
+    /// As [`Prefetched::timed`].
+    timed: bool,
 }
 
 /// The mini-batches of one local epoch, block after block. Blocks that move
@@ -420,8 +476,11 @@ async fn complete_push(p: InFlightPush) -> Result<MiniBatchReport, PsError> {
         message: e.message,
     })?;
     let mut report = p.report;
-    report.push_secs = round_trip(&samples, waited);
-    report.links.extend(samples);
+    if p.timed {
+        report.push_secs = round_trip(&samples, waited);
+        report.links.extend(samples);
+        report.timed_pushes = 1;
+    }
     Ok(report)
 }
 
@@ -465,6 +524,7 @@ pub async fn run_worker(mut ctx: WorkerContext) -> Result<(), PsError> {
     let depth = if ctx.pipeline { PIPELINE_DEPTH } else { 0 };
     // Smoothed compute time of a mini-batch (unknown before the first).
     let mut comp_ema: Option<f64> = None;
+    let mut timing = TimingRuns::new();
     'epochs: loop {
         if let Some(s) = ctx.task.staleness {
             // SSP: wait until the slowest worker is within `s` epochs.
@@ -500,6 +560,7 @@ pub async fn run_worker(mut ctx: WorkerContext) -> Result<(), PsError> {
                         keys,
                         pull,
                         seen,
+                        timed: true,
                     });
                 }
             };
@@ -527,7 +588,11 @@ pub async fn run_worker(mut ctx: WorkerContext) -> Result<(), PsError> {
             let (r, links) = cur.pull.await;
             let waited = t0.elapsed().as_secs_f64();
             let mut values = pulled(r)?;
-            let pull_secs = round_trip(&links, waited);
+            let (pull_secs, links) = if cur.timed {
+                (round_trip(&links, waited), links)
+            } else {
+                (0.0, Vec::new())
+            };
             let unseen: Vec<&StoreOp> = recent
                 .iter()
                 .filter(|p| p.seq >= cur.seen)
@@ -552,14 +617,20 @@ pub async fn run_worker(mut ctx: WorkerContext) -> Result<(), PsError> {
                 };
                 (out, ks)
             };
-            // Without pipelining, a short computation runs here: handing it
-            // to another thread and back costs more than it does. A long one,
-            // or any while requests are in flight, goes to the blocking pool:
-            // the connections stay served, and an answer that arrives during
-            // the computation is timed when it arrives, not when the
-            // computation ends (the optimizer's latency comes from those
-            // times).
-            let (out, ks) = if !ctx.pipeline && comp_ema.is_some_and(|c| c < INLINE_COMPUTE_SECS) {
+            // A short computation runs here: handing it to another thread
+            // and back costs more than it does. A long one goes to the
+            // blocking pool, so that the connections stay served; so do a
+            // few short ones while requests are in flight (TimingRuns).
+            let inline = comp_ema.is_some_and(|c| c < INLINE_COMPUTE_SECS)
+                && (!ctx.pipeline || !timing.next());
+            let (out, ks) = if inline {
+                // Answers to the requests on their way are read after it.
+                for p in &mut ahead {
+                    p.timed = false;
+                }
+                for p in &mut pushes {
+                    p.timed = false;
+                }
                 compute()
             } else {
                 tokio::task::spawn_blocking(compute)
@@ -594,8 +665,12 @@ pub async fn run_worker(mut ctx: WorkerContext) -> Result<(), PsError> {
                 push_bytes: deltas.byte_len() as u64,
                 batch_secs: 0.0,
                 links,
+                timed_pulls: u32::from(cur.timed),
+                // Completed with the push, if there is one.
+                timed_pushes: 0,
             };
             if deltas.is_empty() {
+                report.timed_pushes = 1;
                 report.batch_secs = last_end.elapsed().as_secs_f64();
                 reporter.add(report);
                 refill(&mut ahead, &mut cursor, depth.max(1), pushed);
@@ -609,6 +684,7 @@ pub async fn run_worker(mut ctx: WorkerContext) -> Result<(), PsError> {
                 let push = InFlightPush {
                     push: ctx.dp.execute_arc_traced(Arc::clone(&op)),
                     report,
+                    timed: true,
                 };
                 pushed += 1;
                 if depth > 0 {
@@ -815,6 +891,20 @@ pub async fn run_server(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Runs of 2 every 16 mini-batches when they are fast; every one when
+    /// they are slower than the interval.
+    #[test]
+    fn timing_runs_every_16_mini_batches_or_10_ms() {
+        let mut t = TimingRuns::new();
+        let pattern: Vec<bool> = (0..32).map(|_| t.next()).collect();
+        let timed: Vec<usize> = (0..32).filter(|&i| pattern[i]).collect();
+        assert_eq!(timed, vec![0, 1, 16, 17], "{pattern:?}");
+        t.started -= TimingRuns::INTERVAL;
+        assert!(t.next(), "a run starts once the interval has passed");
+        assert!(t.next());
+        assert!(!t.next());
+    }
 
     #[test]
     fn blocks_are_cut_into_near_equal_mini_batches() {

@@ -76,11 +76,13 @@ pub struct EvalMetrics {
     pub bytes_per_batch: Window,
     /// Bytes per mini-batch on the busier direction (the larger of pull and push).
     pub link_bytes_per_batch: Window,
-    /// Seconds pulling plus pushing per mini-batch (their round trips).
-    pub comm_secs_per_batch: Window,
     /// Round trip of the pull per mini-batch (what a pipelined worker waits
     /// on: its push's answer is not awaited).
     pub pull_secs_per_batch: Window,
+    /// Round trip of the push per mini-batch (0 for one without a push).
+    /// Pulls and pushes are timed in different mini-batches (see
+    /// `MiniBatchReport::timed_pulls`), so each has its own window.
+    pub push_secs_per_batch: Window,
     /// Compute seconds per mini-batch.
     pub comp_secs_per_batch: Window,
     /// Wall seconds per mini-batch in the worker's loop (compute, waits and
@@ -95,6 +97,13 @@ pub struct EvalMetrics {
     pub skip: u32,
     /// CPU speed from the calibration (arbitrary units; higher is faster).
     pub cpu_speed: Option<f64>,
+}
+
+impl EvalMetrics {
+    /// Seconds pulling plus pushing per mini-batch (their round trips).
+    pub fn comm_secs_per_batch(&self) -> Option<f64> {
+        Some(self.pull_secs_per_batch.mean()? + self.push_secs_per_batch.mean()?)
+    }
 }
 
 /// All of the job's measurements.
@@ -174,8 +183,8 @@ impl Metrics {
             comp_per_record: Window::new(w),
             bytes_per_batch: Window::new(w),
             link_bytes_per_batch: Window::new(w),
-            comm_secs_per_batch: Window::new(w),
             pull_secs_per_batch: Window::new(w),
+            push_secs_per_batch: Window::new(w),
             comp_secs_per_batch: Window::new(w),
             batch_secs_per_batch: Window::new(w),
             server_secs_per_byte: Window::new(w),
@@ -213,9 +222,15 @@ impl Metrics {
             .push((r.pull_bytes + r.push_bytes) as f64 / per);
         e.link_bytes_per_batch
             .push(r.pull_bytes.max(r.push_bytes) as f64 / per);
-        e.comm_secs_per_batch
-            .push((r.pull_secs + r.push_secs) / per);
-        e.pull_secs_per_batch.push(r.pull_secs / per);
+        // Round trips per timed mini-batch (see MiniBatchReport::timed_pulls).
+        if r.timed_pulls > 0 {
+            e.pull_secs_per_batch
+                .push(r.pull_secs / f64::from(r.timed_pulls));
+        }
+        if r.timed_pushes > 0 {
+            e.push_secs_per_batch
+                .push(r.push_secs / f64::from(r.timed_pushes));
+        }
         e.comp_secs_per_batch.push(r.comp_secs / per);
         if r.batch_secs > 0.0 {
             e.batch_secs_per_batch.push(r.batch_secs / per);
@@ -352,7 +367,7 @@ impl Metrics {
                     id,
                     comp_secs_per_record: e.comp_per_record.mean(),
                     bytes_per_mini_batch: e.bytes_per_batch.mean(),
-                    comm_secs_per_mini_batch: e.comm_secs_per_batch.mean(),
+                    comm_secs_per_mini_batch: e.comm_secs_per_batch(),
                     batch_secs_per_mini_batch: e.batch_secs_per_batch.mean(),
                     server_secs_per_byte: e.server_secs_per_byte.mean(),
                     mini_batches: e.batches,
@@ -402,6 +417,8 @@ mod tests {
             push_bytes: bytes,
             batch_secs: comp + 0.002,
             links: Vec::new(),
+            timed_pulls: 1,
+            timed_pushes: 1,
         }
     }
 
@@ -435,6 +452,27 @@ mod tests {
         m.mini_batch(1, &report(100, 50.0, 10), &[]); // first after reconfiguration
         assert_eq!(m.get(1).unwrap().batches, 0);
         assert!((m.get(1).unwrap().comp_per_record.mean().unwrap() - 0.001).abs() < 1e-12);
+    }
+
+    /// Round trips are averaged over the mini-batches that timed them; a
+    /// report with none timed says nothing about them.
+    #[test]
+    fn round_trips_count_timed_mini_batches_only() {
+        let mut m = Metrics::new(10, 0);
+        let mut r = report(800, 0.8, 10);
+        r.mini_batches = 8;
+        (r.pull_secs, r.timed_pulls) = (0.002, 1);
+        (r.push_secs, r.timed_pushes) = (0.006, 2);
+        m.mini_batch(1, &r, &[]);
+        (r.timed_pulls, r.timed_pushes) = (0, 0);
+        (r.pull_secs, r.push_secs) = (0.0, 0.0);
+        m.mini_batch(1, &r, &[]);
+        let e = m.get(1).unwrap();
+        assert_eq!(e.batches, 16);
+        assert_eq!(e.pull_secs_per_batch.len(), 1);
+        assert!((e.pull_secs_per_batch.mean().unwrap() - 0.002).abs() < 1e-12);
+        assert!((e.comm_secs_per_batch().unwrap() - 0.005).abs() < 1e-12);
+        assert!((e.comp_secs_per_batch.mean().unwrap() - 0.1).abs() < 1e-12);
     }
 
     #[test]

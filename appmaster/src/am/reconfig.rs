@@ -217,11 +217,11 @@ pub fn build_snapshot(
             }
             let predicted = w.comm_secs / w.mini_batches as f64;
             let waited_on = if job.pipelined {
-                &x.pull_secs_per_batch
+                x.pull_secs_per_batch.mean()
             } else {
-                &x.comm_secs_per_batch
+                x.comm_secs_per_batch()
             };
-            let Some(measured) = waited_on.mean() else {
+            let Some(measured) = waited_on else {
                 continue;
             };
             tracing::debug!(
@@ -463,6 +463,8 @@ mod tests {
                 pull_bytes: pull,
                 push_secs: 0.01,
                 push_bytes: push,
+                timed_pulls: 1,
+                timed_pushes: 1,
                 ..MiniBatchReport::default()
             };
             m.mini_batch(1, &r, &[]);
@@ -592,6 +594,8 @@ mod tests {
                     push_secs: 0.015,
                     push_bytes: 5_000_000,
                     batch_secs: 10.0 * batch_secs,
+                    timed_pulls: 10,
+                    timed_pushes: 10,
                     ..Default::default()
                 };
                 m.mini_batch(1, &r, &[]);

@@ -437,8 +437,16 @@ pub struct MiniBatchReport {
     /// Wall time of the mini-batch in the worker's loop, waits, compute and
     /// reporting included: what the mini-batch cost the worker.
     pub batch_secs: f64,
-    /// Per-peer transfers of the pull and the push (local parts excluded).
+    /// Per-peer transfers of the pull and the push (local parts excluded),
+    /// of the timed ones only.
     pub links: Vec<LinkSample>,
+    /// Mini-batches whose pull round trip is in `pull_secs`. A pull that was
+    /// on its way while the worker computed on its own thread is not timed:
+    /// its answer was read only once the computation ended.
+    pub timed_pulls: u32,
+    /// Mini-batches whose push round trip is in `push_secs` (a mini-batch
+    /// without a push counts, at 0 s); untimed as pulls are.
+    pub timed_pushes: u32,
 }
 
 impl MiniBatchReport {
@@ -456,6 +464,8 @@ impl MiniBatchReport {
         self.push_bytes += o.push_bytes;
         self.batch_secs += o.batch_secs;
         self.links.extend_from_slice(&o.links);
+        self.timed_pulls += o.timed_pulls;
+        self.timed_pushes += o.timed_pushes;
     }
 }
 
