@@ -666,11 +666,11 @@ pub async fn run_worker(mut ctx: WorkerContext) -> Result<(), PsError> {
                 batch_secs: 0.0,
                 links,
                 timed_pulls: u32::from(cur.timed),
-                // Completed with the push, if there is one.
-                timed_pushes: 0,
+                // Without a push its round trip is known (0 s); with one,
+                // completing the push says.
+                timed_pushes: u32::from(deltas.is_empty()),
             };
             if deltas.is_empty() {
-                report.timed_pushes = 1;
                 report.batch_secs = last_end.elapsed().as_secs_f64();
                 reporter.add(report);
                 refill(&mut ahead, &mut cursor, depth.max(1), pushed);

@@ -31,7 +31,7 @@ fn cruise() -> Command {
 ///
 /// 200 features a record make computation the larger part of a mini-batch,
 /// so that the optimum of 4 containers (3 workers, 1 server) is clear:
-/// measured there, the cost model puts it about 30% ahead of the next split
+/// measured there, the cost model puts it 26–27% ahead of the next split
 /// (and it is: 0.41–0.45 s an epoch against 0.52 s at 2 + 2). At the default 40
 /// features 2 + 2 and 3 + 1 are within a few percent of each other, and the
 /// noise of a shared 2-core machine decides between them (a job started at

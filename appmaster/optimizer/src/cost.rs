@@ -572,7 +572,6 @@ mod tests {
             job: Job {
                 serial_fraction: f,
                 latency_secs_per_mini_batch: latency,
-                asynchronous: false,
                 ..job(1000, 100, 1000.0, 10, 4)
             },
             containers: vec![
