@@ -18,7 +18,7 @@
 //! in the configuration the operations that did succeed produced (the AM's
 //! ownership table only ever records blocks that were installed).
 
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -1029,53 +1029,43 @@ impl Driver {
         Ok(())
     }
 
+    /// Sends `Shutdown` to every draining evaluator whose members have all
+    /// acknowledged its ownership version (see [`ready_to_leave`]).
     async fn progress_deletes(&mut self) {
-        let ids: Vec<EvaluatorId> = self.rc.deletes.keys().copied().collect();
-        for id in ids {
-            let Some(stage) = self.rc.deletes.get(&id).map(|d| d.stage) else {
-                continue;
-            };
-            if let DeleteStage::Draining(v) = stage {
-                // Evaluators already told to leave acknowledge nothing more
-                // (and own nothing): waiting for them would never end.
-                let behind: Vec<EvaluatorId> = self
-                    .members()
-                    .filter(|&m| {
-                        m != id
-                            && self.evaluators[&m].acked_version < v
-                            && !self
-                                .rc
-                                .deletes
-                                .get(&m)
-                                .is_some_and(|d| d.stage == DeleteStage::Exiting)
-                    })
-                    .collect();
-                let acked = behind.is_empty();
-                if !acked {
-                    tracing::debug!(
-                        evaluator = id,
-                        version = v,
-                        ?behind,
-                        "delete waits for members to acknowledge the ownership"
-                    );
-                }
-                if acked {
-                    if let Some(d) = self.rc.deletes.get_mut(&id) {
-                        d.stage = DeleteStage::Exiting;
-                    }
-                    tracing::info!("evaluator {id} leaves the job");
-                    self.send(
-                        id,
-                        AmToEval::Shutdown {
-                            reason: "released by the optimizer".into(),
-                        },
-                    )
-                    .await;
-                    let container = self.evaluators[&id].container.clone();
-                    if let Err(e) = self.rm.release(&container).await {
-                        tracing::warn!("releasing container {container}: {e}");
-                    }
-                }
+        let stages: BTreeMap<EvaluatorId, DeleteStage> = self
+            .rc
+            .deletes
+            .iter()
+            .map(|(&id, d)| (id, d.stage))
+            .collect();
+        let acked: BTreeMap<EvaluatorId, u64> = self
+            .members()
+            .map(|m| (m, self.evaluators[&m].acked_version))
+            .collect();
+        let (leaving, waiting) = ready_to_leave(&stages, &acked);
+        for (id, version, behind) in waiting {
+            tracing::debug!(
+                evaluator = id,
+                version,
+                ?behind,
+                "delete waits for members to acknowledge the ownership"
+            );
+        }
+        for id in leaving {
+            if let Some(d) = self.rc.deletes.get_mut(&id) {
+                d.stage = DeleteStage::Exiting;
+            }
+            tracing::info!("evaluator {id} leaves the job");
+            self.send(
+                id,
+                AmToEval::Shutdown {
+                    reason: "released by the optimizer".into(),
+                },
+            )
+            .await;
+            let container = self.evaluators[&id].container.clone();
+            if let Err(e) = self.rm.release(&container).await {
+                tracing::warn!("releasing container {container}: {e}");
             }
         }
     }
@@ -1086,6 +1076,11 @@ impl Driver {
             && d.stage == DeleteStage::Stopping
         {
             d.stage = DeleteStage::Draining(self.version);
+            // No longer training: not counted as a worker (nor waited for by
+            // SSP's clock) while it drains.
+            if let Some(e) = self.evaluators.get_mut(&id) {
+                e.role = Role::Idle;
+            }
             self.progress_deletes().await;
             return;
         }
@@ -1268,6 +1263,55 @@ impl Driver {
     }
 }
 
+/// The draining deletes that may let their evaluator go, given each
+/// delete's stage and each member's acknowledged ownership version: those
+/// whose version every other member has applied. Members already told to
+/// leave acknowledge nothing more (and own nothing), so they are not waited
+/// for; one leaving can therefore release another that waited for it, and
+/// this repeats until nothing changes. (A single pass in map order once
+/// checked a delete before the one it waited for left, and nothing came
+/// later to check it again: the plan never finished.) Returns the leavers
+/// in order and, for the rest, their version and whom they wait for.
+#[allow(clippy::type_complexity)]
+fn ready_to_leave(
+    stages: &BTreeMap<EvaluatorId, DeleteStage>,
+    acked: &BTreeMap<EvaluatorId, u64>,
+) -> (Vec<EvaluatorId>, Vec<(EvaluatorId, u64, Vec<EvaluatorId>)>) {
+    let mut exiting: BTreeSet<EvaluatorId> = stages
+        .iter()
+        .filter(|(_, s)| **s == DeleteStage::Exiting)
+        .map(|(&id, _)| id)
+        .collect();
+    let mut leaving = Vec::new();
+    loop {
+        let mut waiting = Vec::new();
+        let mut changed = false;
+        for (&id, stage) in stages {
+            let DeleteStage::Draining(v) = *stage else {
+                continue;
+            };
+            if exiting.contains(&id) {
+                continue;
+            }
+            let behind: Vec<EvaluatorId> = acked
+                .iter()
+                .filter(|&(&m, &a)| m != id && a < v && !exiting.contains(&m))
+                .map(|(&m, _)| m)
+                .collect();
+            if behind.is_empty() {
+                exiting.insert(id);
+                leaving.push(id);
+                changed = true;
+            } else {
+                waiting.push((id, v, behind));
+            }
+        }
+        if !changed {
+            return (leaving, waiting);
+        }
+    }
+}
+
 /// Records per epoch over mini-batches per epoch, rounded (the configured
 /// size until the input is loaded).
 fn effective_mini_batch(records: u64, mini_batches: u64, configured: u32) -> u32 {
@@ -1282,6 +1326,36 @@ fn effective_mini_batch(records: u64, mini_batches: u64, configured: u32) -> u32
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_delete_waiting_for_a_leaver_is_released_with_it() {
+        use DeleteStage::{Draining, Exiting, Stopping};
+        let acked = |v: &[(u32, u64)]| v.iter().copied().collect::<BTreeMap<_, _>>();
+        let stages = |v: &[(u32, DeleteStage)]| v.iter().copied().collect::<BTreeMap<_, _>>();
+        // 3 waits for 4 (which has not applied version 5); 4 waits for
+        // nobody. Checked in id order, 3 comes first: a single pass let 4 go
+        // and left 3 waiting for an evaluator that acknowledges nothing more.
+        let (leaving, waiting) = ready_to_leave(
+            &stages(&[(3, Draining(5)), (4, Draining(5))]),
+            &acked(&[(1, 5), (2, 5), (3, 5), (4, 4)]),
+        );
+        assert_eq!(leaving, vec![4, 3]);
+        assert!(waiting.is_empty(), "{waiting:?}");
+        // A member still behind (2, not leaving) holds both.
+        let (leaving, waiting) = ready_to_leave(
+            &stages(&[(3, Draining(5)), (4, Draining(5))]),
+            &acked(&[(1, 5), (2, 4), (3, 4), (4, 4)]),
+        );
+        assert!(leaving.is_empty());
+        assert_eq!(waiting, vec![(3, 5, vec![2, 4]), (4, 5, vec![2, 3])]);
+        // Exiting members are not waited for; stopping ones are not released.
+        let (leaving, waiting) = ready_to_leave(
+            &stages(&[(2, Stopping), (3, Exiting), (4, Draining(6))]),
+            &acked(&[(1, 6), (2, 6), (3, 2), (4, 6)]),
+        );
+        assert_eq!(leaving, vec![4]);
+        assert!(waiting.is_empty());
+    }
 
     #[test]
     fn effective_mini_batch_is_records_over_rounds() {
