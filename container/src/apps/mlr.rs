@@ -57,11 +57,131 @@ pub fn params(c: &MlrConfig, model_blocks: u32) -> Result<AppParams, AppError> {
 }
 
 /// The MLR app.
+/// Division and remainder of 32-bit numbers by a divisor fixed at run time,
+/// by multiplication (Lemire, Kaser and Kurz, "Faster remainder by direct
+/// computation", 2019): a mini-batch divides every entry's feature index by
+/// the features per key, and a hardware division costs several times more.
+#[derive(Debug, Clone, Copy)]
+struct FastDiv {
+    d: u32,
+    /// `⌈2⁶⁴ / d⌉` (0 when `d` is 1, which is handled apart).
+    m: u64,
+}
+
+impl FastDiv {
+    fn new(d: u32) -> FastDiv {
+        let d = d.max(1);
+        FastDiv {
+            d,
+            m: if d == 1 {
+                0
+            } else {
+                u64::MAX / u64::from(d) + 1
+            },
+        }
+    }
+
+    #[inline]
+    fn div(self, n: u32) -> u32 {
+        if self.d == 1 {
+            return n;
+        }
+        ((u128::from(self.m) * u128::from(n)) >> 64) as u32
+    }
+
+    #[inline]
+    fn rem(self, n: u32) -> u32 {
+        if self.d == 1 {
+            return 0;
+        }
+        let low = self.m.wrapping_mul(u64::from(n));
+        ((u128::from(low) * u128::from(self.d)) >> 64) as u32
+    }
+}
+
+/// Runs `$body` with the const `$k` bound to `$classes` when it is a common
+/// class count (2 to 16), else to 0 (the kernels then read the count at run
+/// time). With the count known at compile time the per-entry loops over the
+/// classes unroll without bounds checks, and the divisions by it become
+/// multiplications.
+macro_rules! with_classes {
+    ($classes:expr, $k:ident => $body:expr) => {
+        match $classes {
+            2 => {
+                const $k: usize = 2;
+                $body
+            }
+            3 => {
+                const $k: usize = 3;
+                $body
+            }
+            4 => {
+                const $k: usize = 4;
+                $body
+            }
+            5 => {
+                const $k: usize = 5;
+                $body
+            }
+            6 => {
+                const $k: usize = 6;
+                $body
+            }
+            7 => {
+                const $k: usize = 7;
+                $body
+            }
+            8 => {
+                const $k: usize = 8;
+                $body
+            }
+            9 => {
+                const $k: usize = 9;
+                $body
+            }
+            10 => {
+                const $k: usize = 10;
+                $body
+            }
+            11 => {
+                const $k: usize = 11;
+                $body
+            }
+            12 => {
+                const $k: usize = 12;
+                $body
+            }
+            13 => {
+                const $k: usize = 13;
+                $body
+            }
+            14 => {
+                const $k: usize = 14;
+                $body
+            }
+            15 => {
+                const $k: usize = 15;
+                $body
+            }
+            16 => {
+                const $k: usize = 16;
+                $body
+            }
+            _ => {
+                const $k: usize = 0;
+                $body
+            }
+        }
+    };
+}
+
 #[derive(Debug, Clone)]
 pub struct Mlr {
     classes: usize,
     features: u32,
     fpk: usize,
+    /// Division by `fpk` of a feature index, by multiplication.
+    fpk_div: FastDiv,
     value_len: usize,
     model_keys: u64,
     step_size: f32,
@@ -89,6 +209,10 @@ impl Mlr {
             classes: classes as usize,
             features: c.features,
             fpk: fpk as usize,
+            fpk_div: FastDiv::new(
+                u32::try_from(fpk)
+                    .map_err(|_| bad(format!("features_per_key {fpk} is too large")))?,
+            ),
             value_len: p.value_len as usize,
             model_keys: p.model_keys,
             step_size: c.step_size as f32,
@@ -128,12 +252,13 @@ impl Mlr {
         keyindex::positions(
             keys,
             self.model_keys,
-            entries.iter().map(|&i| self.key_of(u64::from(i))),
+            entries.iter().map(|&i| u64::from(self.fpk_div.div(i))),
             &mut pos,
         );
         for (p, &i) in pos.iter_mut().zip(entries) {
             if *p != keyindex::ABSENT {
-                let off = *p as usize * self.value_len + (i as usize % self.fpk) * self.classes;
+                let off =
+                    *p as usize * self.value_len + self.fpk_div.rem(i) as usize * self.classes;
                 *p = u32::try_from(off).unwrap_or(keyindex::ABSENT);
             }
         }
@@ -142,8 +267,10 @@ impl Mlr {
 
     /// Scores of one record into `scores` from its entries' weight offsets
     /// (`slots`, see [`Mlr::entry_slots`]) and the bias row's; returns the
-    /// predicted class.
-    fn scores(
+    /// predicted class. `K` is the class count when known at compile time
+    /// (see [`with_classes`]), 0 when only at run time.
+    #[inline]
+    fn scores<const K: usize>(
         &self,
         w: &[f32],
         bias: Option<usize>,
@@ -151,7 +278,8 @@ impl Mlr {
         val: &[f32],
         scores: &mut [f32],
     ) -> usize {
-        let k = self.classes;
+        let k = if K == 0 { self.classes } else { K };
+        let scores = &mut scores[..k];
         match bias {
             Some(b) => scores.copy_from_slice(&w[b..b + k]),
             None => scores.fill(0.0),
@@ -171,6 +299,99 @@ impl Mlr {
             }
         }
         best
+    }
+
+    /// The gradient step of a mini-batch ([`App::compute`]'s work), with the
+    /// class count `K` known at compile time where it can be (0: run time).
+    fn step<const K: usize>(
+        &self,
+        input: &InputBlock,
+        rows: Range<usize>,
+        keys: &[Key],
+        values: &ValueBatch,
+        step: Step,
+    ) -> (ValueBatch, Stats) {
+        let mut stats = Stats::default();
+        let k = if K == 0 { self.classes } else { K };
+        let w = &values.data;
+        let mut grad = vec![0f32; w.len()];
+        let mut touched = vec![false; keys.len() * self.fpk];
+        let mut p = vec![0f32; k];
+        let bias = self.slot(keys, self.bias_row());
+        let slots = self.entry_slots(input, &rows, keys);
+        let base = input.offsets[rows.start] as usize;
+        for r in rows.clone() {
+            let (label, _, val) = input.record(r);
+            let (a, b) = (input.offsets[r] as usize, input.offsets[r + 1] as usize);
+            let slots = &slots[a - base..b - base];
+            let y = label as usize;
+            let pred = self.scores::<K>(w, bias, slots, val, &mut p);
+            softmax(&mut p);
+            stats.records += 1;
+            stats.loss_sum += -f64::from(p[y].max(1e-12)).ln();
+            stats.correct += u64::from(pred == y);
+            p[y] -= 1.0; // p is now the gradient of the loss w.r.t. the scores
+            if let Some(b) = bias {
+                for (g, d) in grad[b..b + k].iter_mut().zip(&p) {
+                    *g += d;
+                }
+            }
+            for (&s, &v) in slots.iter().zip(val) {
+                if s != keyindex::ABSENT {
+                    let s = s as usize;
+                    touched[s / k] = true;
+                    for (g, d) in grad[s..s + k].iter_mut().zip(&p) {
+                        *g += d * v;
+                    }
+                }
+            }
+        }
+        let lr = self.step_size / (1.0 + self.decay * step.clock as f32);
+        let scale = 1.0 / rows.len() as f32;
+        for (row, t) in touched.iter().enumerate() {
+            let range = row * k..(row + 1) * k;
+            if *t {
+                for j in range {
+                    grad[j] = -lr * (grad[j] * scale + self.l2 * w[j]);
+                }
+            } else {
+                for j in range {
+                    grad[j] *= -lr * scale;
+                }
+            }
+        }
+        let deltas = ValueBatch {
+            lens: values.lens.clone(),
+            data: grad,
+        };
+        (deltas, stats)
+    }
+
+    /// [`App::evaluate`]'s work, with `K` as in [`Mlr::step`].
+    fn eval<const K: usize>(
+        &self,
+        input: &InputBlock,
+        rows: Range<usize>,
+        keys: &[Key],
+        values: &ValueBatch,
+    ) -> Stats {
+        let mut stats = Stats::default();
+        let mut p = vec![0f32; self.classes];
+        let bias = self.slot(keys, self.bias_row());
+        let slots = self.entry_slots(input, &rows, keys);
+        let base = input.offsets[rows.start] as usize;
+        for r in rows {
+            let (label, _, val) = input.record(r);
+            let (a, b) = (input.offsets[r] as usize, input.offsets[r + 1] as usize);
+            let y = label as usize;
+            let pred =
+                self.scores::<K>(&values.data, bias, &slots[a - base..b - base], val, &mut p);
+            softmax(&mut p);
+            stats.records += 1;
+            stats.loss_sum += -f64::from(p[y].max(1e-12)).ln();
+            stats.correct += u64::from(pred == y);
+        }
+        stats
     }
 
     /// Whether the weight offsets fit the values (a batch too large for
@@ -286,7 +507,7 @@ impl App for Mlr {
         );
         let entries = input.indices[a..b]
             .iter()
-            .map(|&i| self.key_of(u64::from(i)));
+            .map(|&i| u64::from(self.fpk_div.div(i)));
         let bias = std::iter::once(self.key_of(self.bias_row()));
         keyindex::distinct_sorted(entries.chain(bias), self.model_keys, out);
     }
@@ -300,63 +521,10 @@ impl App for Mlr {
         _state: Option<&mut StateBlock>,
         step: Step,
     ) -> (ValueBatch, Stats) {
-        let mut stats = Stats::default();
         if !self.check_values(keys, values) || !self.slots_fit(values) || rows.is_empty() {
-            return (ValueBatch::default(), stats);
+            return (ValueBatch::default(), Stats::default());
         }
-        let k = self.classes;
-        let w = &values.data;
-        let mut grad = vec![0f32; w.len()];
-        let mut touched = vec![false; keys.len() * self.fpk];
-        let mut p = vec![0f32; k];
-        let bias = self.slot(keys, self.bias_row());
-        let slots = self.entry_slots(input, &rows, keys);
-        let base = input.offsets[rows.start] as usize;
-        for r in rows.clone() {
-            let (label, _, val) = input.record(r);
-            let (a, b) = (input.offsets[r] as usize, input.offsets[r + 1] as usize);
-            let slots = &slots[a - base..b - base];
-            let y = label as usize;
-            let pred = self.scores(w, bias, slots, val, &mut p);
-            softmax(&mut p);
-            stats.records += 1;
-            stats.loss_sum += -f64::from(p[y].max(1e-12)).ln();
-            stats.correct += u64::from(pred == y);
-            p[y] -= 1.0; // p is now the gradient of the loss w.r.t. the scores
-            if let Some(b) = bias {
-                for (g, d) in grad[b..b + k].iter_mut().zip(&p) {
-                    *g += d;
-                }
-            }
-            for (&s, &v) in slots.iter().zip(val) {
-                if s != keyindex::ABSENT {
-                    let s = s as usize;
-                    touched[s / k] = true;
-                    for (g, d) in grad[s..s + k].iter_mut().zip(&p) {
-                        *g += d * v;
-                    }
-                }
-            }
-        }
-        let lr = self.step_size / (1.0 + self.decay * step.clock as f32);
-        let scale = 1.0 / rows.len() as f32;
-        for (row, t) in touched.iter().enumerate() {
-            let range = row * k..(row + 1) * k;
-            if *t {
-                for j in range {
-                    grad[j] = -lr * (grad[j] * scale + self.l2 * w[j]);
-                }
-            } else {
-                for j in range {
-                    grad[j] *= -lr * scale;
-                }
-            }
-        }
-        let deltas = ValueBatch {
-            lens: values.lens.clone(),
-            data: grad,
-        };
-        (deltas, stats)
+        with_classes!(self.classes, K => self.step::<K>(input, rows, keys, values, step))
     }
 
     fn evaluate(
@@ -367,25 +535,10 @@ impl App for Mlr {
         values: &ValueBatch,
         _state: Option<&StateBlock>,
     ) -> Stats {
-        let mut stats = Stats::default();
         if !self.check_values(keys, values) || !self.slots_fit(values) || rows.is_empty() {
-            return stats;
+            return Stats::default();
         }
-        let mut p = vec![0f32; self.classes];
-        let bias = self.slot(keys, self.bias_row());
-        let slots = self.entry_slots(input, &rows, keys);
-        let base = input.offsets[rows.start] as usize;
-        for r in rows {
-            let (label, _, val) = input.record(r);
-            let (a, b) = (input.offsets[r] as usize, input.offsets[r + 1] as usize);
-            let y = label as usize;
-            let pred = self.scores(&values.data, bias, &slots[a - base..b - base], val, &mut p);
-            softmax(&mut p);
-            stats.records += 1;
-            stats.loss_sum += -f64::from(p[y].max(1e-12)).ln();
-            stats.correct += u64::from(pred == y);
-        }
-        stats
+        with_classes!(self.classes, K => self.eval::<K>(input, rows, keys, values))
     }
 
     fn loss_name(&self) -> &'static str {
@@ -480,6 +633,73 @@ mod tests {
         Mlr::new(&c, &params(&c, 4).unwrap()).unwrap()
     }
 
+    /// `text` parsed as one mini-batch, its keys, and random values for them.
+    fn random_batch(
+        a: &Mlr,
+        text: &[u8],
+        seed: u64,
+    ) -> (InputBlock, Range<usize>, Vec<Key>, ValueBatch) {
+        let input = a.parse(text).unwrap();
+        let rows = 0..input.len();
+        let mut keys = Vec::new();
+        a.keys(&input, rows.clone(), &mut keys);
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let mut values = ValueBatch::default();
+        for _ in &keys {
+            let v: Vec<f32> = (0..a.value_len)
+                .map(|_| rng.random_range(-0.5..0.5))
+                .collect();
+            values.push(&v);
+        }
+        (input, rows, keys, values)
+    }
+
+    #[test]
+    fn compiled_class_counts_compute_what_the_run_time_kernel_does() {
+        let mut text = Vec::new();
+        let g = GenParams {
+            samples: 300,
+            features: 50,
+            classes: 10,
+            nnz: 8,
+            seed: 5,
+        };
+        generate(&g, &mut text).unwrap();
+        let a = app(10, 50);
+        let (input, rows, keys, values) = random_batch(&a, &text, 9);
+        let step = Step { clock: 1 };
+        let (fixed, s1) = a.step::<10>(&input, rows.clone(), &keys, &values, step);
+        let (generic, s0) = a.step::<0>(&input, rows.clone(), &keys, &values, step);
+        assert_eq!(fixed, generic);
+        assert_eq!(s1, s0);
+        assert!(s1.loss_sum > 0.0 && fixed.data.iter().any(|&d| d != 0.0));
+        assert_eq!(
+            a.eval::<10>(&input, rows.clone(), &keys, &values),
+            a.eval::<0>(&input, rows, &keys, &values)
+        );
+    }
+
+    #[test]
+    fn fast_division_agrees_with_the_hardware() {
+        let ns: Vec<u32> = (0..5000)
+            .chain([
+                u32::MAX,
+                u32::MAX - 1,
+                1 << 31,
+                (1 << 31) - 1,
+                65_535,
+                65_536,
+            ])
+            .collect();
+        for d in (1..300).chain([1 << 16, 1_000_003, u32::MAX / 3, u32::MAX]) {
+            let f = FastDiv::new(d);
+            for &n in &ns {
+                assert_eq!(f.div(n), n / d, "{n} / {d}");
+                assert_eq!(f.rem(n), n % d, "{n} % {d}");
+            }
+        }
+    }
+
     #[test]
     fn params_layout() {
         let c = MlrConfig {
@@ -549,18 +769,8 @@ mod tests {
             ..MlrConfig::default()
         };
         let a = Mlr::new(&c, &params(&c, 4).unwrap()).unwrap();
-        let input = a.parse(b"0 1:0.5 2:1\n2 3:1 4:0.25\n1 1:1\n").unwrap();
-        let rows = 0..input.len();
-        let mut keys = Vec::new();
-        a.keys(&input, rows.clone(), &mut keys);
-        let mut rng = ChaCha8Rng::seed_from_u64(3);
-        let mut values = ValueBatch::default();
-        for _ in &keys {
-            let v: Vec<f32> = (0..a.value_len)
-                .map(|_| rng.random_range(-0.5..0.5))
-                .collect();
-            values.push(&v);
-        }
+        let (input, rows, keys, values) =
+            random_batch(&a, b"0 1:0.5 2:1\n2 3:1 4:0.25\n1 1:1\n", 3);
         let (deltas, _) = a.compute(
             &input,
             rows.clone(),
