@@ -137,6 +137,18 @@ async fn next_frame<S: AsyncRead + AsyncWrite + Unpin>(
     }
 }
 
+/// Frames fed to a connection in one burst are written together, with one
+/// system call, up to this many bytes. (The codec's default writes out
+/// whatever is buffered once it holds 8 KiB, before taking the next frame:
+/// a worker's push of a mini-batch then left in one write and the pull sent
+/// with it in another, and the server woke up for each.)
+pub const WRITE_BATCH_BYTES: usize = 1 << 20;
+
+fn batched<S, C>(mut f: Framed<S, C>) -> Framed<S, C> {
+    f.set_backpressure_boundary(WRITE_BATCH_BYTES);
+    f
+}
+
 /// Runs the connecting side of the handshake and returns the stream framed for
 /// the connection's messages.
 pub async fn connect<S, Out, In>(
@@ -196,7 +208,7 @@ where
             .to_vec();
         f.send(Handshake::Proof { proof: mine }).await?;
         match next_frame(&mut f).await? {
-            Handshake::Accepted => Ok(f.map_codec(|_| FrameCodec::new(opts))),
+            Handshake::Accepted => Ok(batched(f.map_codec(|_| FrameCodec::new(opts)))),
             Handshake::Rejected { reason } => Err(ProtocolError::Rejected(reason)),
             other => Err(ProtocolError::Handshake(format!(
                 "expected acceptance, got {}",
@@ -299,7 +311,7 @@ where
             return refuse(f, reason).await;
         }
         f.send(Handshake::Accepted).await?;
-        Ok((id, f.map_codec(|_| FrameCodec::new(opts))))
+        Ok((id, batched(f.map_codec(|_| FrameCodec::new(opts)))))
     };
     tokio::time::timeout(timeout, run)
         .await
