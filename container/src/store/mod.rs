@@ -585,16 +585,16 @@ impl Store {
         let nblocks = t.slots.len() as u32;
         let block_of: Vec<BlockId> = op.keys.iter().map(|&k| block_of_key(k, nblocks)).collect();
         // Positions grouped by block (in block order), keeping key order
-        // within a block: one sort instead of a map of vectors.
-        let mut by_block: Vec<(BlockId, u32)> = block_of
-            .iter()
-            .enumerate()
-            .map(|(i, &b)| (b, i as u32))
-            .collect();
-        by_block.sort_unstable();
-        let groups = by_block
-            .chunk_by(|a, b| a.0 == b.0)
-            .map(|run| (run[0].0, run.iter().map(|&(_, p)| p as usize)));
+        // within a block.
+        let (starts, order) = group_by_block(&block_of, nblocks);
+        let groups = starts.windows(2).filter(|w| w[0].1 < w[1].1).map(|w| {
+            (
+                w[0].0,
+                order[w[0].1 as usize..w[1].1 as usize]
+                    .iter()
+                    .map(|&p| p as usize),
+            )
+        });
         // Writes applied here, answered as one part.
         let mut written: Vec<usize> = Vec::new();
         let offsets = if op.kind == OpKind::Get {
@@ -609,7 +609,9 @@ impl Store {
         // reassembly); writes are applied from the operation as it is.
         let mut read: Option<Vec<f32>> = None;
         let mut read_positions: Vec<usize> = Vec::new();
-        let mut targets: BTreeMap<BlockId, EvaluatorId> = BTreeMap::new();
+        // The owner each forwarded block goes to, in block order (the
+        // groups come in block order).
+        let mut targets: Vec<(BlockId, EvaluatorId)> = Vec::new();
         for (block, positions) in groups {
             let mut slot = lock(Self::slot(&t, op.table, block)?);
             let target = match &mut *slot {
@@ -670,7 +672,7 @@ impl Store {
             drop(slot);
             match target {
                 Some(to) => {
-                    targets.insert(block, to);
+                    targets.push((block, to));
                 }
                 None => parts.push(Part {
                     positions: positions.collect(),
@@ -716,8 +718,8 @@ impl Store {
             // (a pull served by one owner then needs no reassembly).
             let mut per: BTreeMap<EvaluatorId, Vec<usize>> = BTreeMap::new();
             for (p, b) in block_of.iter().enumerate() {
-                if let Some(&to) = targets.get(b) {
-                    per.entry(to).or_default().push(p);
+                if let Ok(t) = targets.binary_search_by_key(b, |t| t.0) {
+                    per.entry(targets[t].1).or_default().push(p);
                 }
             }
             for (to, positions) in per {
@@ -1187,6 +1189,51 @@ pub fn value_offsets(v: &ValueBatch) -> Vec<usize> {
         o += l as usize;
     }
     offs
+}
+
+/// Positions `0..blocks.len()` grouped by their block, in block order and
+/// in position order within a block: returns `(block, start)` of each group
+/// that has positions, then an end marker `(blocks, len)`, and the
+/// positions. A counting sort when the blocks are few for the positions (a
+/// pull of a mini-batch: hundreds of keys over tens of blocks), a sort
+/// otherwise.
+fn group_by_block(blocks: &[BlockId], nblocks: u32) -> (Vec<(BlockId, u32)>, Vec<u32>) {
+    let n = blocks.len();
+    let mut starts = Vec::new();
+    let mut order = Vec::with_capacity(n);
+    if (nblocks as usize) <= 4 * n + 16 {
+        let mut next = vec![0u32; nblocks as usize + 1];
+        for &b in blocks {
+            next[b as usize + 1] += 1;
+        }
+        for b in 0..nblocks as usize {
+            if next[b + 1] > 0 {
+                starts.push((b as BlockId, next[b]));
+            }
+            next[b + 1] += next[b];
+        }
+        order.resize(n, 0);
+        for (p, &b) in blocks.iter().enumerate() {
+            let at = &mut next[b as usize];
+            order[*at as usize] = p as u32;
+            *at += 1;
+        }
+    } else {
+        let mut by_block: Vec<(BlockId, u32)> = blocks
+            .iter()
+            .enumerate()
+            .map(|(p, &b)| (b, p as u32))
+            .collect();
+        by_block.sort_unstable();
+        for (i, &(b, p)) in by_block.iter().enumerate() {
+            if i == 0 || by_block[i - 1].0 != b {
+                starts.push((b, i as u32));
+            }
+            order.push(p);
+        }
+    }
+    starts.push((nblocks, n as u32));
+    (starts, order)
 }
 
 /// The part of `op` at `positions` (in that order); `offsets` from [`value_offsets`].

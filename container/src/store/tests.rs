@@ -524,3 +524,30 @@ fn large_writes_split_and_local_reads_come_back_in_order() {
         assert_eq!(row[1023], 2.0 * i as f32, "init + delta of key {i}");
     }
 }
+
+proptest::proptest! {
+    /// Both ways of grouping (counting sort for few blocks, sort for many)
+    /// give every position once, grouped by block in block order and in
+    /// position order within a block.
+    #[test]
+    fn positions_are_grouped_by_block_in_order(
+        blocks in proptest::collection::vec(0u32..5000, 0..300),
+        few in proptest::bool::ANY,
+    ) {
+        let nblocks = if few { 64 } else { 5000 };
+        let blocks: Vec<BlockId> = blocks.into_iter().map(|b| b % nblocks).collect();
+        let (starts, order) = group_by_block(&blocks, nblocks);
+        let mut expected: Vec<(BlockId, u32)> =
+            blocks.iter().enumerate().map(|(p, &b)| (b, p as u32)).collect();
+        expected.sort_unstable();
+        let got: Vec<(BlockId, u32)> = order.iter().map(|&p| (blocks[p as usize], p)).collect();
+        proptest::prop_assert_eq!(&got, &expected);
+        proptest::prop_assert_eq!(starts.last().copied(), Some((nblocks, blocks.len() as u32)));
+        for w in starts.windows(2) {
+            proptest::prop_assert!(w[0].0 < w[1].0 && w[0].1 < w[1].1);
+            for &p in &order[w[0].1 as usize..w[1].1 as usize] {
+                proptest::prop_assert_eq!(blocks[p as usize], w[0].0);
+            }
+        }
+    }
+}
