@@ -2,7 +2,7 @@
 # Quality of the cruise-rs apps against scikit-learn and known ground truths.
 #
 #   integration/quality/run.sh [mlr] [lasso] [nmf] [lda]     (default: all)
-#   integration/quality/run.sh bench [--scale S] [mlr] [mlr1000] [lasso] [nmf] [lda]
+#   integration/quality/run.sh bench [--scale S (default 4)] [mlr] [mlr1000] [lasso] [nmf] [lda]
 #
 # The second form runs bench_throughput.py instead: single-core training
 # throughput against scikit-learn (wants a quiet machine).
