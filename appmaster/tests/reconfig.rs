@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use cruise_appmaster::am::JobSummary;
+use cruise_appmaster::am::{JobSummary, Progress};
 use cruise_appmaster::harness::{self, Cluster, ClusterOptions};
 use cruise_conf::{CruiseConfig, ScaleInInput};
 
@@ -243,4 +243,59 @@ async fn the_optimizer_sees_the_mini_batch_the_workers_run() {
     assert_eq!(job["total_records"], 4000, "{job}");
     assert_eq!(job["input_blocks"], 16, "{job}");
     assert_eq!(job["mini_batch_size"], 63, "{job}");
+}
+
+/// A plan that waits on evaluators says so while it waits: on a slow
+/// network (every data-plane frame delayed 50 ms) the moves off the
+/// container given back take longer than the AM's tick, and the plan is
+/// reported with what it waits for; then it finishes and training goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_plan_reports_what_it_waits_for() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = config(3, 2, 1_000_000);
+    c.optimizer.enabled = true;
+    c.optimizer.slow_plan_report_secs = 0.01;
+    let mut cluster = Cluster::start_with(
+        c,
+        data(dir.path(), 4000),
+        dir.path().join("w"),
+        ClusterOptions {
+            data_delay: Duration::from_millis(50),
+            ..ClusterOptions::default()
+        },
+    );
+    training(&mut cluster).await;
+    // The forced plan moves the blocks off the container it gives back, one
+    // delayed frame at a time, then deletes it.
+    assert!(cluster.set_capacity(2));
+    let report = tokio::time::timeout(WAIT, async {
+        loop {
+            match cluster.progress.recv().await {
+                Some(Progress::Phase(p)) if p.starts_with("reconfiguration still running") => {
+                    break p;
+                }
+                Some(_) => {}
+                None => panic!("the job ended without reporting the slow plan"),
+            }
+        }
+    })
+    .await
+    .expect("the slow plan is reported");
+    assert!(
+        report.contains(": not finished") || report.contains("delete evaluator"),
+        "{report}"
+    );
+    let st = cluster
+        .await_status(WAIT, |s| {
+            s.reconfigurations.iter().any(|r| {
+                r.summary.contains("forced") && r.op_secs.iter().any(|(k, _)| k == "delete")
+            })
+        })
+        .await
+        .unwrap();
+    assert_eq!(st.failure, None);
+    for r in &st.reconfigurations {
+        assert!(r.failed.is_empty(), "{r:?}");
+    }
+    stop(cluster).await;
 }

@@ -386,6 +386,10 @@ pub struct OptimizerConfig {
     /// (`auto`) whichever is predicted faster. Apps with worker-local state
     /// (nmf, lda) always move: their state is not in the input.
     pub scale_in_input: ScaleInInput,
+    /// A reconfiguration still running after this many seconds is reported
+    /// (on the console and in the log), with the operations it waits for
+    /// and what for; again after every further such period.
+    pub slow_plan_report_secs: f64,
 }
 
 impl Default for OptimizerConfig {
@@ -409,6 +413,7 @@ impl Default for OptimizerConfig {
             probe_bytes: 4 << 20,
             snapshot_file: String::new(),
             scale_in_input: ScaleInInput::Auto,
+            slow_plan_report_secs: 30.0,
         }
     }
 }
@@ -1027,6 +1032,12 @@ impl CruiseConfig {
             if !(v >= 0.0 && v.is_finite()) {
                 return bad(key, format!("is {v}, must be >= 0"));
             }
+        }
+        if !(o.slow_plan_report_secs > 0.0 && o.slow_plan_report_secs.is_finite()) {
+            return bad(
+                "optimizer.slow_plan_report_secs",
+                format!("is {}, must be positive", o.slow_plan_report_secs),
+            );
         }
         if !(o.prior_move_mb_per_sec > 0.0 && o.prior_move_mb_per_sec.is_finite()) {
             return bad(

@@ -279,6 +279,7 @@ impl Driver {
                     }
                     self.check_time()?;
                     self.expire_adds();
+                    self.report_slow_plan();
                     self.maybe_reconfigure().await;
                     self.publish_status(None);
                 }

@@ -106,6 +106,8 @@ struct RunningPlan {
     plan: Plan,
     job: Job,
     started: Instant,
+    /// How many times it was reported slow (`optimizer.slow_plan_report_secs`).
+    reported_slow: u32,
     summary: String,
     cancel: tokio_util::sync::CancellationToken,
 }
@@ -545,6 +547,7 @@ impl Driver {
             plan,
             job,
             started: Instant::now(),
+            reported_slow: 0,
             summary,
             cancel,
         });
@@ -560,6 +563,103 @@ impl Driver {
             }
             None => false,
         }
+    }
+
+    /// Reports a plan that has run for longer than
+    /// `optimizer.slow_plan_report_secs` (once per period), naming the
+    /// operations still waiting and what for: operations wait for messages
+    /// from evaluators, so a plan that stalls says where.
+    pub(super) fn report_slow_plan(&mut self) {
+        let Some(p) = &self.rc.plan else { return };
+        let secs = p.started.elapsed().as_secs_f64();
+        let period = self.config.optimizer.slow_plan_report_secs;
+        if secs < period * f64::from(p.reported_slow + 1) {
+            return;
+        }
+        let waiting = self.waiting_operations();
+        if let Some(p) = &mut self.rc.plan {
+            p.reported_slow += 1;
+        }
+        let text = format!(
+            "reconfiguration still running after {secs:.0} s: {}",
+            if waiting.is_empty() {
+                "no operation is waiting here (the executor is finishing)".to_string()
+            } else {
+                waiting.join("; ")
+            }
+        );
+        tracing::warn!("{text}");
+        let _ = self.progress.send(crate::am::Progress::Phase(text));
+    }
+
+    /// The operations under way, each with what it waits for.
+    fn waiting_operations(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for a in &self.rc.adds {
+            out.push(format!(
+                "add `{}`: waiting {:.0} s for a container",
+                a.name,
+                a.since.elapsed().as_secs_f64()
+            ));
+        }
+        let mut joining: Vec<_> = self.rc.joining.iter().collect();
+        joining.sort_by_key(|(id, _)| **id);
+        for (id, a) in joining {
+            out.push(format!(
+                "add `{}`: evaluator {id} has not applied the ownership table yet",
+                a.name
+            ));
+        }
+        let (stages, acked) = self.delete_facts();
+        let (_, behind) = ready_to_leave(&stages, &acked);
+        for (&id, stage) in &stages {
+            out.push(match stage {
+                DeleteStage::Stopping => format!("delete evaluator {id}: its task has not stopped"),
+                DeleteStage::Draining(v) => {
+                    let who = behind
+                        .iter()
+                        .find(|b| b.0 == id)
+                        .map(|b| format!("{:?}", b.2))
+                        .unwrap_or_default();
+                    format!(
+                        "delete evaluator {id}: members {who} have not applied ownership version {v}"
+                    )
+                }
+                DeleteStage::Exiting => {
+                    format!("delete evaluator {id}: its container has not ended")
+                }
+            });
+        }
+        let mut switches: Vec<_> = self.rc.switches.iter().collect();
+        switches.sort_by_key(|(id, _)| **id);
+        for (id, sw) in switches {
+            out.push(format!(
+                "switch evaluator {id} to {}: its task has not stopped",
+                super::role_name(sw.to)
+            ));
+        }
+        let mut moves: Vec<_> = self.rc.moves.values().collect();
+        moves.sort_by_key(|m| (m.from, m.to));
+        for m in moves {
+            out.push(format!(
+                "move of {} blocks ({} bytes) from evaluator {} to {}: not finished",
+                m.blocks, m.bytes, m.from, m.to
+            ));
+        }
+        for r in &self.rc.reloads {
+            out.push(format!(
+                "re-read of {} input blocks from evaluator {} at {}: {}",
+                r.blocks.len(),
+                r.from,
+                r.to,
+                if r.loading_since.is_some() {
+                    "loading"
+                } else {
+                    "the source has not dropped them"
+                }
+            ));
+        }
+        out
     }
 
     /// The plan executor finished.
@@ -1029,19 +1129,32 @@ impl Driver {
         Ok(())
     }
 
-    /// Sends `Shutdown` to every draining evaluator whose members have all
-    /// acknowledged its ownership version (see [`ready_to_leave`]).
-    async fn progress_deletes(&mut self) {
-        let stages: BTreeMap<EvaluatorId, DeleteStage> = self
+    /// What [`ready_to_leave`] decides on: each delete's stage, and each
+    /// member's acknowledged ownership version.
+    #[allow(clippy::type_complexity)]
+    fn delete_facts(
+        &self,
+    ) -> (
+        BTreeMap<EvaluatorId, DeleteStage>,
+        BTreeMap<EvaluatorId, u64>,
+    ) {
+        let stages = self
             .rc
             .deletes
             .iter()
             .map(|(&id, d)| (id, d.stage))
             .collect();
-        let acked: BTreeMap<EvaluatorId, u64> = self
+        let acked = self
             .members()
             .map(|m| (m, self.evaluators[&m].acked_version))
             .collect();
+        (stages, acked)
+    }
+
+    /// Sends `Shutdown` to every draining evaluator whose members have all
+    /// acknowledged its ownership version (see [`ready_to_leave`]).
+    async fn progress_deletes(&mut self) {
+        let (stages, acked) = self.delete_facts();
         let (leaving, waiting) = ready_to_leave(&stages, &acked);
         for (id, version, behind) in waiting {
             tracing::debug!(
