@@ -56,7 +56,6 @@ pub fn params(c: &MlrConfig, model_blocks: u32) -> Result<AppParams, AppError> {
     })
 }
 
-/// The MLR app.
 /// Division and remainder of 32-bit numbers by a divisor fixed at run time,
 /// by multiplication (Lemire, Kaser and Kurz, "Faster remainder by direct
 /// computation", 2019): a mini-batch divides every entry's feature index by
@@ -106,67 +105,14 @@ impl FastDiv {
 /// multiplications.
 macro_rules! with_classes {
     ($classes:expr, $k:ident => $body:expr) => {
+        with_classes!(@arms $classes, $k, $body; 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16)
+    };
+    (@arms $classes:expr, $k:ident, $body:expr; $($n:literal)*) => {
         match $classes {
-            2 => {
-                const $k: usize = 2;
+            $($n => {
+                const $k: usize = $n;
                 $body
-            }
-            3 => {
-                const $k: usize = 3;
-                $body
-            }
-            4 => {
-                const $k: usize = 4;
-                $body
-            }
-            5 => {
-                const $k: usize = 5;
-                $body
-            }
-            6 => {
-                const $k: usize = 6;
-                $body
-            }
-            7 => {
-                const $k: usize = 7;
-                $body
-            }
-            8 => {
-                const $k: usize = 8;
-                $body
-            }
-            9 => {
-                const $k: usize = 9;
-                $body
-            }
-            10 => {
-                const $k: usize = 10;
-                $body
-            }
-            11 => {
-                const $k: usize = 11;
-                $body
-            }
-            12 => {
-                const $k: usize = 12;
-                $body
-            }
-            13 => {
-                const $k: usize = 13;
-                $body
-            }
-            14 => {
-                const $k: usize = 14;
-                $body
-            }
-            15 => {
-                const $k: usize = 15;
-                $body
-            }
-            16 => {
-                const $k: usize = 16;
-                $body
-            }
+            })*
             _ => {
                 const $k: usize = 0;
                 $body
@@ -175,6 +121,7 @@ macro_rules! with_classes {
     };
 }
 
+/// The MLR app.
 #[derive(Debug, Clone)]
 pub struct Mlr {
     classes: usize,

@@ -1131,7 +1131,6 @@ impl Driver {
 
     /// What [`ready_to_leave`] decides on: each delete's stage, and each
     /// member's acknowledged ownership version.
-    #[allow(clippy::type_complexity)]
     fn delete_facts(
         &self,
     ) -> (
@@ -1376,6 +1375,10 @@ impl Driver {
     }
 }
 
+/// A draining delete still waiting: its evaluator, the ownership version it
+/// drains under, and the members that have not applied it.
+type Waiting = (EvaluatorId, u64, Vec<EvaluatorId>);
+
 /// The draining deletes that may let their evaluator go, given each
 /// delete's stage and each member's acknowledged ownership version: those
 /// whose version every other member has applied. Members already told to
@@ -1385,11 +1388,10 @@ impl Driver {
 /// checked a delete before the one it waited for left, and nothing came
 /// later to check it again: the plan never finished.) Returns the leavers
 /// in order and, for the rest, their version and whom they wait for.
-#[allow(clippy::type_complexity)]
 fn ready_to_leave(
     stages: &BTreeMap<EvaluatorId, DeleteStage>,
     acked: &BTreeMap<EvaluatorId, u64>,
-) -> (Vec<EvaluatorId>, Vec<(EvaluatorId, u64, Vec<EvaluatorId>)>) {
+) -> (Vec<EvaluatorId>, Vec<Waiting>) {
     let mut exiting: BTreeSet<EvaluatorId> = stages
         .iter()
         .filter(|(_, s)| **s == DeleteStage::Exiting)
