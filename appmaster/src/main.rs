@@ -64,11 +64,11 @@ fn main() -> ExitCode {
                 Ok(e) => e,
                 Err(e) => return fail(e),
             };
-            // One thread: an evaluator's tasks (its worker or server, its
-            // connections) hand messages to each other on every mini-batch,
-            // and on one thread that is a queue push, not a cross-thread
-            // wake-up; long computations and block encoding run on the
-            // blocking pool (see `ps::run_worker`).
+            // One runtime thread: an evaluator's connections and its server
+            // hand messages to each other on every request, and on one
+            // thread that is a queue push, not a cross-thread wake-up. The
+            // worker's loop and block encoding run on the blocking pool (see
+            // `ps::run_worker`), so computing never holds up the frames.
             let rt = match tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()

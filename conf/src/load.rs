@@ -371,6 +371,23 @@ mod tests {
     }
 
     #[test]
+    fn pipeline_depth_out_of_range_named() {
+        for bad in ["0", "17"] {
+            let f = write(&format!("[job]\npipeline_depth = {bad}\n"));
+            let err = load_file(f.path()).unwrap_err().to_string();
+            assert!(
+                err.contains("job.pipeline_depth") && err.contains("from 1 to 16"),
+                "{err}"
+            );
+        }
+        let f = write("[job]\npipeline_depth = 4\n");
+        assert_eq!(
+            load_file(f.path()).map(|c| c.job.pipeline_depth).ok(),
+            Some(4)
+        );
+    }
+
+    #[test]
     fn unknown_section_rejected() {
         let f = write("[jobs]\nepochs = 7\n");
         let err = load_file(f.path()).unwrap_err().to_string();

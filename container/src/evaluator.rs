@@ -530,7 +530,11 @@ async fn handle(
                 min_clock: min_clock.subscribe(),
                 mini_batch: job.config.job.mini_batch as usize,
                 task,
-                pipeline: job.config.job.pipeline,
+                pipeline_depth: if job.config.job.pipeline {
+                    job.config.job.pipeline_depth as usize
+                } else {
+                    0
+                },
             };
             send(EvalToAm::TaskStarted {
                 task: TaskKind::Worker,

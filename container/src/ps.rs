@@ -2,13 +2,15 @@
 //!
 //! - [`load_input`]: read input splits, parse them with the app, store them as
 //!   input blocks (and the app's worker-local state beside them).
-//! - [`run_worker`]: the worker task. For each local input block, for each
-//!   mini-batch: pull the model keys it needs, compute, push the deltas. With
-//!   `job.pipeline` the pulls of the next mini-batches are already on their
-//!   way and pushes are not awaited until the pipeline is full; measurements
-//!   are summed and reported every 20 ms. Between local epochs it ticks
-//!   its clock and, under SSP, waits until the slowest worker is within the
-//!   staleness bound.
+//! - [`run_worker`]: the worker task, on a thread of its own (the
+//!   evaluator's runtime thread keeps serving the connections meanwhile). For
+//!   each local input block, for each mini-batch: pull the model keys it
+//!   needs, compute, push the deltas. With `job.pipeline` the pulls of the
+//!   next `job.pipeline_depth` mini-batches are already on their way and
+//!   pushes are not awaited until the pipeline is full; measurements are
+//!   summed and reported every 20 ms. Between local epochs it ticks its clock
+//!   and, under SSP, waits until the slowest worker is within the staleness
+//!   bound.
 //! - [`evaluate`]: the objective over all local input with the current model;
 //!   [`evaluate_held_out`]: the same over held-out splits, read and dropped.
 //! - [`dump_model`]: send the model blocks held here to the AM.
@@ -18,7 +20,7 @@
 //! Roles share one [`DataPlane`] and [`Store`], so an evaluator switches role
 //! without restarting, and blocks stay where they are until moved.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::ops::Range;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -148,8 +150,10 @@ pub struct WorkerContext {
     pub mini_batch: usize,
     /// The task's parameters.
     pub task: WorkerTask,
-    /// Overlap communication with computation (`job.pipeline`).
-    pub pipeline: bool,
+    /// Mini-batches pulled ahead and pushes left unacknowledged, at most:
+    /// `job.pipeline_depth` with `job.pipeline`, 0 without (pull, compute,
+    /// push and wait).
+    pub pipeline_depth: usize,
 }
 
 /// Mini-batches a block of `n` records is cut into at mini-batch size
@@ -233,67 +237,25 @@ fn round_trip(samples: &[LinkSample], waited: f64) -> f64 {
         .unwrap_or(waited)
 }
 
-/// Mini-batches that compute in less than this (smoothed) compute on the
-/// worker's own thread; others on the blocking pool. With `job.pipeline`,
-/// all but the timing runs ([`TimingRuns`]) do.
-const INLINE_COMPUTE_SECS: f64 = 500e-6;
+/// A worker that holds all the job's input pulls at least this many
+/// mini-batches ahead. Alone, it misses no one's pushes but its own, and
+/// those are applied to what it pulls ([`apply_own_pushes`]): it computes on
+/// the same values at any depth, and deeper only hides more of the round
+/// trip. Measured with 1 worker + 1 server (20 epochs, records/s): MLR
+/// 50k × 1000 at B = 100 0.61–0.66M at depth 4, 0.61–0.73M at 8; Lasso
+/// 20k × 100 0.87–0.98M at 4, 1.08–1.34M at 8.
+const LONE_WORKER_DEPTH: usize = 8;
 
-/// With `job.pipeline`, short computations go to the blocking pool anyway in
-/// runs of `RUN` mini-batches, one run every `EVERY` mini-batches or every
-/// `INTERVAL`, whichever comes first, so that the answers arriving meanwhile
-/// are read, and timed, when they arrive: the optimizer's round trips and
-/// link speeds come from those. A computation on the worker's own thread
-/// holds every answer until it ends, and the requests on their way during
-/// one are not timed. (A pull is on its way during one computation, a push
-/// during two: a run of 2 times 2 pulls and a push.) Handing every
-/// computation to the pool and back cost MLR at B = 100 a third of its
-/// throughput (thread wake-ups both ways, 2 per mini-batch).
-struct TimingRuns {
-    /// Mini-batches since the last run started.
-    since: u64,
-    /// When the last run started.
-    started: Instant,
-    /// Mini-batches of the current run still to go.
-    left: u64,
-}
-
-impl TimingRuns {
-    const RUN: u64 = 2;
-    const EVERY: u64 = 16;
-    const INTERVAL: Duration = Duration::from_millis(10);
-
-    fn new() -> Self {
-        TimingRuns {
-            since: Self::EVERY,
-            started: Instant::now(),
-            left: 0,
-        }
-    }
-
-    /// Whether the next (short) computation belongs to a timing run.
-    fn next(&mut self) -> bool {
-        if self.left == 0 && (self.since >= Self::EVERY || self.started.elapsed() >= Self::INTERVAL)
-        {
-            self.left = Self::RUN;
-            self.since = 0;
-            self.started = Instant::now();
-        }
-        self.since += 1;
-        if self.left > 0 {
-            self.left -= 1;
-            true
-        } else {
-            false
-        }
+/// The pipeline depth of a local epoch: `configured` (0 without
+/// pipelining), deepened to [`LONE_WORKER_DEPTH`] when `input_owners`, the
+/// workers holding input, are this one alone.
+fn pipeline_depth(configured: usize, input_owners: usize) -> usize {
+    if configured > 0 && input_owners <= 1 {
+        configured.max(LONE_WORKER_DEPTH)
+    } else {
+        configured
     }
 }
-
-/// With `job.pipeline`: mini-batches pulled ahead, and pushes left
-/// unacknowledged, at most. Two hide a round trip behind a computation; more
-/// slow convergence per epoch (measured with MLR on 4 containers: final
-/// accuracy 0.95 with 2, 0.91–0.95 with 3), as every worker then computes
-/// on values missing more of the other workers' pushes.
-const PIPELINE_DEPTH: usize = 2;
 
 /// How often a worker sends its (summed) mini-batch measurements to the AM.
 const REPORT_EVERY: Duration = Duration::from_millis(20);
@@ -310,9 +272,6 @@ struct Prefetched {
     /// Pushes this worker had sent when the pull went out: the answer
     /// reflects those, and not the ones sent since.
     seen: u64,
-    /// No computation ran on the worker's own thread while it was on its
-    /// way, so its answer was timed when it arrived.
-    timed: bool,
 }
 
 /// A push this worker sent, kept until every pull on its way reflects it.
@@ -370,8 +329,6 @@ fn apply_own_pushes(
 struct InFlightPush {
     push: Traced,
     report: MiniBatchReport,
-    /// As [`Prefetched::timed`].
-    timed: bool,
 }
 
 /// The mini-batches of one local epoch, block after block. Blocks that move
@@ -415,6 +372,82 @@ impl EpochCursor {
     fn skip_block(&mut self, block: BlockId) {
         if self.current.as_ref().is_some_and(|c| c.0 == block) {
             self.current = None;
+        }
+    }
+}
+
+/// The model keys of each mini-batch, from the app, kept across epochs: a
+/// mini-batch needs the same keys every epoch, and listing them (distinct and
+/// sorted, from every entry of every record) cost MLR at B = 100 a tenth of
+/// its worker's time. Entries are tied to the block's records (the
+/// `Arc<InputBlock>` they were listed from): a block that is moved away and
+/// back is listed again. At most [`KeyCache::MAX_BYTES`] of keys are kept;
+/// beyond that they are listed every time.
+#[derive(Default)]
+struct KeyCache {
+    blocks: HashMap<BlockId, CachedBlock>,
+    bytes: usize,
+}
+
+struct CachedBlock {
+    /// The records the keys were listed from.
+    input: Arc<InputBlock>,
+    /// Keys by the mini-batch's first row.
+    batches: HashMap<usize, Vec<Key>>,
+}
+
+impl KeyCache {
+    const MAX_BYTES: usize = 64 << 20;
+
+    /// The keys of `rows` of `input` (block `block`), sorted and distinct.
+    fn keys(
+        &mut self,
+        app: &dyn App,
+        block: BlockId,
+        input: &Arc<InputBlock>,
+        rows: Range<usize>,
+    ) -> Vec<Key> {
+        let entry = self.blocks.get(&block);
+        if let Some(keys) = entry
+            .filter(|c| Arc::ptr_eq(&c.input, input))
+            .and_then(|c| c.batches.get(&rows.start))
+        {
+            return keys.clone();
+        }
+        let mut keys = Vec::new();
+        app.keys(input, rows.clone(), &mut keys);
+        if entry.is_some_and(|c| !Arc::ptr_eq(&c.input, input)) {
+            self.forget(block);
+        }
+        let size = keys.len() * std::mem::size_of::<Key>();
+        if self.bytes + size <= Self::MAX_BYTES {
+            self.bytes += size;
+            self.blocks
+                .entry(block)
+                .or_insert_with(|| CachedBlock {
+                    input: Arc::clone(input),
+                    batches: HashMap::new(),
+                })
+                .batches
+                .insert(rows.start, keys.clone());
+        }
+        keys
+    }
+
+    /// Drops the keys of `block` (moved away).
+    fn forget(&mut self, block: BlockId) {
+        if let Some(c) = self.blocks.remove(&block) {
+            let size: usize = c.batches.values().map(Vec::len).sum();
+            self.bytes -= size * std::mem::size_of::<Key>();
+        }
+    }
+
+    /// Drops the keys of the blocks `held` says are no longer here (and
+    /// with them the records they hold on to).
+    fn retain(&mut self, held: impl Fn(BlockId) -> bool) {
+        let gone: Vec<BlockId> = self.blocks.keys().copied().filter(|&b| !held(b)).collect();
+        for b in gone {
+            self.forget(b);
         }
     }
 }
@@ -476,11 +509,9 @@ async fn complete_push(p: InFlightPush) -> Result<MiniBatchReport, PsError> {
         message: e.message,
     })?;
     let mut report = p.report;
-    if p.timed {
-        report.push_secs = round_trip(&samples, waited);
-        report.links.extend(samples);
-        report.timed_pushes = 1;
-    }
+    report.push_secs = round_trip(&samples, waited);
+    report.links.extend(samples);
+    report.timed_pushes = 1;
     Ok(report)
 }
 
@@ -495,23 +526,44 @@ async fn flush_pushes(
     reporter.flush().await
 }
 
-/// Runs the worker task until `stop` is cancelled (between mini-batches).
-/// Reports `TaskStopped` when it returns normally.
+/// Runs the worker task until `stop` is cancelled (between mini-batches),
+/// on a thread of its own; returns when it has ended. Reports `TaskStopped`
+/// when it returns normally.
+///
+/// The worker's loop runs on a blocking-pool thread
+/// ([`tokio::runtime::Handle::block_on`]), so that its computations never
+/// hold up the caller's runtime: the evaluator's (single) runtime thread
+/// keeps encoding, sending and reading the data plane's frames, serving the
+/// blocks held here and stamping answers as they arrive (the round trips the
+/// optimizer fits are then right), while the worker computes. Measured with
+/// MLR at B = 100 (50k × 1000, 1 worker + 1 server, 20 epochs): 400–440k →
+/// 450–520k records/s at pipeline depth 2, 570–590k at depth 4.
+pub async fn run_worker(ctx: WorkerContext) -> Result<(), PsError> {
+    let rt = tokio::runtime::Handle::current();
+    tokio::task::spawn_blocking(move || rt.block_on(worker_loop(ctx)))
+        .await
+        .map_err(|e| PsError::Remote {
+            what: "worker",
+            message: format!("the worker's thread failed: {e}"),
+        })?
+}
+
+/// The worker's loop (see [`run_worker`]).
 ///
 /// Each mini-batch pulls the model keys it needs, computes, and pushes the
 /// deltas. Without `pipeline` that is all, one step after the other. With
-/// it, [`PIPELINE_DEPTH`] mini-batches are pulled ahead and as many pushes
+/// it, `d = pipeline_depth` mini-batches are pulled ahead and as many pushes
 /// go unacknowledged: after computing mini-batch `i` the worker sends its
-/// push and the pull of `i + 2` together (one write, one wake-up of the
-/// server), so the answer it waits for next was asked for a whole mini-batch
-/// earlier. Requests to one server travel in order on one connection, so
-/// the pull of `i + 2` sees every push up to `i`; the worker's push of
-/// `i + 1`, sent after that pull, is applied to the pulled values here
+/// push and the pull of `i + d` together (one write, one wake-up of the
+/// server), so the answer it waits for next was asked for `d - 1`
+/// mini-batches earlier. Requests to one server travel in order on one
+/// connection, so the pull of `i + d` sees every push up to `i`; the
+/// worker's pushes sent after a pull are applied to the pulled values here
 /// ([`apply_own_pushes`]), so a worker never computes on a model missing its
 /// own updates (without it, MLR on 4 containers lost 5 points of accuracy
 /// in the first epochs). Pushes are flushed at the end of every local epoch
 /// (before the clock ticks, so SSP's bound holds) and before the task stops.
-pub async fn run_worker(mut ctx: WorkerContext) -> Result<(), PsError> {
+async fn worker_loop(mut ctx: WorkerContext) -> Result<(), PsError> {
     let store = ctx.dp.store().clone();
     let mut clock = ctx.task.start_clock;
     let mut pushes: VecDeque<InFlightPush> = VecDeque::new();
@@ -521,11 +573,9 @@ pub async fn run_worker(mut ctx: WorkerContext) -> Result<(), PsError> {
     let mut recent: VecDeque<SentPush> = VecDeque::new();
     let model = ctx.app.model();
     let mut reporter = Reporter::new(ctx.to_am.clone());
-    let depth = if ctx.pipeline { PIPELINE_DEPTH } else { 0 };
-    // Smoothed compute time of a mini-batch (unknown before the first).
-    let mut comp_ema: Option<f64> = None;
-    let mut timing = TimingRuns::new();
+    let mut key_cache = KeyCache::default();
     'epochs: loop {
+        let depth = pipeline_depth(ctx.pipeline_depth, store.owner_count(INPUT_TABLE));
         if let Some(s) = ctx.task.staleness {
             // SSP: wait until the slowest worker is within `s` epochs.
             loop {
@@ -541,30 +591,38 @@ pub async fn run_worker(mut ctx: WorkerContext) -> Result<(), PsError> {
                 }
             }
         }
+        key_cache.retain(|b| store.is_owned(INPUT_TABLE, b));
         let mut cursor = EpochCursor::new(&store, ctx.mini_batch);
         let mut ahead: VecDeque<Prefetched> = VecDeque::new();
         // Issues pulls until `n` mini-batches are on their way.
-        let refill =
-            |ahead: &mut VecDeque<Prefetched>, cursor: &mut EpochCursor, n: usize, seen: u64| {
-                while ahead.len() < n {
-                    let Some((block, input, rows)) = cursor.next(&store) else {
-                        break;
-                    };
-                    let mut keys = Vec::new();
-                    ctx.app.keys(&input, rows.clone(), &mut keys);
-                    let pull = ctx.dp.execute_traced(pull_op(keys.clone()));
-                    ahead.push_back(Prefetched {
-                        block,
-                        input,
-                        rows,
-                        keys,
-                        pull,
-                        seen,
-                        timed: true,
-                    });
-                }
-            };
-        refill(&mut ahead, &mut cursor, depth.max(1), pushed);
+        let refill = |ahead: &mut VecDeque<Prefetched>,
+                      cursor: &mut EpochCursor,
+                      cache: &mut KeyCache,
+                      n: usize,
+                      seen: u64| {
+            while ahead.len() < n {
+                let Some((block, input, rows)) = cursor.next(&store) else {
+                    break;
+                };
+                let keys = cache.keys(&*ctx.app, block, &input, rows.clone());
+                let pull = ctx.dp.execute_traced(pull_op(keys.clone()));
+                ahead.push_back(Prefetched {
+                    block,
+                    input,
+                    rows,
+                    keys,
+                    pull,
+                    seen,
+                });
+            }
+        };
+        refill(
+            &mut ahead,
+            &mut cursor,
+            &mut key_cache,
+            depth.max(1),
+            pushed,
+        );
         if ahead.is_empty() {
             // No input here (yet): wait for a stop or a block to arrive.
             tokio::select! {
@@ -580,19 +638,22 @@ pub async fn run_worker(mut ctx: WorkerContext) -> Result<(), PsError> {
             if !store.is_owned(INPUT_TABLE, cur.block) {
                 // Moved away mid-pass: its new owner trains on it now.
                 cursor.skip_block(cur.block);
+                key_cache.forget(cur.block);
                 ahead.retain(|p| p.block != cur.block);
-                refill(&mut ahead, &mut cursor, depth.max(1), pushed);
+                refill(
+                    &mut ahead,
+                    &mut cursor,
+                    &mut key_cache,
+                    depth.max(1),
+                    pushed,
+                );
                 continue;
             }
             let t0 = Instant::now();
             let (r, links) = cur.pull.await;
             let waited = t0.elapsed().as_secs_f64();
             let mut values = pulled(r)?;
-            let (pull_secs, links) = if cur.timed {
-                (round_trip(&links, waited), links)
-            } else {
-                (0.0, Vec::new())
-            };
+            let pull_secs = round_trip(&links, waited);
             let unseen: Vec<&StoreOp> = recent
                 .iter()
                 .filter(|p| p.seq >= cur.seen)
@@ -603,50 +664,37 @@ pub async fn run_worker(mut ctx: WorkerContext) -> Result<(), PsError> {
             }
             let pull_bytes = values.byte_len() as u64;
 
-            let t1 = Instant::now();
-            let (app, inp, st) = (Arc::clone(&ctx.app), cur.input, store.clone());
-            let (block, rows, ks) = (cur.block, cur.rows, cur.keys);
             let step = Step { clock };
-            let compute = move || {
-                let out = if app.has_state() {
-                    st.with_state(block, |s| {
-                        app.compute(&inp, rows.clone(), &ks, &values, Some(s), step)
-                    })
-                } else {
-                    Some(app.compute(&inp, rows, &ks, &values, None, step))
-                };
-                (out, ks)
-            };
-            // A short computation runs here: handing it to another thread
-            // and back costs more than it does. A long one goes to the
-            // blocking pool, so that the connections stay served; so do a
-            // few short ones while requests are in flight (TimingRuns).
-            let inline = comp_ema.is_some_and(|c| c < INLINE_COMPUTE_SECS)
-                && (!ctx.pipeline || !timing.next());
-            let (out, ks) = if inline {
-                // Answers to the requests on their way are read after it.
-                for p in &mut ahead {
-                    p.timed = false;
-                }
-                for p in &mut pushes {
-                    p.timed = false;
-                }
-                compute()
+            let t1 = Instant::now();
+            let out = if ctx.app.has_state() {
+                store.with_state(cur.block, |s| {
+                    ctx.app.compute(
+                        &cur.input,
+                        cur.rows.clone(),
+                        &cur.keys,
+                        &values,
+                        Some(s),
+                        step,
+                    )
+                })
             } else {
-                tokio::task::spawn_blocking(compute)
-                    .await
-                    .map_err(|e| PsError::Remote {
-                        what: "compute",
-                        message: format!("compute task failed: {e}"),
-                    })?
+                Some(
+                    ctx.app
+                        .compute(&cur.input, cur.rows.clone(), &cur.keys, &values, None, step),
+                )
             };
-            let cpu_secs = t1.elapsed().as_secs_f64();
-            comp_ema = Some(comp_ema.map_or(cpu_secs, |c| 0.8 * c + 0.2 * cpu_secs));
+            let ks = cur.keys;
             crate::emulate::stretch_compute(t1.elapsed()).await;
             let comp_secs = t1.elapsed().as_secs_f64();
             let Some((deltas, stats)) = out else {
                 // The block's state moved away mid-way: skip this mini-batch.
-                refill(&mut ahead, &mut cursor, depth.max(1), pushed);
+                refill(
+                    &mut ahead,
+                    &mut cursor,
+                    &mut key_cache,
+                    depth.max(1),
+                    pushed,
+                );
                 continue;
             };
             // Room for this push: the oldest beyond the depth must be answered.
@@ -665,7 +713,7 @@ pub async fn run_worker(mut ctx: WorkerContext) -> Result<(), PsError> {
                 push_bytes: deltas.byte_len() as u64,
                 batch_secs: 0.0,
                 links,
-                timed_pulls: u32::from(cur.timed),
+                timed_pulls: 1,
                 // Without a push its round trip is known (0 s); with one,
                 // completing the push says.
                 timed_pushes: u32::from(deltas.is_empty()),
@@ -673,7 +721,13 @@ pub async fn run_worker(mut ctx: WorkerContext) -> Result<(), PsError> {
             if deltas.is_empty() {
                 report.batch_secs = last_end.elapsed().as_secs_f64();
                 reporter.add(report);
-                refill(&mut ahead, &mut cursor, depth.max(1), pushed);
+                refill(
+                    &mut ahead,
+                    &mut cursor,
+                    &mut key_cache,
+                    depth.max(1),
+                    pushed,
+                );
             } else {
                 let op = Arc::new(StoreOp {
                     kind: OpKind::Update,
@@ -684,7 +738,6 @@ pub async fn run_worker(mut ctx: WorkerContext) -> Result<(), PsError> {
                 let push = InFlightPush {
                     push: ctx.dp.execute_arc_traced(Arc::clone(&op)),
                     report,
-                    timed: true,
                 };
                 pushed += 1;
                 if depth > 0 {
@@ -695,7 +748,7 @@ pub async fn run_worker(mut ctx: WorkerContext) -> Result<(), PsError> {
                     });
                     let oldest_seen = ahead.iter().map(|p| p.seen).min().unwrap_or(pushed);
                     // The next pull goes out with this push (and sees it).
-                    refill(&mut ahead, &mut cursor, depth, pushed);
+                    refill(&mut ahead, &mut cursor, &mut key_cache, depth, pushed);
                     while recent.front().is_some_and(|p| p.seq < oldest_seen) {
                         recent.pop_front();
                     }
@@ -706,7 +759,7 @@ pub async fn run_worker(mut ctx: WorkerContext) -> Result<(), PsError> {
                     let mut r = complete_push(push).await?;
                     r.batch_secs = last_end.elapsed().as_secs_f64();
                     reporter.add(r);
-                    refill(&mut ahead, &mut cursor, 1, pushed);
+                    refill(&mut ahead, &mut cursor, &mut key_cache, 1, pushed);
                 }
             }
             last_end = Instant::now();
@@ -892,18 +945,49 @@ pub async fn run_server(
 mod tests {
     use super::*;
 
-    /// Runs of 2 every 16 mini-batches when they are fast; every one when
-    /// they are slower than the interval.
+    /// Cached keys are the app's; records replaced under the same block id
+    /// are listed again; forgetting gives the budget back.
     #[test]
-    fn timing_runs_every_16_mini_batches_or_10_ms() {
-        let mut t = TimingRuns::new();
-        let pattern: Vec<bool> = (0..32).map(|_| t.next()).collect();
-        let timed: Vec<usize> = (0..32).filter(|&i| pattern[i]).collect();
-        assert_eq!(timed, vec![0, 1, 16, 17], "{pattern:?}");
-        t.started -= TimingRuns::INTERVAL;
-        assert!(t.next(), "a run starts once the interval has passed");
-        assert!(t.next());
-        assert!(!t.next());
+    fn a_lone_worker_pulls_deeper() {
+        assert_eq!(pipeline_depth(0, 1), 0, "no pipelining stays off");
+        assert_eq!(pipeline_depth(2, 1), LONE_WORKER_DEPTH);
+        assert_eq!(pipeline_depth(2, 0), LONE_WORKER_DEPTH);
+        assert_eq!(pipeline_depth(16, 1), 16);
+        assert_eq!(pipeline_depth(2, 3), 2);
+    }
+
+    #[test]
+    fn key_cache_follows_the_records() {
+        use crate::apps::mlr::{Mlr, params};
+        let c = cruise_conf::MlrConfig {
+            classes: 3,
+            features: 10,
+            features_per_key: 2,
+            ..cruise_conf::MlrConfig::default()
+        };
+        let app = Mlr::new(&c, &params(&c, 4).unwrap()).unwrap();
+        let listed = |input: &InputBlock, rows: Range<usize>| {
+            let mut k = Vec::new();
+            app.keys(input, rows, &mut k);
+            k
+        };
+        let a = Arc::new(app.parse(b"0 1:1 3:1\n1 2:1\n2 9:1\n").unwrap());
+        let b = Arc::new(app.parse(b"0 7:1\n1 8:1\n2 5:1\n").unwrap());
+        let mut cache = KeyCache::default();
+        for _ in 0..2 {
+            assert_eq!(cache.keys(&app, 0, &a, 0..2), listed(&a, 0..2));
+            assert_eq!(cache.keys(&app, 0, &a, 2..3), listed(&a, 2..3));
+        }
+        assert!(cache.bytes > 0);
+        // Block 0 now holds other records: listed from them.
+        assert_ne!(listed(&a, 0..2), listed(&b, 0..2));
+        assert_eq!(cache.keys(&app, 0, &b, 0..2), listed(&b, 0..2));
+        assert_eq!(cache.keys(&app, 1, &a, 0..2), listed(&a, 0..2));
+        cache.retain(|block| block == 1);
+        assert_eq!(cache.blocks.len(), 1);
+        cache.forget(1);
+        assert_eq!(cache.bytes, 0);
+        assert!(cache.blocks.is_empty());
     }
 
     #[test]

@@ -513,6 +513,24 @@ impl Store {
             .and_then(|v| v.get(block as usize).copied().flatten())
     }
 
+    /// How many evaluators own blocks of `table` in this evaluator's view
+    /// (for the input table: the workers that hold input).
+    pub fn owner_count(&self, table: TableId) -> usize {
+        let own = self
+            .inner
+            .ownership
+            .read()
+            .unwrap_or_else(|p| p.into_inner());
+        let mut ids: Vec<EvaluatorId> = own
+            .owners
+            .get(&table)
+            .map(|v| v.iter().copied().flatten().collect())
+            .unwrap_or_default();
+        ids.sort_unstable();
+        ids.dedup();
+        ids.len()
+    }
+
     /// Version of the ownership view.
     pub fn ownership_version(&self) -> u64 {
         self.inner

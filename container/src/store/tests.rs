@@ -298,6 +298,22 @@ fn ownership_updates_apply_only_when_newer() {
 }
 
 #[test]
+fn owners_of_a_table_are_counted_once_each() {
+    let s = store(1);
+    assert_eq!(s.owner_count(MODEL_TABLE), 0);
+    s.apply_ownership(&OwnershipUpdate {
+        version: 1,
+        owners: vec![(MODEL_TABLE, 0, 7), (MODEL_TABLE, 1, 7)],
+    });
+    assert_eq!(s.owner_count(MODEL_TABLE), 1);
+    s.apply_ownership(&OwnershipUpdate {
+        version: 2,
+        owners: vec![(MODEL_TABLE, 1, 8)],
+    });
+    assert_eq!(s.owner_count(MODEL_TABLE), 2);
+}
+
+#[test]
 fn departed_forward_target_falls_back_to_owner_view() {
     let s = store(1);
     s.create_blocks(MODEL_TABLE, &[2]).unwrap();
