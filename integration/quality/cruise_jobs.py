@@ -5,6 +5,7 @@ summary and the model files it writes, and read the apps' input formats."""
 import json
 import math
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -19,6 +20,9 @@ class Cruise:
     def __init__(self, binary, work):
         self.binary = binary
         self.work = work
+        # CPU seconds (user + system) of the last command and the processes
+        # it started and waited for (a job's AM and evaluators).
+        self.last_cpu_secs = 0.0
         os.makedirs(work, exist_ok=True)
 
     def path(self, name):
@@ -26,10 +30,13 @@ class Cruise:
 
     def _run(self, args, what):
         t0 = time.monotonic()
+        r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
         p = subprocess.run(
             [self.binary] + args, capture_output=True, text=True, check=False
         )
         secs = time.monotonic() - t0
+        r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        self.last_cpu_secs = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
         if p.returncode != 0:
             sys.stderr.write(p.stderr)
             raise RuntimeError(f"{what} failed with status {p.returncode}: {p.stderr.strip()[-500:]}")
