@@ -37,7 +37,9 @@ use crate::protocol::{
     BlockId, EvalToAm, INPUT_TABLE, Key, LinkSample, MODEL_TABLE, MiniBatchReport, PeerResponse,
     STATE_TABLE, ServerReport, Stats, TaskKind, ValueBatch, WorkerTask,
 };
-use crate::store::{BlockData, InputBlock, ModelFunctions, OpKind, PartResult, Store, StoreOp};
+use crate::store::{
+    BlockData, InputBlock, ModelFunctions, OpKind, PartResult, Store, StoreOp, value_offsets,
+};
 
 /// Errors of the PS roles.
 #[derive(Debug, thiserror::Error)]
@@ -278,19 +280,25 @@ struct Prefetched {
 struct SentPush {
     seq: u64,
     op: Arc<StoreOp>,
+    /// Where each key's delta starts in `op.values` ([`value_offsets`]).
+    offsets: Vec<usize>,
 }
 
 /// Applies to pulled `values` (laid out as the sorted `keys`) this worker's
-/// own pushes that the pull did not see yet, through the model's update
-/// function: the worker then computes on what the servers will hold once
-/// those pushes land — its own writes are never stale, however far it pulls
-/// ahead. Other workers' pushes in flight are missed as in any asynchronous
-/// PS.
+/// own pushes that the pull did not see yet (each with its
+/// [`value_offsets`], oldest first), through the model's update function:
+/// the worker then computes on what the servers will hold once those pushes
+/// land — its own writes are never stale, however far it pulls ahead. Other
+/// workers' pushes in flight are missed as in any asynchronous PS.
+///
+/// One pass over the pulled keys, merging every push's sorted keys at once:
+/// a key's value is updated by all its deltas while it is in cache, with
+/// one call of the update function.
 fn apply_own_pushes(
     model: &dyn ModelFunctions,
     keys: &[Key],
     values: &mut ValueBatch,
-    pushes: &[&StoreOp],
+    pushes: &[(&StoreOp, &[usize])],
 ) {
     // A malformed answer (not one value per key) is left for the app's own
     // checks to refuse.
@@ -298,30 +306,29 @@ fn apply_own_pushes(
     if values.lens.len() != keys.len() || values.data.len() != total {
         return;
     }
-    let offsets = crate::store::value_offsets(values);
-    for op in pushes {
-        let push_offsets = crate::store::value_offsets(&op.values);
-        // Both key lists are sorted: merge.
-        let (mut a, mut b) = (0, 0);
-        while a < keys.len() && b < op.keys.len() {
-            match keys[a].cmp(&op.keys[b]) {
-                std::cmp::Ordering::Less => a += 1,
-                std::cmp::Ordering::Greater => b += 1,
-                std::cmp::Ordering::Equal => {
-                    let (va, la) = (offsets[a], values.lens[a] as usize);
-                    let (vb, lb) = (push_offsets[b], op.values.lens[b] as usize);
-                    if la == lb {
-                        model.update(
-                            keys[a],
-                            &mut values.data[va..va + la],
-                            &op.values.data[vb..vb + lb],
-                        );
-                    }
-                    a += 1;
-                    b += 1;
+    let mut next = vec![0usize; pushes.len()];
+    let mut deltas: Vec<&[f32]> = Vec::with_capacity(pushes.len());
+    let mut at = 0usize;
+    for (a, &key) in keys.iter().enumerate() {
+        let la = values.lens[a] as usize;
+        deltas.clear();
+        for ((op, offsets), b) in pushes.iter().zip(next.iter_mut()) {
+            // Both key lists are sorted.
+            while *b < op.keys.len() && op.keys[*b] < key {
+                *b += 1;
+            }
+            if *b < op.keys.len() && op.keys[*b] == key {
+                let (o, l) = (offsets[*b], op.values.lens[*b] as usize);
+                if l == la {
+                    deltas.push(&op.values.data[o..o + l]);
                 }
+                *b += 1;
             }
         }
+        if !deltas.is_empty() {
+            model.update_all(key, &mut values.data[at..at + la], &deltas);
+        }
+        at += la;
     }
 }
 
@@ -654,10 +661,10 @@ async fn worker_loop(mut ctx: WorkerContext) -> Result<(), PsError> {
             let waited = t0.elapsed().as_secs_f64();
             let mut values = pulled(r)?;
             let pull_secs = round_trip(&links, waited);
-            let unseen: Vec<&StoreOp> = recent
+            let unseen: Vec<(&StoreOp, &[usize])> = recent
                 .iter()
                 .filter(|p| p.seq >= cur.seen)
-                .map(|p| &*p.op)
+                .map(|p| (&*p.op, p.offsets.as_slice()))
                 .collect();
             if !unseen.is_empty() {
                 apply_own_pushes(&*model, &cur.keys, &mut values, &unseen);
@@ -744,6 +751,7 @@ async fn worker_loop(mut ctx: WorkerContext) -> Result<(), PsError> {
                     // Kept while a pull on its way may not reflect it.
                     recent.push_back(SentPush {
                         seq: pushed - 1,
+                        offsets: value_offsets(&op.values),
                         op,
                     });
                     let oldest_seen = ahead.iter().map(|p| p.seen).min().unwrap_or(pushed);
@@ -1065,7 +1073,14 @@ mod tests {
             &[[9.0, 9.0], [1.0, -5.0], [9.0, 9.0], [0.5, 0.5]],
         );
         let second = push(&[1, 3], &[[-2.0, 1.0], [1.0, 1.0]]);
-        apply_own_pushes(&NonNegative, &keys, &mut values, &[&first, &second]);
+        let offsets = |op: &StoreOp| value_offsets(&op.values);
+        let (o1, o2) = (offsets(&first), offsets(&second));
+        apply_own_pushes(
+            &NonNegative,
+            &keys,
+            &mut values,
+            &[(&first, &o1), (&second, &o2)],
+        );
         assert_eq!(
             values.data,
             vec![0.0, 2.0, 4.0, 1.0, 3.5, 3.5],
@@ -1073,5 +1088,43 @@ mod tests {
         );
         // Keys 0 and 4 were not pulled: nothing else changed.
         assert_eq!(values.lens, vec![2, 2, 2]);
+    }
+
+    proptest::proptest! {
+        /// The one-pass merge gives what applying each push in turn, key by
+        /// key, gives.
+        #[test]
+        fn own_pushes_merged_as_if_applied_one_by_one(
+            pulled in proptest::collection::btree_set(0u64..40, 0..20),
+            pushes in proptest::collection::vec(
+                proptest::collection::btree_map(0u64..40, (-3.0f32..3.0, -3.0f32..3.0), 0..20),
+                0..8,
+            ),
+        ) {
+            let keys: Vec<Key> = pulled.into_iter().collect();
+            let start: Vec<[f32; 2]> = keys.iter().map(|&k| [k as f32 * 0.1, 1.0]).collect();
+            let ops: Vec<StoreOp> = pushes
+                .iter()
+                .map(|m| {
+                    let ks: Vec<Key> = m.keys().copied().collect();
+                    let ds: Vec<[f32; 2]> = m.values().map(|&(a, b)| [a, b]).collect();
+                    push(&ks, &ds)
+                })
+                .collect();
+            let mut expected = start.clone();
+            for op in &ops {
+                for (k, d) in op.keys.iter().zip(op.values.iter()) {
+                    if let Ok(i) = keys.binary_search(k) {
+                        NonNegative.update(*k, &mut expected[i], d);
+                    }
+                }
+            }
+            let offsets: Vec<Vec<usize>> = ops.iter().map(|op| value_offsets(&op.values)).collect();
+            let with: Vec<(&StoreOp, &[usize])> =
+                ops.iter().zip(&offsets).map(|(op, o)| (op, o.as_slice())).collect();
+            let mut values = batch(&start);
+            apply_own_pushes(&NonNegative, &keys, &mut values, &with);
+            proptest::prop_assert_eq!(values.data, expected.concat());
+        }
     }
 }

@@ -93,6 +93,14 @@ pub trait ModelFunctions: Send + Sync {
     fn init(&self, key: Key) -> Vec<f32>;
     /// The commutative update function: fold `delta` into `value`.
     fn update(&self, key: Key, value: &mut [f32], delta: &[f32]);
+    /// Folds each of `deltas` into `value`, in order: what calling
+    /// [`update`](Self::update) with each does, in one call (one dynamic
+    /// dispatch for a worker applying several of its pushes to a key).
+    fn update_all(&self, key: Key, value: &mut [f32], deltas: &[&[f32]]) {
+        for d in deltas {
+            self.update(key, value, d);
+        }
+    }
 }
 
 /// The kind of a keyed operation.
