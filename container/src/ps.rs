@@ -246,12 +246,13 @@ fn round_trip(samples: &[LinkSample], waited: f64) -> f64 {
 /// trip. Measured with 1 worker + 1 server (20 epochs, records/s): MLR
 /// 50k × 1000 at B = 100 0.61–0.66M at depth 4, 0.61–0.73M at 8; Lasso
 /// 20k × 100 0.87–0.98M at 4, 1.08–1.34M at 8.
-const LONE_WORKER_DEPTH: usize = 8;
+pub const LONE_WORKER_DEPTH: usize = 8;
 
 /// The pipeline depth of a local epoch: `configured` (0 without
 /// pipelining), deepened to [`LONE_WORKER_DEPTH`] when `input_owners`, the
-/// workers holding input, are this one alone.
-fn pipeline_depth(configured: usize, input_owners: usize) -> usize {
+/// workers holding input, are this one alone. (The AM's cost model divides
+/// round trips by the same depth.)
+pub fn pipeline_depth(configured: usize, input_owners: usize) -> usize {
     if configured > 0 && input_owners <= 1 {
         configured.max(LONE_WORKER_DEPTH)
     } else {

@@ -79,8 +79,10 @@ pub struct JobFacts {
     pub noise_tolerance: f64,
     /// The same for bandwidth (bulk probes on shared hosts vary more).
     pub bandwidth_noise_tolerance: f64,
-    /// Workers pull ahead and do not await their pushes (`job.pipeline`).
-    pub pipelined: bool,
+    /// Mini-batches a worker has in flight, pulled ahead and pushed without
+    /// waiting (`job.pipeline_depth`, deeper for a lone worker); 0 for
+    /// workers that pull, compute and push one after the other.
+    pub pipeline_depth: u32,
     /// Workers are not held together by clocks (`job.sync = "async"`).
     pub asynchronous: bool,
 }
@@ -197,8 +199,12 @@ pub fn build_snapshot(
     // Latency: the communication time the cost model does not explain for
     // the running configuration (request round trips, which do not shrink
     // when the model is spread over more servers), per mini-batch. A serial
-    // worker waits for its pull and its push; a pipelined one only for its
-    // pull (asked for a mini-batch earlier; the push is not awaited). And
+    // worker waits for its pull and its push. A pipelined one has `d`
+    // mini-batches in flight, so a round trip holds it up for 1/d of its
+    // length per mini-batch (Little's law): a pull's round trip under a
+    // saturated server is mostly the `d - 1` requests queued before it, not
+    // latency that another split would keep (charging it whole doubled the
+    // predicted epoch of 7 workers on one server, 2026-11-25). And
     // the serial fraction: how much of computation and communication add up
     // in a mini-batch's wall time rather than overlap (1 for workers that
     // pull, compute and push one after the other; less for pipelined ones).
@@ -216,8 +222,10 @@ pub fn build_snapshot(
                 continue;
             }
             let predicted = w.comm_secs / w.mini_batches as f64;
-            let waited_on = if job.pipelined {
-                x.pull_secs_per_batch.mean()
+            let waited_on = if job.pipeline_depth > 0 {
+                x.pull_secs_per_batch
+                    .mean()
+                    .map(|rtt| rtt / f64::from(job.pipeline_depth))
             } else {
                 x.comm_secs_per_batch()
             };
@@ -440,7 +448,7 @@ mod tests {
             spare,
             noise_tolerance: 0.25,
             bandwidth_noise_tolerance: 1.0,
-            pipelined: false,
+            pipeline_depth: 0,
             asynchronous: false,
         }
     }
@@ -561,7 +569,7 @@ mod tests {
                 reclaimed: false,
             },
         ];
-        let job = |pipelined| JobFacts {
+        let job = |pipeline_depth| JobFacts {
             records: 1000,
             mini_batch: 100,
             input_blocks: 1,
@@ -572,13 +580,13 @@ mod tests {
             spare: 0,
             noise_tolerance: 0.25,
             bandwidth_noise_tolerance: 1.0,
-            pipelined,
+            pipeline_depth,
             asynchronous: false,
         };
         // 1 MB per mini-batch, half each way, over a 1 GB/s link (each
         // direction): 0.5 ms predicted; measured round trips 1.5 ms for the
         // pull and as much for the push; compute 4 ms per mini-batch.
-        let measured = |pipelined: bool, batch_secs: f64| {
+        let measured = |pipeline_depth: u32, batch_secs: f64| {
             let mut m = Metrics::new(8, 0);
             m.bulk(1, 2, 100 << 20, (100 << 20) as f64 / 1e9);
             for _ in 0..8 {
@@ -600,25 +608,29 @@ mod tests {
                 };
                 m.mini_batch(1, &r, &[]);
             }
-            build_snapshot(job(pipelined), &evals, &m).0.job
+            build_snapshot(job(pipeline_depth), &evals, &m).0.job
         };
         // A serial worker waits for both round trips: 3 ms for a predicted 0.5.
-        let serial = measured(false, 0.007);
+        let serial = measured(0, 0.007);
         assert!(
             (serial.latency_secs_per_mini_batch - 0.0025).abs() < 1e-6,
             "{serial:?}"
         );
         assert!((serial.serial_fraction - 1.0).abs() < 1e-9, "{serial:?}");
-        // A pipelined one only for its pull: 1.5 ms. Its 4.5 ms a mini-batch
-        // are max(4, 1.5) + f · 1.5 with f = 1/3.
-        let piped = measured(true, 0.0045);
+        // A pipelined one, 2 deep, for half its pull's round trip: 0.75 ms.
+        // Its 4.5 ms a mini-batch are max(4, 0.75) + f · 0.75 with f = 2/3.
+        let piped = measured(2, 0.0045);
         assert!(
-            (piped.latency_secs_per_mini_batch - 0.001).abs() < 1e-6,
+            (piped.latency_secs_per_mini_batch - 0.00025).abs() < 1e-6,
             "{piped:?}"
         );
         assert!(
-            (piped.serial_fraction - 1.0 / 3.0).abs() < 1e-6,
+            (piped.serial_fraction - 2.0 / 3.0).abs() < 1e-6,
             "{piped:?}"
         );
+        // 4 deep: a quarter of 1.5 ms is less than the 0.5 ms the links
+        // explain, so no latency is left over.
+        let deep = measured(4, 0.0045);
+        assert!(deep.latency_secs_per_mini_batch.abs() < 1e-9, "{deep:?}");
     }
 }
