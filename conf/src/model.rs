@@ -188,6 +188,16 @@ impl Default for JobConfig {
 }
 
 impl JobConfig {
+    /// Mini-batches a worker keeps in flight as configured: `pipeline_depth`
+    /// with `pipeline`, 0 without (before a lone worker's deepening).
+    pub fn in_flight(&self) -> u32 {
+        if self.pipeline {
+            self.pipeline_depth
+        } else {
+            0
+        }
+    }
+
     /// The initial (workers, servers) split for `containers` containers.
     pub fn initial_split(&self) -> (u32, u32) {
         let n = self.containers;

@@ -530,11 +530,7 @@ async fn handle(
                 min_clock: min_clock.subscribe(),
                 mini_batch: job.config.job.mini_batch as usize,
                 task,
-                pipeline_depth: if job.config.job.pipeline {
-                    job.config.job.pipeline_depth as usize
-                } else {
-                    0
-                },
+                pipeline_depth: job.config.job.in_flight() as usize,
             };
             send(EvalToAm::TaskStarted {
                 task: TaskKind::Worker,

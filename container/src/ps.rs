@@ -389,8 +389,9 @@ impl EpochCursor {
 /// sorted, from every entry of every record) cost MLR at B = 100 a tenth of
 /// its worker's time. Entries are tied to the block's records (the
 /// `Arc<InputBlock>` they were listed from): a block that is moved away and
-/// back is listed again. At most [`KeyCache::MAX_BYTES`] of keys are kept;
-/// beyond that they are listed every time.
+/// back is listed again, and the keys of blocks no longer here are dropped
+/// at the start of each local epoch. At most [`KeyCache::MAX_BYTES`] of
+/// keys are kept; beyond that they are listed every time.
 #[derive(Default)]
 struct KeyCache {
     blocks: HashMap<BlockId, CachedBlock>,
@@ -544,8 +545,9 @@ async fn flush_pushes(
 /// keeps encoding, sending and reading the data plane's frames, serving the
 /// blocks held here and stamping answers as they arrive (the round trips the
 /// optimizer fits are then right), while the worker computes. Measured with
-/// MLR at B = 100 (50k × 1000, 1 worker + 1 server, 20 epochs): 400–440k →
-/// 450–520k records/s at pipeline depth 2, 570–590k at depth 4.
+/// MLR at B = 100 (50k × 1000, 1 worker + 1 server, 20 epochs), alternating
+/// with the inline version: 400–440k → 450–520k records/s at the same
+/// pipeline depth (2).
 pub async fn run_worker(ctx: WorkerContext) -> Result<(), PsError> {
     let rt = tokio::runtime::Handle::current();
     tokio::task::spawn_blocking(move || rt.block_on(worker_loop(ctx)))
@@ -603,34 +605,25 @@ async fn worker_loop(mut ctx: WorkerContext) -> Result<(), PsError> {
         let mut cursor = EpochCursor::new(&store, ctx.mini_batch);
         let mut ahead: VecDeque<Prefetched> = VecDeque::new();
         // Issues pulls until `n` mini-batches are on their way.
-        let refill = |ahead: &mut VecDeque<Prefetched>,
-                      cursor: &mut EpochCursor,
-                      cache: &mut KeyCache,
-                      n: usize,
-                      seen: u64| {
-            while ahead.len() < n {
-                let Some((block, input, rows)) = cursor.next(&store) else {
-                    break;
-                };
-                let keys = cache.keys(&*ctx.app, block, &input, rows.clone());
-                let pull = ctx.dp.execute_traced(pull_op(keys.clone()));
-                ahead.push_back(Prefetched {
-                    block,
-                    input,
-                    rows,
-                    keys,
-                    pull,
-                    seen,
-                });
-            }
-        };
-        refill(
-            &mut ahead,
-            &mut cursor,
-            &mut key_cache,
-            depth.max(1),
-            pushed,
-        );
+        let mut refill =
+            |ahead: &mut VecDeque<Prefetched>, cursor: &mut EpochCursor, n: usize, seen: u64| {
+                while ahead.len() < n {
+                    let Some((block, input, rows)) = cursor.next(&store) else {
+                        break;
+                    };
+                    let keys = key_cache.keys(&*ctx.app, block, &input, rows.clone());
+                    let pull = ctx.dp.execute_traced(pull_op(keys.clone()));
+                    ahead.push_back(Prefetched {
+                        block,
+                        input,
+                        rows,
+                        keys,
+                        pull,
+                        seen,
+                    });
+                }
+            };
+        refill(&mut ahead, &mut cursor, depth.max(1), pushed);
         if ahead.is_empty() {
             // No input here (yet): wait for a stop or a block to arrive.
             tokio::select! {
@@ -646,15 +639,8 @@ async fn worker_loop(mut ctx: WorkerContext) -> Result<(), PsError> {
             if !store.is_owned(INPUT_TABLE, cur.block) {
                 // Moved away mid-pass: its new owner trains on it now.
                 cursor.skip_block(cur.block);
-                key_cache.forget(cur.block);
                 ahead.retain(|p| p.block != cur.block);
-                refill(
-                    &mut ahead,
-                    &mut cursor,
-                    &mut key_cache,
-                    depth.max(1),
-                    pushed,
-                );
+                refill(&mut ahead, &mut cursor, depth.max(1), pushed);
                 continue;
             }
             let t0 = Instant::now();
@@ -696,13 +682,7 @@ async fn worker_loop(mut ctx: WorkerContext) -> Result<(), PsError> {
             let comp_secs = t1.elapsed().as_secs_f64();
             let Some((deltas, stats)) = out else {
                 // The block's state moved away mid-way: skip this mini-batch.
-                refill(
-                    &mut ahead,
-                    &mut cursor,
-                    &mut key_cache,
-                    depth.max(1),
-                    pushed,
-                );
+                refill(&mut ahead, &mut cursor, depth.max(1), pushed);
                 continue;
             };
             // Room for this push: the oldest beyond the depth must be answered.
@@ -729,13 +709,7 @@ async fn worker_loop(mut ctx: WorkerContext) -> Result<(), PsError> {
             if deltas.is_empty() {
                 report.batch_secs = last_end.elapsed().as_secs_f64();
                 reporter.add(report);
-                refill(
-                    &mut ahead,
-                    &mut cursor,
-                    &mut key_cache,
-                    depth.max(1),
-                    pushed,
-                );
+                refill(&mut ahead, &mut cursor, depth.max(1), pushed);
             } else {
                 let op = Arc::new(StoreOp {
                     kind: OpKind::Update,
@@ -757,7 +731,7 @@ async fn worker_loop(mut ctx: WorkerContext) -> Result<(), PsError> {
                     });
                     let oldest_seen = ahead.iter().map(|p| p.seen).min().unwrap_or(pushed);
                     // The next pull goes out with this push (and sees it).
-                    refill(&mut ahead, &mut cursor, &mut key_cache, depth, pushed);
+                    refill(&mut ahead, &mut cursor, depth, pushed);
                     while recent.front().is_some_and(|p| p.seq < oldest_seen) {
                         recent.pop_front();
                     }
@@ -768,7 +742,7 @@ async fn worker_loop(mut ctx: WorkerContext) -> Result<(), PsError> {
                     let mut r = complete_push(push).await?;
                     r.batch_secs = last_end.elapsed().as_secs_f64();
                     reporter.add(r);
-                    refill(&mut ahead, &mut cursor, &mut key_cache, 1, pushed);
+                    refill(&mut ahead, &mut cursor, 1, pushed);
                 }
             }
             last_end = Instant::now();

@@ -442,18 +442,13 @@ impl Driver {
             spare: self.rc.capacity.saturating_sub(held) as usize,
             noise_tolerance: self.config.optimizer.noise_tolerance,
             bandwidth_noise_tolerance: self.config.optimizer.bandwidth_noise_tolerance,
-            pipeline_depth: if self.config.job.pipeline {
-                let workers = evals
+            pipeline_depth: cruise_container::ps::pipeline_depth(
+                self.config.job.in_flight() as usize,
+                evals
                     .iter()
                     .filter(|e| e.role == Role::Worker && !e.input.is_empty())
-                    .count();
-                cruise_container::ps::pipeline_depth(
-                    self.config.job.pipeline_depth as usize,
-                    workers,
-                ) as u32
-            } else {
-                0
-            },
+                    .count(),
+            ) as u32,
             asynchronous: self.config.job.sync == cruise_conf::SyncMode::Async,
         };
         let (snapshot, current) = build_snapshot(facts, &evals, &self.rc.metrics);
