@@ -124,6 +124,16 @@ impl InProcessRm {
         true
     }
 
+    /// Stops every evaluator at once (their connections break), as when
+    /// the test that ran them ends early.
+    fn stop_all(&self) {
+        for h in self.state().containers.values() {
+            h.opts.control_faults.break_now();
+            h.opts.data_faults.break_now();
+            h.cancel.cancel();
+        }
+    }
+
     /// Breaks an evaluator's control connection (the evaluator then exits).
     pub fn drop_connection(&self, container: &str) -> bool {
         let st = self.state();
@@ -283,6 +293,26 @@ pub struct Cluster {
     pub progress: mpsc::UnboundedReceiver<Progress>,
     job: JoinHandle<Result<JobSummary, AmError>>,
     cancel: CancellationToken,
+    _stop: StopOnDrop,
+}
+
+/// Cancels a cluster's job and stops its evaluators when the cluster is
+/// dropped before its job ended (a test that failed half-way): otherwise
+/// the evaluators' worker threads go on, and the test's runtime waits for
+/// them when it shuts down, so a failed assertion hung the test binary
+/// instead of failing it.
+struct StopOnDrop {
+    cancel: CancellationToken,
+    rm: Arc<Mutex<Option<Arc<InProcessRm>>>>,
+}
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.cancel.cancel();
+        if let Some(rm) = self.rm.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
+            rm.stop_all();
+        }
+    }
 }
 
 /// Faults a cluster starts with.
@@ -334,6 +364,10 @@ impl Cluster {
         };
         let job = tokio::spawn(am::run_job(opts));
         Cluster {
+            _stop: StopOnDrop {
+                cancel: cancel.clone(),
+                rm: Arc::clone(&slot),
+            },
             rm: slot,
             status: status_rx,
             progress: prx,
