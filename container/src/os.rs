@@ -38,7 +38,11 @@ pub fn peak_rss_of(pid: u32) -> u64 {
 /// per microsecond, measured over `duration` of wall time. Long enough to
 /// span several CPU-quota periods (cgroups' default period is 100 ms), so a
 /// throttled container measures its share, not a burst.
+///
+/// Also records the wall seconds one CPU second took during the run
+/// ([`wall_per_cpu`]).
 pub fn cpu_speed(duration: std::time::Duration) -> f64 {
+    let cpu0 = thread_cpu_secs();
     let start = std::time::Instant::now();
     let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
     let mut rounds: u64 = 0;
@@ -52,7 +56,47 @@ pub fn cpu_speed(duration: std::time::Duration) -> f64 {
     }
     std::hint::black_box(x);
     let secs = start.elapsed().as_secs_f64();
+    let cpu = thread_cpu_secs() - cpu0;
+    if cpu > 0.0 {
+        let _ = WALL_PER_CPU.set((secs / cpu).max(1.0));
+    }
     rounds as f64 * 10_000.0 / (secs * 1e6)
+}
+
+static WALL_PER_CPU: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
+
+/// Wall seconds per CPU second of a busy thread here, from the first
+/// [`cpu_speed`] run: 1 on a free core, `1 / quota` under a CPU quota of
+/// less than a core, more on a core shared with other busy processes. 1
+/// before any calibration.
+pub fn wall_per_cpu() -> f64 {
+    WALL_PER_CPU.get().copied().unwrap_or(1.0)
+}
+
+/// CPU seconds (user + system) this process has used, all threads; 0 if
+/// unknown.
+pub fn process_cpu_secs() -> f64 {
+    // SAFETY: getrusage only writes the struct it is given.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) } != 0 {
+        return 0.0;
+    }
+    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
+    secs(u.ru_utime) + secs(u.ru_stime)
+}
+
+/// CPU seconds the calling thread has used (nanosecond resolution on
+/// Linux); 0 if unknown.
+pub fn thread_cpu_secs() -> f64 {
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime only writes the struct it is given.
+    if unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut t) } != 0 {
+        return 0.0;
+    }
+    t.tv_sec as f64 + t.tv_nsec as f64 * 1e-9
 }
 
 /// This machine's host name.
@@ -130,6 +174,23 @@ fn advise_huge_pages(start: usize, len: usize) {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn cpu_clocks_count_work() {
+        let (p0, t0) = (super::process_cpu_secs(), super::thread_cpu_secs());
+        let start = std::time::Instant::now();
+        let mut x = 1u64;
+        while start.elapsed() < std::time::Duration::from_millis(50) {
+            x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
+        }
+        let (p1, t1) = (super::process_cpu_secs(), super::thread_cpu_secs());
+        // Busy for 50 ms of wall time: some CPU time was counted (however
+        // loaded the machine), and a thread's own never exceeds the
+        // process's beyond the clocks' granularity.
+        assert!(t1 - t0 > 0.0, "thread clock did not advance");
+        assert!(p1 - p0 > 0.0, "process clock did not advance");
+        assert!(t1 - t0 <= (p1 - p0) + 0.011, "{} > {}", t1 - t0, p1 - p0);
+    }
+
     #[test]
     fn large_vectors_are_usable_after_advice() {
         let n = (super::MMAP_THRESHOLD as usize / 4) * 2 + 3;

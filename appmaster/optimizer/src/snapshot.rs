@@ -112,7 +112,10 @@ pub struct ContainerMetrics {
     pub id: String,
     /// Current role.
     pub role: Role,
-    /// Measured compute seconds per record (moving average over mini-batches).
+    /// Measured compute seconds per record (moving average over mini-batches):
+    /// the worker's own time, its computation and the per-mini-batch work
+    /// around it that no server takes off it (the AM's measurement; see
+    /// ARCHITECTURE.md, "Snapshot").
     /// `None` for containers that never ran a worker: then it is estimated as
     /// `reference / cpu_speed`, where `reference` is the mean over measured containers
     /// of `compute_secs_per_record * cpu_speed` (their cost at speed 1).

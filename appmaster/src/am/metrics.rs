@@ -89,6 +89,10 @@ pub struct EvalMetrics {
     /// the rest): what a mini-batch really costs when communication
     /// overlaps computation.
     pub batch_secs_per_batch: Window,
+    /// The worker's own seconds per mini-batch
+    /// (`cruise_container::ps::own_secs`): what it would take with answers
+    /// arriving at once.
+    pub own_secs_per_batch: Window,
     /// Server busy seconds per byte served.
     pub server_secs_per_byte: Window,
     /// Mini-batches counted since the last reset.
@@ -145,6 +149,8 @@ pub struct EvalMetricsView {
     pub comm_secs_per_mini_batch: Option<f64>,
     /// Wall seconds per mini-batch in the worker's loop.
     pub batch_secs_per_mini_batch: Option<f64>,
+    /// Of that, the worker's own (not waiting on answers).
+    pub own_secs_per_mini_batch: Option<f64>,
     /// Server seconds per byte.
     pub server_secs_per_byte: Option<f64>,
     /// Mini-batches counted.
@@ -187,6 +193,7 @@ impl Metrics {
             push_secs_per_batch: Window::new(w),
             comp_secs_per_batch: Window::new(w),
             batch_secs_per_batch: Window::new(w),
+            own_secs_per_batch: Window::new(w),
             server_secs_per_byte: Window::new(w),
             batches: 0,
             skip: warmup,
@@ -234,6 +241,7 @@ impl Metrics {
         e.comp_secs_per_batch.push(r.comp_secs / per);
         if r.batch_secs > 0.0 {
             e.batch_secs_per_batch.push(r.batch_secs / per);
+            e.own_secs_per_batch.push(r.own_secs.max(r.comp_secs) / per);
         }
         e.batches += n;
         for l in links {
@@ -369,6 +377,7 @@ impl Metrics {
                     bytes_per_mini_batch: e.bytes_per_batch.mean(),
                     comm_secs_per_mini_batch: e.comm_secs_per_batch(),
                     batch_secs_per_mini_batch: e.batch_secs_per_batch.mean(),
+                    own_secs_per_mini_batch: e.own_secs_per_batch.mean(),
                     server_secs_per_byte: e.server_secs_per_byte.mean(),
                     mini_batches: e.batches,
                     cpu_speed: e.cpu_speed,
@@ -416,6 +425,8 @@ mod tests {
             push_secs: 0.001,
             push_bytes: bytes,
             batch_secs: comp + 0.002,
+            wait_secs: 0.001,
+            own_secs: comp + 0.0005,
             links: Vec::new(),
             timed_pulls: 1,
             timed_pushes: 1,

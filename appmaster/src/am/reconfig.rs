@@ -176,9 +176,22 @@ pub fn build_snapshot(
         .map(|e| m.get(e.id).and_then(|x| x.cpu_speed))
         .collect();
     snap(&mut speed, tol);
+    // A worker's own time per mini-batch beyond its computation (requests,
+    // framing, its process's other threads under a CPU quota) comes with
+    // every mini-batch, whoever serves: it is priced as part of the
+    // worker's seconds per record (the mini-batch size is fixed, so per
+    // record and per mini-batch are the same up to a block's last one).
     let raw: Vec<Option<f64>> = evals
         .iter()
-        .map(|e| m.get(e.id).and_then(|x| x.comp_per_record.mean()))
+        .map(|e| {
+            let x = m.get(e.id)?;
+            let per_record = x.comp_per_record.mean()?;
+            let own = match (x.own_secs_per_batch.mean(), x.comp_secs_per_batch.mean()) {
+                (Some(own), Some(comp)) if comp > 0.0 => (own / comp).max(1.0),
+                _ => 1.0,
+            };
+            Some(per_record * own)
+        })
         .collect();
     let unit: Vec<f64> = raw
         .iter()
@@ -238,12 +251,15 @@ pub fn build_snapshot(
                 measured,
                 comp = x.comp_secs_per_batch.mean(),
                 batch = x.batch_secs_per_batch.mean(),
+                own = x.own_secs_per_batch.mean(),
                 "per mini-batch: the cost model's communication and what was measured"
             );
             per_worker.push((
                 predicted,
                 (measured - predicted).max(0.0),
-                x.comp_secs_per_batch.mean(),
+                x.own_secs_per_batch
+                    .mean()
+                    .or_else(|| x.comp_secs_per_batch.mean()),
                 x.batch_secs_per_batch.mean(),
             ));
         }
@@ -477,13 +493,56 @@ mod tests {
             };
             m.mini_batch(1, &r, &[]);
         }
+        let s = one_worker_one_server(&m);
+        assert_eq!(s.job.bytes_per_mini_batch, 500.0);
+        assert_eq!(s.job.link_bytes_per_mini_batch, Some(400.0));
+    }
+
+    /// The snapshot of evaluator 1 working on input block 0 and evaluator 2
+    /// serving model block 0.
+    fn one_worker_one_server(m: &Metrics) -> Snapshot {
         let evals = vec![
             facts(1, Role::Worker, &[0], &[], false),
             facts(2, Role::Server, &[], &[0], false),
         ];
-        let (s, _) = build_snapshot(job_facts(1, 1, 0), &evals, &m);
-        assert_eq!(s.job.bytes_per_mini_batch, 500.0);
-        assert_eq!(s.job.link_bytes_per_mini_batch, Some(400.0));
+        build_snapshot(job_facts(1, 1, 0), &evals, m).0
+    }
+
+    /// A worker's own time beyond its computation comes with every
+    /// mini-batch whoever serves: it is priced in its seconds per record.
+    #[test]
+    fn own_time_is_priced_per_record() {
+        use cruise_container::protocol::{MiniBatchReport, Stats};
+        let per_record = |own: f64| {
+            let mut m = Metrics::new(4, 0);
+            for _ in 0..4 {
+                let r = MiniBatchReport {
+                    mini_batches: 2,
+                    stats: Stats {
+                        records: 20,
+                        ..Stats::default()
+                    },
+                    comp_secs: 0.002,
+                    batch_secs: 0.010,
+                    wait_secs: 0.004,
+                    own_secs: own,
+                    timed_pulls: 2,
+                    timed_pushes: 2,
+                    ..MiniBatchReport::default()
+                };
+                m.mini_batch(1, &r, &[]);
+            }
+            one_worker_one_server(&m).containers[0]
+                .compute_secs_per_record
+                .unwrap()
+        };
+        let close = |a: f64, b: f64| assert!((a - b).abs() < 1e-12, "{a} != {b}");
+        // 1 ms of computation per 10-record mini-batch...
+        close(per_record(0.002), 1e-4);
+        // ...and 3 ms of own time: three times the seconds per record.
+        close(per_record(0.006), 3e-4);
+        // Own time is never taken as less than the computation.
+        close(per_record(0.001), 1e-4);
     }
 
     #[test]

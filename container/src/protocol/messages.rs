@@ -437,6 +437,17 @@ pub struct MiniBatchReport {
     /// Wall time of the mini-batch in the worker's loop, waits, compute and
     /// reporting included: what the mini-batch cost the worker.
     pub batch_secs: f64,
+    /// Of `batch_secs`, the time the worker's loop was blocked waiting for a
+    /// pull's answer or for a push's acknowledgement (room in the pipeline).
+    /// The rest, `batch_secs - wait_secs`, is the worker's own time: its
+    /// computation plus the per-mini-batch work around it (key lists,
+    /// applying its own pushes, routing requests), at the speed its CPU
+    /// share allows.
+    pub wait_secs: f64,
+    /// The worker's own seconds: the time its mini-batches would take if
+    /// every answer came at once (`crate::ps` says how it is measured).
+    /// At least `batch_secs - wait_secs`, at most `batch_secs`.
+    pub own_secs: f64,
     /// Per-peer transfers of the pull and the push (local parts excluded),
     /// of the timed ones only.
     pub links: Vec<LinkSample>,
@@ -463,6 +474,8 @@ impl MiniBatchReport {
         self.push_secs += o.push_secs;
         self.push_bytes += o.push_bytes;
         self.batch_secs += o.batch_secs;
+        self.wait_secs += o.wait_secs;
+        self.own_secs += o.own_secs;
         self.links.extend_from_slice(&o.links);
         self.timed_pulls += o.timed_pulls;
         self.timed_pushes += o.timed_pushes;
