@@ -4,6 +4,7 @@
 use std::path::Path;
 use std::time::Duration;
 
+use cruise_appmaster::am;
 use cruise_appmaster::harness::{self, Cluster, ClusterOptions};
 use cruise_conf::{CruiseConfig, SyncMode};
 
@@ -219,4 +220,65 @@ async fn cancelled_job_stops_cleanly() {
         .expect("no hang")
         .unwrap_err();
     assert!(err.to_string().contains("cancelled"), "{err}");
+}
+
+/// A 3-container job whose optimizer probes 256 KiB per link and waits up
+/// to `wait_ms` for the probes before training, on a network that delays
+/// every data-plane frame by `delay`; the status when training started.
+async fn probed_start(dir: &Path, wait_ms: u64, delay: Duration) -> (Cluster, am::Status) {
+    let input = data(dir, 3000);
+    let mut c = config(2);
+    c.optimizer.probe_bytes = 256 << 10;
+    c.optimizer.probe_wait_ms = wait_ms;
+    let faults = ClusterOptions {
+        data_delay: delay,
+        ..ClusterOptions::default()
+    };
+    let mut cluster = Cluster::start_with(c, input, dir.join("work"), faults);
+    let s = cluster
+        .await_status(WAIT, |s| s.phase == "training")
+        .await
+        .expect("training starts");
+    (cluster, s)
+}
+
+/// Lifts the network delay and waits for the job to succeed.
+async fn finish(cluster: Cluster) {
+    assert!(cluster.delay_data(Duration::ZERO));
+    tokio::time::timeout(WAIT, cluster.join())
+        .await
+        .expect("no hang")
+        .expect("job succeeds");
+}
+
+/// The links are measured before the workers start, while they are idle:
+/// the first status of the training phase already holds a capacity for
+/// every link of the probe ring. With every data-plane frame delayed, a
+/// probe takes at least six such delays (three tries, each a request and
+/// its answer), so probes sent as training starts could not have answered
+/// by then.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn training_starts_once_the_links_are_measured() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cluster, s) = probed_start(dir.path(), 60_000, Duration::from_millis(100)).await;
+    let mut links: Vec<(u32, u32)> = s.metrics.capacity.iter().map(|l| (l.from, l.to)).collect();
+    links.sort_unstable();
+    assert_eq!(links, [(1, 2), (2, 3), (3, 1)], "every ring link measured");
+    finish(cluster).await;
+}
+
+/// Probes that do not answer within `optimizer.probe_wait_ms` do not hold
+/// training up: it starts without them (here every data-plane frame takes
+/// a second, so no probe of three tries can answer within 2 s, and the
+/// wait is 300 ms).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn training_starts_without_probes_that_do_not_answer() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cluster, s) = probed_start(dir.path(), 300, Duration::from_secs(1)).await;
+    assert!(
+        s.metrics.capacity.is_empty(),
+        "no probe could have answered: {:?}",
+        s.metrics.capacity
+    );
+    finish(cluster).await;
 }

@@ -398,6 +398,13 @@ pub struct OptimizerConfig {
     /// Bytes of each bulk transfer that measures link capacity when training
     /// starts and when a container joins. 0: do not probe.
     pub probe_bytes: u64,
+    /// How long training waits for the links to be measured before it
+    /// starts, milliseconds: the first probes run on idle links (probes run
+    /// while training share the links with it and read low). Training
+    /// starts when every probe has answered or this has passed. 0: do not
+    /// wait (probe while training). A container that joins later is probed
+    /// while training goes on.
+    pub probe_wait_ms: u64,
     /// Write the optimizer's input (a snapshot for `cruise plan`) to this file
     /// at every look. Empty: do not write.
     pub snapshot_file: String,
@@ -431,6 +438,7 @@ impl Default for OptimizerConfig {
             prior_move_secs: 0.05,
             prior_move_mb_per_sec: 200.0,
             probe_bytes: 4 << 20,
+            probe_wait_ms: 10_000,
             snapshot_file: String::new(),
             scale_in_input: ScaleInInput::Auto,
             slow_plan_report_secs: 30.0,

@@ -613,7 +613,11 @@ async fn handle(
                         let _ = tx.send(EvalToAm::BandwidthProbe { to, bytes, secs }).await;
                     }
                     // A failed probe only costs the optimizer a measurement.
-                    Err(e) => tracing::warn!("bandwidth probe to evaluator {to}: {e}"),
+                    Err(e) => {
+                        tracing::warn!("bandwidth probe to evaluator {to}: {e}");
+                        let error = e.to_string();
+                        let _ = tx.send(EvalToAm::ProbeFailed { to, error }).await;
+                    }
                 }
             });
         }

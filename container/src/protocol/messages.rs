@@ -331,6 +331,14 @@ pub enum EvalToAm {
         /// Seconds from request to the last byte.
         secs: f64,
     },
+    /// The answer to [`AmToEval::ProbeBandwidth`] when no transfer
+    /// succeeded: the optimizer goes without that measurement.
+    ProbeFailed {
+        /// The other evaluator.
+        to: EvaluatorId,
+        /// Why.
+        error: String,
+    },
     /// Something failed that the evaluator cannot recover from; it will exit.
     Fatal {
         /// What it was doing and what went wrong.

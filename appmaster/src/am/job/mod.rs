@@ -278,6 +278,7 @@ impl Driver {
                         }
                     }
                     self.check_time()?;
+                    self.expire_start_probes().await?;
                     self.expire_adds();
                     self.report_slow_plan();
                     self.maybe_reconfigure().await;
@@ -701,6 +702,11 @@ impl Driver {
             EvalToAm::BandwidthProbe { to, bytes, secs } => {
                 tracing::debug!(from = id, to, bytes, secs, "bandwidth probe");
                 self.rc.metrics.bulk(id, to, bytes, secs);
+                self.on_start_probe(id, to).await?;
+            }
+            EvalToAm::ProbeFailed { to, error } => {
+                tracing::warn!(from = id, to, "bandwidth probe failed: {error}");
+                self.on_start_probe(id, to).await?;
             }
             EvalToAm::Fatal { error } => {
                 return Err(AmError::JobFailed(format!(
@@ -814,6 +820,9 @@ impl Driver {
                 message: "the input has no records".into(),
             });
         }
+        if self.probe_before_training().await {
+            return Ok(());
+        }
         self.learn_capacity().await;
         let (w, s) = self.role_counts();
         self.phase(
@@ -848,7 +857,12 @@ impl Driver {
                 Role::Idle => {}
             }
         }
-        self.probe_ring().await;
+        if matches!(
+            self.rc.start_probes,
+            reconfigure::StartProbes::WhileTraining
+        ) {
+            self.probe_ring().await;
+        }
         let now = Instant::now();
         self.train_started = Some(now);
         self.epoch_started = now;
