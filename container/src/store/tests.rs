@@ -135,6 +135,71 @@ fn absent_blocks_are_forwarded_to_their_owner_grouped() {
     );
 }
 
+/// An operation whose blocks all live on one other evaluator goes there
+/// whole (the fast path), keys and values as given; as soon as one block is
+/// held or arriving here, or another evaluator owns one, it is split by
+/// owner as before.
+#[tokio::test]
+async fn one_remote_owner_gets_the_operation_whole() {
+    let s = store(1);
+    s.apply_ownership(&OwnershipUpdate {
+        version: 1,
+        owners: (0..BLOCKS).map(|b| (MODEL_TABLE, b, 2)).collect(),
+    });
+    let keys: Vec<Key> = (0..BLOCKS).flat_map(|b| keys_in_block(b, 3)).collect();
+    let forwarded = |op: &StoreOp| -> Vec<(Vec<usize>, Pending)> {
+        s.submit(op)
+            .unwrap()
+            .parts
+            .into_iter()
+            .map(|p| (p.positions, p.pending))
+            .collect()
+    };
+    for op in [get(&keys), update(&keys, 2.0)] {
+        let parts = forwarded(&op);
+        assert_eq!(parts.len(), 1, "one request");
+        let (positions, pending) = &parts[0];
+        assert_eq!(*positions, (0..keys.len()).collect::<Vec<_>>());
+        match pending {
+            Pending::Forward { to: 2, op: sent } => assert_eq!(*sent, op, "sent as given"),
+            _ => panic!("expected a forward to evaluator 2"),
+        }
+    }
+    // A block arriving here: its keys wait for it, the rest go to 2.
+    s.begin_incoming(MODEL_TABLE, 1, 2).unwrap();
+    let parts = forwarded(&update(&keys, 2.0));
+    assert!(
+        parts.iter().any(|(_, p)| matches!(p, Pending::Queued(_))),
+        "the arriving block's keys are queued"
+    );
+    assert!(
+        parts
+            .iter()
+            .any(|(pos, p)| matches!(p, Pending::Forward { to: 2, .. }) && pos.len() == 9),
+        "the others go to their owner"
+    );
+    // Another owner for one block: one request per owner.
+    let t = store(1);
+    t.apply_ownership(&OwnershipUpdate {
+        version: 1,
+        owners: (0..BLOCKS)
+            .map(|b| (MODEL_TABLE, b, if b == 3 { 3 } else { 2 }))
+            .collect(),
+    });
+    let mut to: Vec<EvaluatorId> = t
+        .submit(&get(&keys))
+        .unwrap()
+        .parts
+        .into_iter()
+        .map(|p| match p.pending {
+            Pending::Forward { to, .. } => to,
+            _ => panic!("expected forwards only"),
+        })
+        .collect();
+    to.sort_unstable();
+    assert_eq!(to, [2, 3]);
+}
+
 #[test]
 fn unknown_owner_is_retryable() {
     let s = store(1);
