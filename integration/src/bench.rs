@@ -26,6 +26,16 @@ use cruise_container::store::{ModelFunctions, Store};
 
 use crate::Spawned;
 
+/// Prints `usage` and exits with status 0 when the command line asks for
+/// help (`-h` or `--help` anywhere): the benchmarks take positional
+/// arguments, which would otherwise read the flag as a bad number.
+pub fn exit_on_help(usage: &str) {
+    if std::env::args().skip(1).any(|a| a == "-h" || a == "--help") {
+        println!("{}", usage.trim_end());
+        std::process::exit(0);
+    }
+}
+
 /// The median of `v` (sorted in place; the mean of the middle two when the
 /// count is even); NaN if empty.
 pub fn median(v: &mut [f64]) -> f64 {

@@ -142,7 +142,18 @@ async fn run(n: u64) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// What `--help` prints.
+const USAGE: &str = "\
+Usage: bench-control [MESSAGES]
+
+Round trips on the authenticated control channel (framing, lz4, HMAC)
+against a plain TCP echo in the same run.
+
+  MESSAGES   messages per run (default 200000)
+";
+
 fn main() -> anyhow::Result<()> {
+    cruise_integration::bench::exit_on_help(USAGE);
     let n: u64 = match std::env::args().nth(1) {
         Some(a) => a
             .parse()

@@ -162,7 +162,19 @@ async fn run(reps: usize, sizes: Vec<usize>) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// What `--help` prints.
+const USAGE: &str = "\
+Usage: bench-dataplane [REPS [SIZE_MIB...]]
+
+Data-plane pull throughput against iperf3 on loopback, measured in the
+same run (install iperf3 once with integration/bench/setup.sh).
+
+  REPS       repetitions; medians are printed (default 7)
+  SIZE_MIB   pull sizes in MiB (default: 1 and 64)
+";
+
 fn main() -> anyhow::Result<()> {
+    cruise_integration::bench::exit_on_help(USAGE);
     // The data planes here stand for evaluators: tuned as `cruise` tunes them.
     cruise_container::os::tune_allocator();
     let reps: usize = match std::env::args().nth(1) {

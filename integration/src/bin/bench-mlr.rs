@@ -105,7 +105,20 @@ fn ours(cruise: &Path, input: &Path, work: &Path, mini_batch: u32) -> anyhow::Re
     })
 }
 
+/// What `--help` prints.
+const USAGE: &str = "\
+Usage: bench-mlr [REPS [B,B...]]
+
+MLR training throughput of `cruise run` against scikit-learn on the same
+data in the same run (install scikit-learn once with
+integration/bench/setup.sh).
+
+  REPS   repetitions; medians are printed (default 3)
+  B,B    mini-batch sizes to measure, comma-separated (default 100,1000)
+";
+
 fn main() -> anyhow::Result<()> {
+    cruise_integration::bench::exit_on_help(USAGE);
     let reps: usize = match std::env::args().nth(1) {
         Some(a) => a
             .parse()

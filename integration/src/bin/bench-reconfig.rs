@@ -246,7 +246,19 @@ async fn run(reps: usize) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// What `--help` prints.
+const USAGE: &str = "\
+Usage: bench-reconfig [REPS]
+
+Time per reconfiguration operation, block-move throughput against iperf3
+on loopback, and get latency during a move against idle (install iperf3
+once with integration/bench/setup.sh).
+
+  REPS   repetitions; medians are printed (default 6)
+";
+
 fn main() -> anyhow::Result<()> {
+    cruise_integration::bench::exit_on_help(USAGE);
     // The data planes here stand for evaluators: tuned as `cruise` tunes them.
     cruise_container::os::tune_allocator();
     let reps: usize = match std::env::args().nth(1) {

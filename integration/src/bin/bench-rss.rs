@@ -19,7 +19,18 @@ use cruise_integration::bench::{Row, cruise_release_binary, machine_note, median
 
 const MIB: f64 = 1024.0 * 1024.0;
 
+/// What `--help` prints.
+const USAGE: &str = "\
+Usage: bench-rss [REPS]
+
+Peak resident memory of the AM and of each evaluator in a default
+`cruise run`, against their allowances.
+
+  REPS   repetitions (default 3)
+";
+
 fn main() -> anyhow::Result<()> {
+    cruise_integration::bench::exit_on_help(USAGE);
     let reps: usize = match std::env::args().nth(1) {
         Some(a) => a
             .parse()

@@ -55,8 +55,19 @@ fn local_read(path: &std::path::Path, len: u64, splits: u64) -> anyhow::Result<f
     Ok(len as f64 / t0.elapsed().as_secs_f64())
 }
 
+/// What `--help` prints.
+const USAGE: &str = "\
+Usage: bench-webhdfs [SIZE_MIB]
+
+Read throughput from WebHDFS (the cruise-sim namenode and datanode;
+build it first: cargo build --release -p cruise-sim -p cruise-integration).
+
+  SIZE_MIB   file size in MiB (default 256)
+";
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    cruise_integration::bench::exit_on_help(USAGE);
     let mib: u64 = match std::env::args().nth(1) {
         Some(a) => a.parse().with_context(|| format!("SIZE_MIB: {a:?}"))?,
         None => 256,
