@@ -164,15 +164,26 @@ async fn optimizer_grows_the_job_through_the_yarn_service() {
         .await
         .unwrap();
     assert_eq!(r.status(), 404, "service {service} still exists");
-    let v = get(format!("{}/sim/containers", yarn.url)).await;
-    assert!(
-        v["containers"]
+    // Every container ends: the service's are released with it, and an
+    // evaluator whose AM has gone exits by itself (the resource manager
+    // records that a moment later, so wait for it rather than look once).
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let v = get(format!("{}/sim/containers", yarn.url)).await;
+        let all_done = v["containers"]
             .as_array()
             .unwrap()
             .iter()
-            .all(|c| c["state"] == "COMPLETE"),
-        "{v}"
-    );
+            .all(|c| c["state"] == "COMPLETE");
+        if all_done {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "containers still running 30 s after the job ended: {v}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
