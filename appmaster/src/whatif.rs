@@ -75,6 +75,7 @@ pub fn resize(s: &mut Snapshot, n: usize) {
                 cpu_speed: speed,
                 bandwidth_bytes_per_sec: bw,
                 server_secs_per_byte: None,
+                request_secs_per_server: None,
                 input_blocks: 0,
                 model_blocks: 0,
                 mini_batches: 0,
@@ -137,11 +138,13 @@ pub fn report(
         compute_secs_per_record: mean(&|i| model.compute_secs_per_record(i)),
         bandwidth_bytes_per_sec: mean(&|i| model.bandwidth(i)),
         server_secs_per_byte: mean(&|i| model.server_secs_per_byte(i)),
+        request_secs_per_server: mean(&|i| model.request_secs_per_server(i)),
     };
     let _ = writeln!(
         out,
-        "containers: {n} (mean compute {:.3} µs/record, bandwidth {:.1} MB/s, server {:.3} ns/byte)\n",
+        "containers: {n} (mean compute {:.3} µs/record + {:.1} µs per server per mini-batch, bandwidth {:.1} MB/s, server {:.3} ns/byte)\n",
         u.compute_secs_per_record * 1e6,
+        u.request_secs_per_server * 1e6,
         u.bandwidth_bytes_per_sec / 1e6,
         u.server_secs_per_byte * 1e9
     );

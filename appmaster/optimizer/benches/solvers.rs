@@ -36,6 +36,7 @@ fn uniform(n: usize, u: &Uniform) -> Snapshot {
             cpu_speed: None,
             bandwidth_bytes_per_sec: u.bandwidth_bytes_per_sec,
             server_secs_per_byte: Some(u.server_secs_per_byte),
+            request_secs_per_server: None,
             input_blocks: 0,
             model_blocks: 0,
             mini_batches: 10,
@@ -73,6 +74,7 @@ fn heterogeneous(n: usize) -> Snapshot {
                 cpu_speed: None,
                 bandwidth_bytes_per_sec: b * next(),
                 server_secs_per_byte: Some(2e-10 * next()),
+                request_secs_per_server: None,
                 input_blocks: 0,
                 model_blocks: 0,
                 mini_batches: 10,
@@ -92,6 +94,7 @@ fn bench(c: &mut Criterion) {
         compute_secs_per_record: 1e-4,
         bandwidth_bytes_per_sec: 1.5e8,
         server_secs_per_byte: 2e-10,
+        request_secs_per_server: 0.0,
     };
     let mut g = c.benchmark_group("homogeneous");
     for n in [10usize, 100, 1_000, 10_000] {

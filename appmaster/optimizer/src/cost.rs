@@ -7,7 +7,7 @@
 //! server_bound_ij = w · m_j · (M'/b_j + M·p_j)       (server j's link and CPU, shared by all workers)
 //! worker_bound_i  = Σ_j m_j · M' / b_i  = M' / b_i   (worker i's own link, to all servers at once)
 //! comm_i          = max( max_j server_bound_ij, worker_bound_i ) + λ
-//! comp_i          = c_i · d_i,   comm_i^epoch = ⌈d_i / B⌉ · comm_i
+//! comp_i          = c_i · d_i + ⌈d_i / B⌉ · s · q_i,   comm_i^epoch = ⌈d_i / B⌉ · comm_i
 //! C_i             = max(comp_i, comm_i^epoch) + f · min(comp_i, comm_i^epoch)
 //! C               = max_i C_i
 //! ```
@@ -17,6 +17,15 @@
 //! overlap them (`job.pipeline`), so the AM measures how much of the shorter part
 //! still adds up (`f`, [`Job::serial_fraction`]) and the round-trip latency the
 //! bandwidth does not explain (`λ`, [`Job::latency_secs_per_mini_batch`]).
+//!
+//! `s` is the number of servers holding model blocks and `q_i` the seconds worker
+//! `i` spends per mini-batch on each of them: framing, sending and receiving its
+//! requests, on its own CPU ([`crate::snapshot::ContainerMetrics::request_secs_per_server`]).
+//! It is the one part of a worker's own time that depends on the split: on a
+//! 0.3-CPU worker of a 40 KB model it was about a third of the own time with six
+//! servers (measured: the evaluator's runtime thread used 40 µs of CPU per
+//! mini-batch with one server and 170 µs with six), and pricing it per record made
+//! the same worker look 1.5× slower beside six servers than beside two.
 //!
 //! `M` is the bytes a worker exchanges per mini-batch (pull + push), which servers
 //! process; `M'` the part on the busier direction of a link (the larger of pull and
@@ -140,6 +149,8 @@ pub struct CostModel {
     /// sides needs no division.
     inv_bandwidth: Vec<f64>,
     server_proc: Vec<f64>,
+    /// `q_i`: worker seconds per mini-batch per server it talks to.
+    per_server: Vec<f64>,
     /// Row-major `n × n` seconds per byte `1 / b_ij` of measured links (0 where not
     /// measured), only when some link was measured.
     inv_links: Option<Vec<f64>>,
@@ -181,6 +192,7 @@ impl CostModel {
         };
         let compute_ref = reference(&|c| c.compute_secs_per_record);
         let proc_ref = reference(&|c| c.server_secs_per_byte).unwrap_or(0.0);
+        let request_ref = reference(&|c| c.request_secs_per_server).unwrap_or(0.0);
         let kept: Vec<&crate::snapshot::ContainerMetrics> = snapshot
             .containers
             .iter()
@@ -197,6 +209,10 @@ impl CostModel {
         let server_proc = kept
             .iter()
             .map(|c| c.server_secs_per_byte.unwrap_or(proc_ref / speed(c)))
+            .collect();
+        let per_server = kept
+            .iter()
+            .map(|c| c.request_secs_per_server.unwrap_or(request_ref / speed(c)))
             .collect();
         let bandwidth: Vec<f64> = kept.iter().map(|c| c.bandwidth_bytes_per_sec).collect();
         let ids: Vec<String> = kept.iter().map(|c| c.id.clone()).collect();
@@ -241,6 +257,7 @@ impl CostModel {
             bandwidth,
             inv_bandwidth,
             server_proc,
+            per_server,
             inv_links,
         })
     }
@@ -271,6 +288,18 @@ impl CostModel {
     /// Resolved compute seconds per record of container `i` (model order).
     pub fn compute_secs_per_record(&self, i: usize) -> f64 {
         self.compute[i]
+    }
+
+    /// Resolved seconds per mini-batch that container `i`, as a worker, spends
+    /// on each server it talks to (`q_i`).
+    pub fn request_secs_per_server(&self, i: usize) -> f64 {
+        self.per_server[i]
+    }
+
+    /// What worker `i`'s requests to `s` servers cost it per mini-batch, `s · q_i`.
+    #[inline]
+    pub(crate) fn requests_per_batch(&self, i: usize, s: usize) -> f64 {
+        s as f64 * self.per_server[i]
     }
 
     /// Bandwidth of container `i` in bytes/s.
@@ -339,24 +368,27 @@ impl CostModel {
         batches(&self.job, k)
     }
 
-    /// Epoch time of worker `i` with `k` blocks and per-mini-batch communication `g`
-    /// (`g` without the latency, which [`CostModel::parts`] adds).
+    /// Epoch time of worker `i` with `k` blocks, per-mini-batch communication `g`
+    /// (`g` without the latency, which [`CostModel::parts`] adds) and `s` servers
+    /// holding model blocks.
     #[inline]
-    pub(crate) fn worker_time(&self, i: usize, k: u32, g: f64) -> f64 {
+    pub(crate) fn worker_time(&self, i: usize, k: u32, g: f64, s: usize) -> f64 {
         if k == 0 {
             return 0.0;
         }
-        let (comp, comm) = self.parts(i, k, g);
+        let (comp, comm) = self.parts(i, k, g, s);
         self.epoch_of(comp, comm)
     }
 
     /// Computation and communication seconds per epoch of worker `i` with `k`
-    /// blocks and per-mini-batch communication `g` (plus the job's latency).
+    /// blocks, per-mini-batch communication `g` (plus the job's latency) and `s`
+    /// servers (whose requests are part of its computation). Both are
+    /// non-decreasing in `k`, `g` and `s`.
     #[inline]
-    pub(crate) fn parts(&self, i: usize, k: u32, g: f64) -> (f64, f64) {
+    pub(crate) fn parts(&self, i: usize, k: u32, g: f64, s: usize) -> (f64, f64) {
         let nb = self.batches(k) as f64;
         (
-            self.compute[i] * self.records(k),
+            self.compute[i] * self.records(k) + nb * self.requests_per_batch(i, s),
             nb * (g + self.job.latency_secs_per_mini_batch),
         )
     }
@@ -462,7 +494,7 @@ impl CostModel {
         for &(i, k) in &workers {
             let (g, bound) = self.comm_per_batch(i, w, &servers);
             let nb = self.batches(k);
-            let (comp, comm) = self.parts(i, k, g);
+            let (comp, comm) = self.parts(i, k, g, servers.len());
             out.push(WorkerCost {
                 container: self.ids[i].clone(),
                 records: self.records(k),
@@ -539,6 +571,7 @@ mod tests {
             cpu_speed: None,
             bandwidth_bytes_per_sec: b,
             server_secs_per_byte: p,
+            request_secs_per_server: None,
             input_blocks: 0,
             model_blocks: 0,
             mini_batches: 0,
@@ -627,6 +660,59 @@ mod tests {
             close(b.workers[0].total_secs, w1);
             close(b.workers[1].comm_secs, 10.0);
         }
+    }
+
+    // The two-by-two case (serial) with a cost per server on the workers: w1
+    // 0.25 s and w2 0.5 s per mini-batch per server holding blocks.
+    // Both servers hold blocks: w1 comp 6 + 6 batches · 2 · 0.25 = 9, comm 6 → 15;
+    //     w2 comp 6 + 4 · 2 · 0.5 = 10, comm 8 → 18 → epoch 18.
+    // s2 holds all 4 (s1 none, so it is not asked): w1 g = max(2·1·1000/2000, 1) = 1,
+    //     comm 6, comp 6 + 6 · 0.25 = 7.5 → 13.5; w2 g = 2, comm 8,
+    //     comp 6 + 4 · 0.5 = 8 → 16 → epoch 16.
+    // Without w2's measurement it gets the measured mean (same CPU speed): 0.25.
+    #[test]
+    fn requests_per_server_hand_computed() {
+        let (model, target) = two_by_two(vec![]);
+        let mut snap = Snapshot {
+            job: model.job().clone(),
+            containers: ["w1", "w2", "s1", "s2"]
+                .iter()
+                .enumerate()
+                .map(|(i, id)| {
+                    let mut c = container(
+                        id,
+                        Role::Idle,
+                        Some(model.compute_secs_per_record(i)),
+                        model.bandwidth(i),
+                        Some(model.server_secs_per_byte(i)),
+                    );
+                    c.request_secs_per_server = [Some(0.25), Some(0.5), None, None][i];
+                    c
+                })
+                .collect(),
+            links: vec![],
+        };
+        let m = CostModel::new(&snap).unwrap();
+        let b = m.evaluate(&target).unwrap();
+        close(b.workers[0].comp_secs, 9.0);
+        close(b.workers[0].total_secs, 15.0);
+        close(b.workers[1].comp_secs, 10.0);
+        close(b.epoch_secs, 18.0);
+        let one_server = super::tests::target(&[
+            ("w1", Role::Worker, 6, 0),
+            ("w2", Role::Worker, 4, 0),
+            ("s1", Role::Server, 0, 0),
+            ("s2", Role::Server, 0, 4),
+        ]);
+        let b = m.evaluate(&one_server).unwrap();
+        assert_eq!(b.active_servers, 1);
+        close(b.workers[0].total_secs, 13.5);
+        close(b.workers[1].comp_secs, 8.0);
+        close(b.epoch_secs, 16.0);
+        snap.containers[1].request_secs_per_server = None;
+        let m = CostModel::new(&snap).unwrap();
+        close(m.request_secs_per_server(1), 0.25);
+        close(m.request_secs_per_server(2), 0.25);
     }
 
     #[test]

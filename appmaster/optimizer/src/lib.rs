@@ -45,6 +45,7 @@
 //!     compute_secs_per_record: 1e-4,
 //!     bandwidth_bytes_per_sec: 1.25e8,
 //!     server_secs_per_byte: 1e-9,
+//!     request_secs_per_server: 2e-5,
 //! };
 //! let h = solve_homogeneous(&job, 32, &u).unwrap();
 //! assert_eq!(h.splits.len(), 31);
@@ -63,6 +64,7 @@
 //!   },
 //!   "containers": [
 //!     {"id": "e1", "role": "worker", "compute_secs_per_record": 0.0001,
+//!      "request_secs_per_server": 0.00002,
 //!      "bandwidth_bytes_per_sec": 1.25e8, "input_blocks": 8, "mini_batches": 30},
 //!     {"id": "e3", "role": "server", "bandwidth_bytes_per_sec": 1.25e8,
 //!      "server_secs_per_byte": 1e-9, "cpu_speed": 1.0, "model_blocks": 4},

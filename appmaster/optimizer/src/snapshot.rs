@@ -132,6 +132,14 @@ pub struct ContainerMetrics {
     /// (`reference / cpu_speed` from the containers that served); 0 when none has served.
     #[serde(default)]
     pub server_secs_per_byte: Option<f64>,
+    /// Measured seconds a worker spends per mini-batch on each server it talks
+    /// to: framing, sending and receiving its requests and their answers, at
+    /// its CPU share (the AM's measurement: the worker's own time off its loop
+    /// thread, divided by the servers of the running configuration). It is not
+    /// part of `compute_secs_per_record`. `None` for containers that never ran
+    /// a worker: estimated like the compute cost; 0 when no worker measured it.
+    #[serde(default)]
+    pub request_secs_per_server: Option<f64>,
     /// Input blocks held now.
     #[serde(default)]
     pub input_blocks: u32,
@@ -235,6 +243,9 @@ impl Snapshot {
             }
             if let Some(v) = c.cpu_speed {
                 positive(&format!("containers[{i}].cpu_speed"), v)?;
+            }
+            if let Some(v) = c.request_secs_per_server {
+                non_negative(&format!("containers[{i}].request_secs_per_server"), v)?;
             }
             if let Some(v) = c.server_secs_per_byte {
                 non_negative(&format!("containers[{i}].server_secs_per_byte"), v)?;

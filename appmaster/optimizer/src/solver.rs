@@ -56,6 +56,9 @@ pub struct Uniform {
     pub bandwidth_bytes_per_sec: f64,
     /// Server processing seconds per byte.
     pub server_secs_per_byte: f64,
+    /// A worker's seconds per mini-batch per server it talks to.
+    #[serde(default)]
+    pub request_secs_per_server: f64,
 }
 
 /// One split of a homogeneous cluster and its predicted epoch time.
@@ -63,7 +66,8 @@ pub struct Uniform {
 pub struct Split {
     /// Workers `W`.
     pub workers: usize,
-    /// Servers `S = N − W`.
+    /// Servers `S`: `N − W`, or fewer when workers spend time per server (the rest
+    /// idle).
     pub servers: usize,
     /// Predicted epoch time (slowest worker), seconds.
     pub epoch_secs: f64,
@@ -82,8 +86,12 @@ pub struct HomogeneousSolution {
     pub splits: Vec<Split>,
 }
 
-/// Prices every `(W, N − W)` split of `containers` identical containers (Eq. 5 with push
-/// traffic, server time and whole blocks) and returns the best. O(N).
+/// Prices every split of `containers` identical containers into `W` workers and the
+/// rest (Eq. 5 with push traffic, server time and whole blocks) and returns the best.
+/// O(N) when workers spend nothing per server (then every other container serves);
+/// otherwise each `W` also takes its best number of servers `S ≤ N − W` (the rest
+/// idle), from the `O(√L)` counts at which the busiest server's share `⌈L / S⌉` drops:
+/// more servers cost the workers more requests, so for each share the fewest win.
 ///
 /// With `W` workers only `min(W, K)` can hold input blocks, and the slowest holds
 /// `⌈K / w⌉`; the busiest of `min(S, L)` servers holds `⌈L / s⌉` model blocks.
@@ -109,25 +117,48 @@ pub fn solve_homogeneous(
     let link_bytes = job.link_bytes();
     let mut splits = Vec::with_capacity(containers - 1);
     for workers in 1..containers {
-        let servers = containers - workers;
         let w = workers.min(k_total);
-        let s = servers.min(l_total);
         let k = k_total.div_ceil(w) as u32;
-        let l = l_total.div_ceil(s) as f64;
         let records = job.total_records as f64 * f64::from(k) / k_total as f64;
         let nb = crate::cost::batches(job, k) as f64;
-        let server_bound = w as f64 * l / l_total as f64
-            * (link_bytes * per_byte + m_bytes * u.server_secs_per_byte);
-        let worker_bound = link_bytes * per_byte;
-        let comp = u.compute_secs_per_record * records;
-        let comm = nb * (server_bound.max(worker_bound) + job.latency_secs_per_mini_batch);
-        splits.push(Split {
-            workers,
-            servers,
-            epoch_secs: crate::cost::epoch_of(job, comp, comm),
-            comp_secs: comp,
-            comm_secs: comm,
-        });
+        let price = |servers: usize| {
+            let s = servers.min(l_total);
+            let l = l_total.div_ceil(s) as f64;
+            let server_bound = w as f64 * l / l_total as f64
+                * (link_bytes * per_byte + m_bytes * u.server_secs_per_byte);
+            let worker_bound = link_bytes * per_byte;
+            let comp =
+                u.compute_secs_per_record * records + nb * s as f64 * u.request_secs_per_server;
+            let comm = nb * (server_bound.max(worker_bound) + job.latency_secs_per_mini_batch);
+            Split {
+                workers,
+                servers,
+                epoch_secs: crate::cost::epoch_of(job, comp, comm),
+                comp_secs: comp,
+                comm_secs: comm,
+            }
+        };
+        let all = containers - workers;
+        let mut best = price(all);
+        if u.request_secs_per_server > 0.0 {
+            // The fewest servers for each share ⌈L / S⌉: S = ⌈L / v⌉.
+            let top = all.min(l_total);
+            let mut servers = 1;
+            while servers <= top {
+                let cand = price(servers);
+                if better(cand.epoch_secs, best.epoch_secs)
+                    || (!better(best.epoch_secs, cand.epoch_secs) && cand.servers < best.servers)
+                {
+                    best = cand;
+                }
+                let v = l_total.div_ceil(servers);
+                if v <= 1 {
+                    break;
+                }
+                servers = l_total.div_ceil(v - 1);
+            }
+        }
+        splits.push(best);
     }
     let mut best = splits[0];
     for s in &splits[1..] {
@@ -150,16 +181,19 @@ impl CostModel {
         let c = mean(&|i| self.compute_secs_per_record(i));
         let b = mean(&|i| self.bandwidth(i));
         let p = mean(&|i| self.server_secs_per_byte(i));
+        let q = mean(&|i| self.request_secs_per_server(i));
         let close = |v: f64, m: f64| (v - m).abs() <= tolerance * m.abs().max(f64::MIN_POSITIVE);
         let alike = (0..n).all(|i| {
             close(self.compute_secs_per_record(i), c)
                 && close(self.bandwidth(i), b)
                 && (close(self.server_secs_per_byte(i), p) || p == 0.0)
+                && (close(self.request_secs_per_server(i), q) || q == 0.0)
         });
         alike.then_some(Uniform {
             compute_secs_per_record: c,
             bandwidth_bytes_per_sec: b,
             server_secs_per_byte: p,
+            request_secs_per_server: q,
         })
     }
 }
@@ -196,15 +230,20 @@ pub fn solve(model: &CostModel) -> Result<Solution, OptimizerError> {
                 };
                 (rank, Reverse(cur[i].input_blocks), i)
             });
-            let mut roles = vec![Role::Server; model.len()];
+            // Servers: the last in that order (current servers first), the rest idle.
+            let n = model.len();
+            let s = h.best.servers.min(n - w);
+            let mut roles = vec![Role::Idle; n];
             for &i in &order[..w] {
                 roles[i] = Role::Worker;
+            }
+            for &i in &order[n - s..] {
+                roles[i] = Role::Server;
             }
             let search = Search::new(model);
             let part = search.partition(&roles).ok_or_else(|| {
                 OptimizerError::Infeasible(format!(
-                    "{w} workers and {} servers cannot hold the blocks",
-                    model.len() - w
+                    "{w} workers and {s} servers cannot hold the blocks"
                 ))
             })?;
             // Alike containers: the proportional split is the most even one, which is
@@ -650,7 +689,8 @@ impl<'a> Search<'a> {
             .map(|&i| m.comm_per_batch(i, w, &srv).0)
             .collect();
         let mut counts = Vec::with_capacity(w);
-        let t = split::spread(m, workers, &g, &mut counts);
+        let active = srv.iter().filter(|p| p.1 > 0).count();
+        let t = split::spread(m, workers, &g, active, &mut counts);
         let mut k = vec![0u32; m.len()];
         for (&i, &c) in workers.iter().zip(&counts) {
             k[i] = c;
@@ -830,6 +870,7 @@ impl<'a> Search<'a> {
             }
         }
         let srv: Vec<(usize, u32)> = servers.iter().map(|&j| (j, l[j])).collect();
+        let active = srv.iter().filter(|p| p.1 > 0).count();
         let w = workers.len();
         // Data: any counts within [1, kmax_i(T)] summing to K are optimal.
         let mut lo = Vec::with_capacity(w);
@@ -838,12 +879,12 @@ impl<'a> Search<'a> {
         for &i in &workers {
             let g = m.comm_per_batch(i, w, &srv).0;
             let (mut a, mut b) = (1u32, m.job().input_blocks);
-            if m.worker_time(i, 1, g) > t_bar {
+            if m.worker_time(i, 1, g, active) > t_bar {
                 return self.data(&workers, &servers, l);
             }
             while a < b {
                 let mid = a + (b - a).div_ceil(2);
-                if m.worker_time(i, mid, g) <= t_bar {
+                if m.worker_time(i, mid, g, active) <= t_bar {
                     a = mid;
                 } else {
                     b = mid - 1;
@@ -861,7 +902,7 @@ impl<'a> Search<'a> {
                 }
                 let t = workers
                     .iter()
-                    .map(|&i| m.worker_time(i, k[i], m.comm_per_batch(i, w, &srv).0))
+                    .map(|&i| m.worker_time(i, k[i], m.comm_per_batch(i, w, &srv).0, active))
                     .fold(0.0, f64::max);
                 Part { t, k, l }
             }
@@ -930,6 +971,7 @@ mod tests {
                 cpu_speed: None,
                 bandwidth_bytes_per_sec: u.bandwidth_bytes_per_sec,
                 server_secs_per_byte: Some(u.server_secs_per_byte),
+                request_secs_per_server: Some(u.request_secs_per_server),
                 input_blocks: 0,
                 model_blocks: 0,
                 mini_batches: 0,
@@ -953,6 +995,7 @@ mod tests {
             compute_secs_per_record: 0.001,
             bandwidth_bytes_per_sec: 1000.0,
             server_secs_per_byte: 0.0,
+            request_secs_per_server: 0.0,
         };
         let h = solve_homogeneous(&job(1200, 100, 1000.0, 12, 6), 4, &u).unwrap();
         let t: Vec<f64> = h.splits.iter().map(|s| s.epoch_secs).collect();
@@ -960,6 +1003,22 @@ mod tests {
             assert!((a - b).abs() < 1e-9, "{t:?}");
         }
         assert_eq!((h.best.workers, h.best.servers), (2, 2));
+        // A worker's 1 s per mini-batch per server adds batches · S: W=1 with 3
+        // servers 12·3 = 36 → 49.2, with 1 (its server-bound 1·1·1 = 1 is its
+        // worker-bound) 12·1 → 25.2; W=2 with 2 servers 0.6 + 6·2 + 6 = 18.6, with 1
+        // (server-bound 2) 0.6 + 6 + 12 = 18.6, a tie (the fewer servers are kept);
+        // W=3 4·1 = 4 → 16.4: fewer servers win.
+        let u = Uniform {
+            request_secs_per_server: 1.0,
+            ..u
+        };
+        let h = solve_homogeneous(&job(1200, 100, 1000.0, 12, 6), 4, &u).unwrap();
+        let t: Vec<f64> = h.splits.iter().map(|s| s.epoch_secs).collect();
+        for (a, b) in t.iter().zip([25.2, 18.6, 16.4]) {
+            assert!((a - b).abs() < 1e-9, "{t:?}");
+        }
+        assert_eq!(h.splits[0].servers, 1);
+        assert_eq!((h.best.workers, h.best.servers), (3, 1));
     }
 
     #[test]
@@ -968,6 +1027,7 @@ mod tests {
             compute_secs_per_record: 2e-4,
             bandwidth_bytes_per_sec: 1.0e6,
             server_secs_per_byte: 3e-8,
+            request_secs_per_server: 3e-3,
         };
         let j = job(10_007, 64, 2.0e5, 37, 11);
         let n = 9;
@@ -1000,6 +1060,7 @@ mod tests {
             compute_secs_per_record: 1.0,
             bandwidth_bytes_per_sec: 1.0,
             server_secs_per_byte: 0.0,
+            request_secs_per_server: 0.0,
         };
         assert!(matches!(
             solve_homogeneous(&job(10, 1, 1.0, 1, 1), 1, &u),
@@ -1018,6 +1079,7 @@ mod tests {
             cpu_speed: None,
             bandwidth_bytes_per_sec: b,
             server_secs_per_byte: Some(0.0),
+            request_secs_per_server: None,
             input_blocks: 0,
             model_blocks: 0,
             mini_batches: 0,

@@ -69,6 +69,7 @@ proptest! {
 #[test]
 fn regression_nine_containers() {
     let inst = Inst {
+        q: Vec::new(),
         f: 1.0,
         lat: 0.0,
         d: 231,
@@ -122,6 +123,7 @@ fn regression_nine_containers() {
 #[test]
 fn regression_three_containers_one_block() {
     let inst = Inst {
+        q: Vec::new(),
         f: 1.0,
         lat: 0.0,
         d: 10,
@@ -201,6 +203,7 @@ fn local_search_quality() {
 #[test]
 fn regression_ten_containers() {
     let inst = Inst {
+        q: Vec::new(),
         f: 1.0,
         lat: 0.0,
         d: 231,
@@ -260,6 +263,7 @@ fn regression_ten_containers() {
 #[test]
 fn regression_six_containers_four_model_blocks() {
     let inst = Inst {
+        q: Vec::new(),
         f: 1.0,
         lat: 0.0,
         d: 510,

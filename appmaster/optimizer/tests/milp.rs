@@ -7,17 +7,20 @@
 //! ```text
 //! min T
 //! r_i + s_i ≤ 1,  Σ r_i = W,  Σ_t z_it = r_i,  Σ_i Σ_t t·z_it = K
-//! l_j ≤ L·s_j,  Σ l_j = L
+//! l_j ≤ L·s_j,  l_j ≤ L·a_j,  a_j ≤ s_j,  Σ l_j = L     (binary a_j: j holds blocks)
 //! g_i ≥ W·(l_j/L)·(M'/b_j + M·p_j)             for all j   (server-bound)
 //! g_i ≥ M'·Σ_j (l_j/L)/b_i                                (worker-bound)
-//! with C_it = c_i·D·t/K and Q_it = ⌈D·t/(K·B)⌉·(g_i + λ), for all t:
+//! with n_t = ⌈D·t/(K·B)⌉, C_it = c_i·D·t/K + n_t·q_i·Σ_j a_j and
+//! Q_it = n_t·(g_i + λ), for all t:
 //! T ≥ C_it + f·Q_it − BigM_it·(1 − z_it)
 //! T ≥ f·C_it + Q_it − BigM_it·(1 − z_it)
 //! ```
 //!
 //! which is exactly the cost model with whole blocks (idle containers allowed): a
 //! worker's epoch `max(C, Q) + f·min(C, Q)` is the larger of the two right-hand sides
-//! (serial fraction `f`, latency `λ`; `f = 1` gives Cruise's `C + Q`); where a link was
+//! (serial fraction `f`, latency `λ`, `q_i` the worker's cost per server holding
+//! blocks, which minimising keeps `a_j` at 0 for a server without; `f = 1` gives
+//! Cruise's `C + Q`); where a link was
 //! measured and is slower, its bandwidth `b_ij` replaces `b_i` and `b_j`.
 
 #![allow(clippy::needless_range_loop)]
@@ -43,6 +46,8 @@ fn milp_for_w(inst: &Inst, w: usize) -> Option<f64> {
     let lj: Vec<Variable> = (0..n)
         .map(|_| vars.add(variable().integer().min(0).max(inst.l)))
         .collect();
+    // Whether server j holds blocks (its requests cost every worker `q_i`).
+    let a: Vec<Variable> = (0..n).map(|_| vars.add(variable().binary())).collect();
     let g: Vec<Variable> = (0..n).map(|_| vars.add(variable().min(0.0))).collect();
     let t = vars.add(variable().min(0.0));
     let mut model = vars.minimise(t).using(microlp);
@@ -59,6 +64,8 @@ fn milp_for_w(inst: &Inst, w: usize) -> Option<f64> {
             z[i].iter().copied().sum::<Expression>() == r[i]
         ));
         model = model.with(constraint!(lj[i] <= l * s[i]));
+        model = model.with(constraint!(lj[i] <= l * a[i]));
+        model = model.with(constraint!(a[i] <= s[i]));
         for (x, &zi) in z[i].iter().enumerate() {
             blocks += (x + 1) as f64 * zi;
         }
@@ -77,11 +84,16 @@ fn milp_for_w(inst: &Inst, w: usize) -> Option<f64> {
         let gmax = gmax.max(own_max);
         for (x, &zi) in z[i].iter().enumerate() {
             let tb = (x + 1) as u64;
-            let comp = inst.c[i] * inst.d as f64 * tb as f64 / k as f64;
             let nb = (inst.d * tb).div_ceil(inst.k as u64 * inst.b) as f64;
-            let big = comp + nb * (gmax + inst.lat);
+            let comp = inst.c[i] * inst.d as f64 * tb as f64 / k as f64
+                + nb * inst.q(i) * a.iter().copied().sum::<Expression>();
+            let big = inst.c[i] * inst.d as f64 * tb as f64 / k as f64
+                + nb * inst.q(i) * n as f64
+                + nb * (gmax + inst.lat);
             let q = nb * g[i] + nb * inst.lat;
-            model = model.with(constraint!(t >= comp + inst.f * q.clone() - big + big * zi));
+            model = model.with(constraint!(
+                t >= comp.clone() + inst.f * q.clone() - big + big * zi
+            ));
             model = model.with(constraint!(t >= inst.f * comp + q - big + big * zi));
         }
     }

@@ -57,6 +57,7 @@ fn snapshot(job: &Job, specs: &[Spec], config: &Configuration, batches: u32) -> 
                 cpu_speed: None,
                 bandwidth_bytes_per_sec: s.b,
                 server_secs_per_byte: Some(s.p),
+                request_secs_per_server: None,
                 input_blocks: h.input.len() as u32,
                 model_blocks: h.model.len() as u32,
                 mini_batches: batches,
@@ -143,6 +144,7 @@ fn homogeneous_optimum_never_reconfigures() {
     let u = Uniform {
         compute_secs_per_record: 2e-3,
         bandwidth_bytes_per_sec: 1e7,
+        request_secs_per_server: 0.0,
         server_secs_per_byte: 1e-9,
     };
     let best = solve_homogeneous(&j, n, &u).unwrap().best;

@@ -93,6 +93,9 @@ pub struct EvalMetrics {
     /// (`cruise_container::ps::own_secs`): what it would take with answers
     /// arriving at once.
     pub own_secs_per_batch: Window,
+    /// Of that, seconds off the worker's loop thread per mini-batch
+    /// (`cruise_container::ps::io_secs`): its requests to the servers.
+    pub io_secs_per_batch: Window,
     /// Server busy seconds per byte served.
     pub server_secs_per_byte: Window,
     /// Mini-batches counted since the last reset.
@@ -151,6 +154,8 @@ pub struct EvalMetricsView {
     pub batch_secs_per_mini_batch: Option<f64>,
     /// Of that, the worker's own (not waiting on answers).
     pub own_secs_per_mini_batch: Option<f64>,
+    /// Of that, the seconds spent on its requests (off its loop thread).
+    pub io_secs_per_mini_batch: Option<f64>,
     /// Server seconds per byte.
     pub server_secs_per_byte: Option<f64>,
     /// Mini-batches counted.
@@ -194,6 +199,7 @@ impl Metrics {
             comp_secs_per_batch: Window::new(w),
             batch_secs_per_batch: Window::new(w),
             own_secs_per_batch: Window::new(w),
+            io_secs_per_batch: Window::new(w),
             server_secs_per_byte: Window::new(w),
             batches: 0,
             skip: warmup,
@@ -242,6 +248,7 @@ impl Metrics {
         if r.batch_secs > 0.0 {
             e.batch_secs_per_batch.push(r.batch_secs / per);
             e.own_secs_per_batch.push(r.own_secs.max(r.comp_secs) / per);
+            e.io_secs_per_batch.push(r.io_secs.max(0.0) / per);
         }
         e.batches += n;
         for l in links {
@@ -314,10 +321,16 @@ impl Metrics {
 
     /// After a reconfiguration: every worker skips its next mini-batch and
     /// its counts restart, so the optimizer waits for fresh measurements.
+    /// Its own time and the requests' part of it restart too: the requests
+    /// grow with the servers a mini-batch talks to, which the plan may have
+    /// changed, and the optimizer prices them per server of the running
+    /// configuration.
     pub fn reset_after_reconfiguration(&mut self) {
         for e in self.evals.values_mut() {
             e.skip = e.skip.max(1);
             e.batches = 0;
+            e.own_secs_per_batch.clear();
+            e.io_secs_per_batch.clear();
         }
     }
 
@@ -378,6 +391,7 @@ impl Metrics {
                     comm_secs_per_mini_batch: e.comm_secs_per_batch(),
                     batch_secs_per_mini_batch: e.batch_secs_per_batch.mean(),
                     own_secs_per_mini_batch: e.own_secs_per_batch.mean(),
+                    io_secs_per_mini_batch: e.io_secs_per_batch.mean(),
                     server_secs_per_byte: e.server_secs_per_byte.mean(),
                     mini_batches: e.batches,
                     cpu_speed: e.cpu_speed,
@@ -427,6 +441,7 @@ mod tests {
             batch_secs: comp + 0.002,
             wait_secs: 0.001,
             own_secs: comp + 0.0005,
+            io_secs: 0.0002,
             links: Vec::new(),
             timed_pulls: 1,
             timed_pushes: 1,

@@ -176,21 +176,35 @@ pub fn build_snapshot(
         .map(|e| m.get(e.id).and_then(|x| x.cpu_speed))
         .collect();
     snap(&mut speed, tol);
-    // A worker's own time per mini-batch beyond its computation (requests,
-    // framing, its process's other threads under a CPU quota) comes with
-    // every mini-batch, whoever serves: it is priced as part of the
-    // worker's seconds per record (the mini-batch size is fixed, so per
-    // record and per mini-batch are the same up to a block's last one).
+    // A worker's own time per mini-batch beyond its computation comes with
+    // every mini-batch, whoever serves. The part on its loop thread (key
+    // lists, applying its own pushes, routing) is priced as part of its
+    // seconds per record (the mini-batch size is fixed, so per record and
+    // per mini-batch are the same up to a block's last one). The part off
+    // it, the runtime thread framing, sending and receiving the requests,
+    // grows with the servers it talks to: it is priced per server, from
+    // the servers of the running configuration.
+    let servers_now = evals.iter().filter(|e| !e.model.is_empty()).count();
     let raw: Vec<Option<f64>> = evals
         .iter()
         .map(|e| {
             let x = m.get(e.id)?;
             let per_record = x.comp_per_record.mean()?;
+            let io = x.io_secs_per_batch.mean().unwrap_or(0.0);
             let own = match (x.own_secs_per_batch.mean(), x.comp_secs_per_batch.mean()) {
-                (Some(own), Some(comp)) if comp > 0.0 => (own / comp).max(1.0),
+                (Some(own), Some(comp)) if comp > 0.0 => ((own - io) / comp).max(1.0),
                 _ => 1.0,
             };
             Some(per_record * own)
+        })
+        .collect();
+    let raw_requests: Vec<Option<f64>> = evals
+        .iter()
+        .map(|e| {
+            let x = m.get(e.id)?;
+            x.comp_per_record.mean()?;
+            let io = x.io_secs_per_batch.mean()?;
+            (servers_now > 0).then(|| io / servers_now as f64)
         })
         .collect();
     let unit: Vec<f64> = raw
@@ -203,6 +217,19 @@ pub fn build_snapshot(
         .iter()
         .zip(&speed)
         .map(|(c, s)| c.and(unit_cost).map(|k| k / s.unwrap_or(1.0)))
+        .collect();
+    // The same for the requests: per unit of CPU speed, scaled back by each
+    // container's.
+    let unit: Vec<f64> = raw_requests
+        .iter()
+        .zip(&speed)
+        .filter_map(|(c, s)| Some((*c)? * s.unwrap_or(1.0)))
+        .collect();
+    let unit_requests = (!unit.is_empty()).then(|| unit.iter().sum::<f64>() / unit.len() as f64);
+    let requests: Vec<Option<f64>> = raw_requests
+        .iter()
+        .zip(&speed)
+        .map(|(c, s)| c.and(unit_requests).map(|k| k / s.unwrap_or(1.0)))
         .collect();
     let mut serve: Vec<Option<f64>> = evals
         .iter()
@@ -221,8 +248,14 @@ pub fn build_snapshot(
     // the serial fraction: how much of computation and communication add up
     // in a mini-batch's wall time rather than overlap (1 for workers that
     // pull, compute and push one after the other; less for pipelined ones).
-    let (mut snapshot, config) =
-        assemble(&job, evals, m, &comp, &speed, &bw, &serve, mean_bw, bytes);
+    let per_container = PerContainer {
+        comp: &comp,
+        requests: &requests,
+        speed: &speed,
+        bw: &bw,
+        serve: &serve,
+    };
+    let (mut snapshot, config) = assemble(&job, evals, m, per_container, mean_bw, bytes);
     let mut per_worker = Vec::new();
     if let Ok(b) =
         CostModel::including_reclaimed(&snapshot).and_then(|model| model.evaluate(&config.counts()))
@@ -292,18 +325,31 @@ fn serial_fraction(comp: f64, comm: f64, batch: f64) -> Option<f64> {
     Some(((batch - hi) / lo).clamp(0.0, 1.0))
 }
 
-#[allow(clippy::too_many_arguments)]
+/// Per evaluator (in `evals` order), what the snapshot says of it.
+#[derive(Clone, Copy)]
+struct PerContainer<'a> {
+    comp: &'a [Option<f64>],
+    requests: &'a [Option<f64>],
+    speed: &'a [Option<f64>],
+    bw: &'a [Option<f64>],
+    serve: &'a [Option<f64>],
+}
+
 fn assemble(
     job: &JobFacts,
     evals: &[EvalFacts],
     m: &Metrics,
-    comp: &[Option<f64>],
-    speed: &[Option<f64>],
-    bw: &[Option<f64>],
-    serve: &[Option<f64>],
+    per: PerContainer<'_>,
     mean_bw: f64,
     bytes: Bytes,
 ) -> (Snapshot, Configuration) {
+    let PerContainer {
+        comp,
+        requests,
+        speed,
+        bw,
+        serve,
+    } = per;
     let speeds: Vec<f64> = speed.iter().flatten().copied().collect();
     let mean_speed = (!speeds.is_empty()).then(|| speeds.iter().sum::<f64>() / speeds.len() as f64);
     let mut containers = Vec::new();
@@ -317,6 +363,7 @@ fn assemble(
             cpu_speed: speed[i],
             bandwidth_bytes_per_sec: bw[i].unwrap_or(mean_bw),
             server_secs_per_byte: serve[i],
+            request_secs_per_server: requests[i],
             input_blocks: e.input.len() as u32,
             model_blocks: e.model.len() as u32,
             mini_batches: em.map_or(0, |x| x.batches),
@@ -339,6 +386,7 @@ fn assemble(
             cpu_speed: mean_speed,
             bandwidth_bytes_per_sec: mean_bw,
             server_secs_per_byte: None,
+            request_secs_per_server: None,
             input_blocks: 0,
             model_blocks: 0,
             mini_batches: 0,

@@ -456,6 +456,12 @@ pub struct MiniBatchReport {
     /// every answer came at once (`crate::ps` says how it is measured).
     /// At least `batch_secs - wait_secs`, at most `batch_secs`.
     pub own_secs: f64,
+    /// Of `own_secs`, the part spent outside the worker's loop thread: the
+    /// evaluator's runtime thread framing, sending and receiving the
+    /// requests to the servers (process CPU minus the loop thread's, at
+    /// the wall seconds a CPU second takes here). It grows with the
+    /// servers a mini-batch talks to, not with its records.
+    pub io_secs: f64,
     /// Per-peer transfers of the pull and the push (local parts excluded),
     /// of the timed ones only.
     pub links: Vec<LinkSample>,
@@ -484,6 +490,7 @@ impl MiniBatchReport {
         self.batch_secs += o.batch_secs;
         self.wait_secs += o.wait_secs;
         self.own_secs += o.own_secs;
+        self.io_secs += o.io_secs;
         self.links.extend_from_slice(&o.links);
         self.timed_pulls += o.timed_pulls;
         self.timed_pushes += o.timed_pushes;

@@ -341,7 +341,14 @@ impl<'m> RoleBounds<'m> {
             let own = sum_b + if spare > 0.0 { spare * min_b } else { 0.0 };
             self.g.push(sb.max(own));
         }
-        Some(spread(self.m, workers, &self.g, &mut self.counts))
+        // Every server holds a block (the bound's assignments have at least one each).
+        Some(spread(
+            self.m,
+            workers,
+            &self.g,
+            servers.len(),
+            &mut self.counts,
+        ))
     }
 }
 
@@ -377,7 +384,15 @@ impl Dfs<'_, '_> {
         for x in 0..w {
             self.g[x] = f.g_lower(x, y, left, self.sb[y * w + x], self.wb[y * w + x]);
         }
-        if !fits(self.m, &f.workers, &self.g, self.bar) {
+        // The servers that will hold blocks: at least those given some so far, and
+        // one more if blocks are left (the requests' cost grows with them).
+        let active = if f.lmin > 0 {
+            s
+        } else {
+            f.servers[..y].iter().filter(|&&j| self.l[j] > 0).count()
+                + usize::from(y < s && left > 0)
+        };
+        if !fits(self.m, &f.workers, &self.g, active, self.bar) {
             return;
         }
         if y == s {
@@ -425,7 +440,8 @@ impl Dfs<'_, '_> {
         for (x, &i) in f.workers.iter().enumerate() {
             self.g[x] = self.m.comm_per_batch(i, w, &self.srv).0;
         }
-        let t = spread(self.m, &f.workers, &self.g, &mut self.counts);
+        let active = self.srv.iter().filter(|p| p.1 > 0).count();
+        let t = spread(self.m, &f.workers, &self.g, active, &mut self.counts);
         if t <= self.bar {
             self.best = Some((t, self.l.clone()));
             self.bar = t * (1.0 - SEARCH_EPS);
@@ -434,35 +450,37 @@ impl Dfs<'_, '_> {
 }
 
 /// The largest number of input blocks (at least one, at most `cap`) worker `i` can
-/// take within `bar` with communication `g` per mini-batch, or 0.
+/// take within `bar` with communication `g` per mini-batch and `s` servers, or 0.
 ///
 /// With `u` the time per block without the rounding up of mini-batches, the time for
-/// `k` blocks is near `[k·u, k·u + g]` (exactly so for a serial worker without
-/// latency), so `(bar − g)/u` and `bar/u` are guesses at the answer's bounds, each
-/// checked with [`CostModel::worker_time`] before it narrows a binary search.
-fn kmax(m: &CostModel, i: usize, g: f64, bar: f64, cap: u32) -> u32 {
-    if m.worker_time(i, 1, g) > bar {
+/// `k` blocks is near `[k·u, k·u + g + o]` (`o` the requests to the servers; exactly
+/// so for a serial worker without latency), so `(bar − g − o)/u` and `bar/u` are
+/// guesses at the answer's bounds, each checked with [`CostModel::worker_time`]
+/// before it narrows a binary search.
+fn kmax(m: &CostModel, i: usize, g: f64, s: usize, bar: f64, cap: u32) -> u32 {
+    if m.worker_time(i, 1, g, s) > bar {
         return 0;
     }
     let job = m.job();
-    let u = (m.compute_secs_per_record(i) + g / job.mini_batch_size as f64)
+    let o = m.requests_per_batch(i, s);
+    let u = (m.compute_secs_per_record(i) + (g + o) / job.mini_batch_size as f64)
         * job.total_records as f64
         / f64::from(job.input_blocks);
     let (mut lo, mut hi) = (1u32, cap);
     if u > 0.0 {
         let clamp = |v: f64| v.floor().clamp(1.0, f64::from(cap)) as u32;
-        let (a, b) = (clamp((bar - g) / u), clamp(bar / u + 1.0));
+        let (a, b) = (clamp((bar - g - o) / u), clamp(bar / u + 1.0));
         // The estimates hold in exact arithmetic; check them in floating point.
-        if a > lo && m.worker_time(i, a, g) <= bar {
+        if a > lo && m.worker_time(i, a, g, s) <= bar {
             lo = a;
         }
-        if b < hi && m.worker_time(i, b, g) > bar {
+        if b < hi && m.worker_time(i, b, g, s) > bar {
             hi = b - 1;
         }
     }
     while lo < hi {
         let mid = lo + (hi - lo).div_ceil(2);
-        if m.worker_time(i, mid, g) <= bar {
+        if m.worker_time(i, mid, g, s) <= bar {
             lo = mid;
         } else {
             hi = mid - 1;
@@ -471,9 +489,9 @@ fn kmax(m: &CostModel, i: usize, g: f64, bar: f64, cap: u32) -> u32 {
     lo
 }
 
-/// Whether the workers, with communication `g` per mini-batch, can take all input
-/// blocks (each at least one) with nobody above `bar`.
-fn fits(m: &CostModel, workers: &[usize], g: &[f64], bar: f64) -> bool {
+/// Whether the workers, with communication `g` per mini-batch and `s` servers, can
+/// take all input blocks (each at least one) with nobody above `bar`.
+fn fits(m: &CostModel, workers: &[usize], g: &[f64], s: usize, bar: f64) -> bool {
     let k_total = m.job().input_blocks;
     let w = workers.len() as u32;
     if w == 0 || w > k_total {
@@ -482,14 +500,14 @@ fn fits(m: &CostModel, workers: &[usize], g: &[f64], bar: f64) -> bool {
     if workers
         .iter()
         .zip(g)
-        .any(|(&i, &gi)| m.worker_time(i, 1, gi) > bar)
+        .any(|(&i, &gi)| m.worker_time(i, 1, gi, s) > bar)
     {
         return false;
     }
     let cap = k_total - (w - 1);
     let mut sum = 0u64;
     for (&i, &gi) in workers.iter().zip(g) {
-        sum += u64::from(kmax(m, i, gi, bar, cap));
+        sum += u64::from(kmax(m, i, gi, s, bar, cap));
         if sum >= u64::from(k_total) {
             return true;
         }
@@ -501,7 +519,8 @@ fn fits(m: &CostModel, workers: &[usize], g: &[f64], bar: f64) -> bool {
 const HEAP_ABOVE: usize = 16;
 
 /// The exact min-max partition of the input blocks over `workers` (each at least one),
-/// whose communication per mini-batch is `g`: each next block goes to the worker whose
+/// whose communication per mini-batch is `g`, with `s` servers: each next block goes
+/// to the worker whose
 /// epoch time grows least. Returns the slowest worker's time; `counts` gets the blocks
 /// per worker (in the order of `workers`).
 ///
@@ -510,7 +529,13 @@ const HEAP_ABOVE: usize = 16;
 /// bound on `T*`: the slowest single block, and `K / Σ 1/u_i` where `u_i ≤` worker
 /// `i`'s time per block (its time for `k` blocks is at least `k·u_i`). Only the few
 /// blocks left go through the greedy.
-pub(super) fn spread(m: &CostModel, workers: &[usize], g: &[f64], counts: &mut Vec<u32>) -> f64 {
+pub(super) fn spread(
+    m: &CostModel,
+    workers: &[usize],
+    g: &[f64],
+    s: usize,
+    counts: &mut Vec<u32>,
+) -> f64 {
     let job = m.job();
     let w = workers.len();
     let k_total = job.input_blocks;
@@ -522,8 +547,9 @@ pub(super) fn spread(m: &CostModel, workers: &[usize], g: &[f64], counts: &mut V
     let batch = job.mini_batch_size as f64;
     let (mut single, mut rate) = (0.0f64, 0.0f64);
     for (&i, &gi) in workers.iter().zip(g) {
-        single = single.max(m.worker_time(i, 1, gi));
-        rate += 1.0 / ((m.compute_secs_per_record(i) + gi / batch) * per_block);
+        single = single.max(m.worker_time(i, 1, gi, s));
+        let o = m.requests_per_batch(i, s);
+        rate += 1.0 / ((m.compute_secs_per_record(i) + (gi + o) / batch) * per_block);
     }
     let t_lo = single.max(f64::from(k_total) / rate);
     let cap = k_total.saturating_sub(w as u32 - 1).max(1);
@@ -531,14 +557,14 @@ pub(super) fn spread(m: &CostModel, workers: &[usize], g: &[f64], counts: &mut V
         workers
             .iter()
             .zip(g)
-            .map(|(&i, &gi)| kmax(m, i, gi, t_lo, cap).max(1)),
+            .map(|(&i, &gi)| kmax(m, i, gi, s, t_lo, cap).max(1)),
     );
     if counts.iter().map(|&c| u64::from(c)).sum::<u64>() > u64::from(k_total) {
         // Only float rounding at the bound gets here: start from one block each.
         counts.iter_mut().for_each(|c| *c = 1);
     }
     let placed: u64 = counts.iter().map(|&c| u64::from(c)).sum();
-    let next = |x: usize, c: u32| m.worker_time(workers[x], c + 1, g[x]);
+    let next = |x: usize, c: u32| m.worker_time(workers[x], c + 1, g[x], s);
     if w <= HEAP_ABOVE {
         for _ in placed..u64::from(k_total) {
             let mut pick = 0;
@@ -566,7 +592,7 @@ pub(super) fn spread(m: &CostModel, workers: &[usize], g: &[f64], counts: &mut V
     workers
         .iter()
         .enumerate()
-        .map(|(x, &i)| m.worker_time(i, counts[x], g[x]))
+        .map(|(x, &i)| m.worker_time(i, counts[x], g[x], s))
         .fold(0.0, f64::max)
 }
 
@@ -576,12 +602,20 @@ mod tests {
     use crate::snapshot::{ContainerMetrics, Job, Link, Role, Snapshot};
     use proptest::prelude::*;
 
-    /// A random model of 2 to 6 containers (some links measured) and a job with up to
-    /// `kmax` input and 9 model blocks.
+    /// A random model of 2 to 6 containers (some links measured, half with a cost per
+    /// server on the workers) and a job with up to `kmax` input and 9 model blocks.
     fn model(kmax: u32) -> impl Strategy<Value = CostModel> {
-        (2usize..=6, 1u32..=kmax, 1u32..=9, 10u64..200, 5u64..60).prop_flat_map(
-            |(n, k, l, per_block, batch)| {
-                let one = (1e-3f64..1e-2, 1e6f64..1e7, 0.0f64..1e-7);
+        (
+            2usize..=6,
+            1u32..=kmax,
+            1u32..=9,
+            10u64..200,
+            5u64..60,
+            any::<bool>(),
+        )
+            .prop_flat_map(|(n, k, l, per_block, batch, requests)| {
+                let q_max = if requests { 0.1 } else { 0.0 };
+                let one = (1e-3f64..1e-2, 1e6f64..1e7, 0.0f64..1e-7, 0.0f64..=q_max);
                 (
                     proptest::collection::vec(one, n),
                     proptest::collection::vec((0..n, 0..n, 5e5f64..2e7), 0..n),
@@ -590,13 +624,14 @@ mod tests {
                         let containers = cs
                             .iter()
                             .enumerate()
-                            .map(|(i, &(c, b, p))| ContainerMetrics {
+                            .map(|(i, &(c, b, p, q))| ContainerMetrics {
                                 id: format!("c{i}"),
                                 role: Role::Idle,
                                 compute_secs_per_record: Some(c),
                                 cpu_speed: None,
                                 bandwidth_bytes_per_sec: b,
                                 server_secs_per_byte: Some(p),
+                                request_secs_per_server: Some(q),
                                 input_blocks: 0,
                                 model_blocks: 0,
                                 mini_batches: 0,
@@ -631,8 +666,7 @@ mod tests {
                         };
                         CostModel::new(&snapshot).unwrap()
                     })
-            },
-        )
+            })
     }
 
     /// Splits the containers into workers (digit 0), servers (1) and idle (2).
@@ -680,20 +714,20 @@ mod tests {
     }
 
     /// The plain greedy from one block each, for comparison with [`spread`].
-    fn plain_greedy(m: &CostModel, workers: &[usize], g: &[f64]) -> f64 {
+    fn plain_greedy(m: &CostModel, workers: &[usize], g: &[f64], s: usize) -> f64 {
         let mut k = vec![1u32; workers.len()];
         for _ in workers.len()..m.job().input_blocks as usize {
             let x = (0..workers.len())
                 .min_by(|&p, &q| {
-                    let tp = m.worker_time(workers[p], k[p] + 1, g[p]);
-                    let tq = m.worker_time(workers[q], k[q] + 1, g[q]);
+                    let tp = m.worker_time(workers[p], k[p] + 1, g[p], s);
+                    let tq = m.worker_time(workers[q], k[q] + 1, g[q], s);
                     tp.total_cmp(&tq).then(p.cmp(&q))
                 })
                 .unwrap();
             k[x] += 1;
         }
         (0..workers.len())
-            .map(|x| m.worker_time(workers[x], k[x], g[x]))
+            .map(|x| m.worker_time(workers[x], k[x], g[x], s))
             .fold(0.0, f64::max)
     }
 
@@ -720,7 +754,8 @@ mod tests {
             let mut best = f64::INFINITY;
             for ls in &all {
                 let g = comm(&m, &f, ls);
-                best = best.min(spread(&m, &workers, &g, &mut counts));
+                let active = ls.iter().filter(|&&v| v > 0).count();
+                best = best.min(spread(&m, &workers, &g, active, &mut counts));
                 // Every prefix `..y` of this split: its bound is below the split's `g`.
                 for y in 0..=s {
                     let left = l_total - ls[..y].iter().sum::<u32>();
@@ -743,7 +778,7 @@ mod tests {
         /// [`spread`] (greedy from a lower-bound start) equals the greedy from one block
         /// each, and [`fits`] agrees with it.
         #[test]
-        fn spread_is_the_greedy(m in model(300), code in 0u32..729, gs in proptest::collection::vec(0.0f64..2.0, 6)) {
+        fn spread_is_the_greedy(m in model(300), code in 0u32..729, gs in proptest::collection::vec(0.0f64..2.0, 6), s in 0usize..4) {
             let n = m.len();
             let (workers, _) = roles(n, code % 3u32.pow(n as u32));
             if workers.is_empty() || workers.len() > m.job().input_blocks as usize {
@@ -751,11 +786,11 @@ mod tests {
             }
             let g = &gs[..workers.len()];
             let mut counts = vec![];
-            let t = spread(&m, &workers, g, &mut counts);
-            prop_assert_eq!(t, plain_greedy(&m, &workers, g));
+            let t = spread(&m, &workers, g, s, &mut counts);
+            prop_assert_eq!(t, plain_greedy(&m, &workers, g, s));
             prop_assert_eq!(counts.iter().sum::<u32>(), m.job().input_blocks);
-            prop_assert!(fits(&m, &workers, g, t));
-            prop_assert!(!fits(&m, &workers, g, t * (1.0 - 1e-12)));
+            prop_assert!(fits(&m, &workers, g, s, t));
+            prop_assert!(!fits(&m, &workers, g, s, t * (1.0 - 1e-12)));
         }
 
         /// The role-level bound is below the best split of the role assignment.

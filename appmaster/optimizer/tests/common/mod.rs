@@ -37,6 +37,8 @@ pub struct Inst {
     pub c: Vec<f64>,
     pub bw: Vec<f64>,
     pub p: Vec<f64>,
+    /// A worker's seconds per mini-batch per server holding blocks (empty: 0).
+    pub q: Vec<f64>,
     /// Measured links `(i, j, bytes/s)`.
     pub links: Vec<(usize, usize, f64)>,
     /// Serial fraction `f` (1: computation and communication add up).
@@ -48,6 +50,11 @@ pub struct Inst {
 impl Inst {
     pub fn n(&self) -> usize {
         self.c.len()
+    }
+
+    /// Worker `i`'s seconds per mini-batch per server.
+    pub fn q(&self, i: usize) -> f64 {
+        self.q.get(i).copied().unwrap_or(0.0)
     }
 
     /// The measured bandwidth between `i` and `j` (the slowest measurement), if any.
@@ -82,6 +89,7 @@ impl Inst {
                 cpu_speed: None,
                 bandwidth_bytes_per_sec: self.bw[i],
                 server_secs_per_byte: Some(self.p[i]),
+                request_secs_per_server: Some(self.q(i)),
                 input_blocks: 0,
                 model_blocks: 0,
                 mini_batches: 0,
@@ -120,6 +128,7 @@ impl Inst {
     /// from the paper's formula independently of the crate.
     pub fn epoch(&self, kk: &[u32], ll: &[u32]) -> f64 {
         let w = kk.iter().filter(|&&k| k > 0).count() as f64;
+        let s = ll.iter().filter(|&&l| l > 0).count() as f64;
         let mut worst = 0.0f64;
         for i in 0..self.n() {
             if kk[i] == 0 {
@@ -137,7 +146,8 @@ impl Inst {
             }
             let recs = self.d as f64 * kk[i] as f64 / self.k as f64;
             let batches = (self.d * kk[i] as u64).div_ceil(self.k as u64 * self.b) as f64;
-            let (comp, comm) = (self.c[i] * recs, batches * (sb.max(wb) + self.lat));
+            let comp = self.c[i] * recs + batches * s * self.q(i);
+            let comm = batches * (sb.max(wb) + self.lat);
             worst = worst.max(comp.max(comm) + self.f * comp.min(comm));
         }
         worst
@@ -214,8 +224,10 @@ pub fn brute_force(inst: &Inst) -> f64 {
 }
 
 /// Random heterogeneous instances with `n` in `ns`, up to `kmax` input and `lmax` model
-/// blocks, sometimes measured links, and a serial fraction that is 1 (Cruise's
-/// serial worker), 0 (full overlap) or in between, with or without latency.
+/// blocks, sometimes measured links, a serial fraction that is 1 (Cruise's
+/// serial worker), 0 (full overlap) or in between, with or without latency, and
+/// half of them with a cost per server on the workers (up to about a mini-batch's
+/// computation).
 pub fn instances(
     ns: std::ops::RangeInclusive<usize>,
     kmax: u32,
@@ -235,10 +247,12 @@ pub fn instances(
         any::<bool>(),
         0.5f64..=1.0,
         overlap,
+        any::<bool>(),
     )
         .prop_flat_map(
-            move |(n, k, l, recs_per_block, b, with_links, link_share, (f, lat))| {
-                let per = (1e-3f64..1e-2, 1e6f64..1e7, 0.0f64..1e-7);
+            move |(n, k, l, recs_per_block, b, with_links, link_share, (f, lat), requests)| {
+                let q_max = if requests { 0.1 } else { 0.0 };
+                let per = (1e-3f64..1e-2, 1e6f64..1e7, 0.0f64..1e-7, 0.0f64..=q_max);
                 (
                     Just((n, k, l, recs_per_block, b, link_share, f, lat)),
                     proptest::collection::vec(per, n),
@@ -259,6 +273,7 @@ pub fn instances(
                             c: per.iter().map(|x| x.0).collect(),
                             bw: per.iter().map(|x| x.1).collect(),
                             p: per.iter().map(|x| x.2).collect(),
+                            q: per.iter().map(|x| x.3).collect(),
                             links: links.into_iter().filter(|(a, b, _)| a != b).collect(),
                             f,
                             lat,
