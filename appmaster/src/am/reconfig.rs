@@ -207,30 +207,8 @@ pub fn build_snapshot(
             (servers_now > 0).then(|| io / servers_now as f64)
         })
         .collect();
-    let unit: Vec<f64> = raw
-        .iter()
-        .zip(&speed)
-        .filter_map(|(c, s)| Some((*c)? * s.unwrap_or(1.0)))
-        .collect();
-    let unit_cost = (!unit.is_empty()).then(|| unit.iter().sum::<f64>() / unit.len() as f64);
-    let comp: Vec<Option<f64>> = raw
-        .iter()
-        .zip(&speed)
-        .map(|(c, s)| c.and(unit_cost).map(|k| k / s.unwrap_or(1.0)))
-        .collect();
-    // The same for the requests: per unit of CPU speed, scaled back by each
-    // container's.
-    let unit: Vec<f64> = raw_requests
-        .iter()
-        .zip(&speed)
-        .filter_map(|(c, s)| Some((*c)? * s.unwrap_or(1.0)))
-        .collect();
-    let unit_requests = (!unit.is_empty()).then(|| unit.iter().sum::<f64>() / unit.len() as f64);
-    let requests: Vec<Option<f64>> = raw_requests
-        .iter()
-        .zip(&speed)
-        .map(|(c, s)| c.and(unit_requests).map(|k| k / s.unwrap_or(1.0)))
-        .collect();
+    let comp = by_speed(&raw, &speed);
+    let requests = by_speed(&raw_requests, &speed);
     let mut serve: Vec<Option<f64>> = evals
         .iter()
         .map(|e| m.get(e.id).and_then(|x| x.server_secs_per_byte.mean()))
@@ -307,6 +285,23 @@ pub fn build_snapshot(
     snapshot.job.latency_secs_per_mini_batch = latency;
     snapshot.job.serial_fraction = serial_fraction;
     (snapshot, config)
+}
+
+/// Per-container costs from measured ones: their mean per unit of CPU speed
+/// (`cost · speed`), scaled back by each measured container's speed; `None`
+/// where nothing was measured. Differences between workers in training come
+/// from who shares a core with whom at the moment; the calibration is what
+/// tells containers apart.
+fn by_speed(raw: &[Option<f64>], speed: &[Option<f64>]) -> Vec<Option<f64>> {
+    let unit = mean(
+        raw.iter()
+            .zip(speed)
+            .filter_map(|(c, s)| Some((*c)? * s.unwrap_or(1.0))),
+    );
+    raw.iter()
+        .zip(speed)
+        .map(|(c, s)| c.and(unit).map(|k| k / s.unwrap_or(1.0)))
+        .collect()
 }
 
 fn mean(v: impl Iterator<Item = f64>) -> Option<f64> {
