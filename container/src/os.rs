@@ -73,27 +73,31 @@ pub fn wall_per_cpu() -> f64 {
     WALL_PER_CPU.get().copied().unwrap_or(1.0)
 }
 
-/// CPU seconds (user + system) this process has used, all threads; 0 if
-/// unknown.
+/// CPU seconds this process has used, all threads (nanosecond resolution
+/// on Linux: the scheduler's run time, the clock [`thread_cpu_secs`] reads
+/// per thread); 0 if unknown.
+///
+/// The same clock as the thread's, so that the process's CPU minus one
+/// thread's (`ps::io_secs`, over a mini-batch of a millisecond or less)
+/// compares like with like: `getrusage` reports the run time split into
+/// user and system time by tick samples, at microsecond resolution.
 pub fn process_cpu_secs() -> f64 {
-    // SAFETY: getrusage only writes the struct it is given.
-    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
-    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) } != 0 {
-        return 0.0;
-    }
-    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
-    secs(u.ru_utime) + secs(u.ru_stime)
+    clock_secs(libc::CLOCK_PROCESS_CPUTIME_ID)
 }
 
 /// CPU seconds the calling thread has used (nanosecond resolution on
 /// Linux); 0 if unknown.
 pub fn thread_cpu_secs() -> f64 {
+    clock_secs(libc::CLOCK_THREAD_CPUTIME_ID)
+}
+
+fn clock_secs(clock: libc::clockid_t) -> f64 {
     let mut t = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
     };
     // SAFETY: clock_gettime only writes the struct it is given.
-    if unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut t) } != 0 {
+    if unsafe { libc::clock_gettime(clock, &mut t) } != 0 {
         return 0.0;
     }
     t.tv_sec as f64 + t.tv_nsec as f64 * 1e-9
