@@ -494,7 +494,7 @@ impl CostModel {
         for &(i, k) in &workers {
             let (g, bound) = self.comm_per_batch(i, w, &servers);
             let nb = self.batches(k);
-            let (comp, comm) = self.parts(i, k, g, servers.len());
+            let (comp, comm) = self.parts(i, k, g, holding(&servers));
             out.push(WorkerCost {
                 container: self.ids[i].clone(),
                 records: self.records(k),
@@ -531,6 +531,13 @@ impl CostModel {
             bottleneck,
         })
     }
+}
+
+/// How many of `servers` (`(index, model blocks)`) hold blocks: the servers a
+/// worker sends requests to.
+#[inline]
+pub(crate) fn holding(servers: &[(usize, u32)]) -> usize {
+    servers.iter().filter(|p| p.1 > 0).count()
 }
 
 /// A worker's epoch from its computation and communication seconds:

@@ -689,7 +689,7 @@ impl<'a> Search<'a> {
             .map(|&i| m.comm_per_batch(i, w, &srv).0)
             .collect();
         let mut counts = Vec::with_capacity(w);
-        let active = srv.iter().filter(|p| p.1 > 0).count();
+        let active = crate::cost::holding(&srv);
         let t = split::spread(m, workers, &g, active, &mut counts);
         let mut k = vec![0u32; m.len()];
         for (&i, &c) in workers.iter().zip(&counts) {
@@ -870,7 +870,7 @@ impl<'a> Search<'a> {
             }
         }
         let srv: Vec<(usize, u32)> = servers.iter().map(|&j| (j, l[j])).collect();
-        let active = srv.iter().filter(|p| p.1 > 0).count();
+        let active = crate::cost::holding(&srv);
         let w = workers.len();
         // Data: any counts within [1, kmax_i(T)] summing to K are optimal.
         let mut lo = Vec::with_capacity(w);

@@ -40,6 +40,12 @@ pub fn new_name(k: usize) -> String {
     format!("new{k}")
 }
 
+/// Whether `name` is one of [`new_name`]'s.
+pub fn is_new_name(name: &str) -> bool {
+    name.strip_prefix("new")
+        .is_some_and(|k| !k.is_empty() && k.bytes().all(|b| b.is_ascii_digit()))
+}
+
 /// What the snapshot needs to know about one evaluator.
 #[derive(Debug, Clone)]
 pub struct EvalFacts {
@@ -185,28 +191,29 @@ pub fn build_snapshot(
     // grows with the servers it talks to: it is priced per server, from
     // the servers of the running configuration.
     let servers_now = evals.iter().filter(|e| !e.model.is_empty()).count();
-    let raw: Vec<Option<f64>> = evals
+    // Per worker that trained: (seconds per record, seconds per server).
+    let (raw, raw_requests): (Vec<Option<f64>>, Vec<Option<f64>>) = evals
         .iter()
         .map(|e| {
-            let x = m.get(e.id)?;
-            let per_record = x.comp_per_record.mean()?;
-            let io = x.io_secs_per_batch.mean().unwrap_or(0.0);
+            let Some((x, per_record)) = m
+                .get(e.id)
+                .and_then(|x| Some((x, x.comp_per_record.mean()?)))
+            else {
+                return (None, None);
+            };
+            let io = x.io_secs_per_batch.mean();
             let own = match (x.own_secs_per_batch.mean(), x.comp_secs_per_batch.mean()) {
-                (Some(own), Some(comp)) if comp > 0.0 => ((own - io) / comp).max(1.0),
+                (Some(own), Some(comp)) if comp > 0.0 => {
+                    ((own - io.unwrap_or(0.0)) / comp).max(1.0)
+                }
                 _ => 1.0,
             };
-            Some(per_record * own)
+            let per_server = io
+                .filter(|_| servers_now > 0)
+                .map(|io| io / servers_now as f64);
+            (Some(per_record * own), per_server)
         })
-        .collect();
-    let raw_requests: Vec<Option<f64>> = evals
-        .iter()
-        .map(|e| {
-            let x = m.get(e.id)?;
-            x.comp_per_record.mean()?;
-            let io = x.io_secs_per_batch.mean()?;
-            (servers_now > 0).then(|| io / servers_now as f64)
-        })
-        .collect();
+        .unzip();
     let comp = by_speed(&raw, &speed);
     let requests = by_speed(&raw_requests, &speed);
     let mut serve: Vec<Option<f64>> = evals

@@ -301,6 +301,7 @@ struct Args {
 }
 
 fn args() -> anyhow::Result<Args> {
+    cruise_integration::bench::exit_on_help(USAGE);
     let mut a = Args {
         reps: 3,
         cases: CASES.iter().map(|c| c.name.to_string()).collect(),
@@ -324,10 +325,6 @@ fn args() -> anyhow::Result<Args> {
             "--cluster" => a.cluster = value()?,
             "--mechanism" => a.mechanism = value()?,
             "--set" => a.sets.push(value()?),
-            "-h" | "--help" => {
-                println!("{}", USAGE.trim_end());
-                std::process::exit(0);
-            }
             other => bail!("unknown argument {other:?}\n\n{USAGE}"),
         }
     }

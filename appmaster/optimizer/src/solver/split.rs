@@ -440,7 +440,7 @@ impl Dfs<'_, '_> {
         for (x, &i) in f.workers.iter().enumerate() {
             self.g[x] = self.m.comm_per_batch(i, w, &self.srv).0;
         }
-        let active = self.srv.iter().filter(|p| p.1 > 0).count();
+        let active = crate::cost::holding(&self.srv);
         let t = spread(self.m, &f.workers, &self.g, active, &mut self.counts);
         if t <= self.bar {
             self.best = Some((t, self.l.clone()));

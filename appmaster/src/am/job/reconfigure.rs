@@ -235,9 +235,7 @@ impl Reconfig {
     /// Whether `name` is the optimizer's name for a container the job may
     /// add ([`crate::am::reconfig::new_name`]) that no plan has added.
     fn unrealized_offer(&self, name: &str) -> bool {
-        name.strip_prefix("new")
-            .is_some_and(|k| !k.is_empty() && k.bytes().all(|b| b.is_ascii_digit()))
-            && !self.names.contains_key(name)
+        crate::am::reconfig::is_new_name(name) && !self.names.contains_key(name)
     }
 
     /// Whether an evaluator is on its way out (its end is expected).
