@@ -117,4 +117,6 @@ pub use solver::{
     HomogeneousSolution, SearchOptions, Solution, Split, Uniform, solve, solve_for_roles,
     solve_heterogeneous, solve_heterogeneous_with, solve_homogeneous,
 };
-pub use trigger::{Decision, OpCost, Proposal, ReconfigCostModel, TriggerConfig, TriggerPolicy};
+pub use trigger::{
+    Decision, OpCost, Proposal, ReconfigCostModel, STRAGGLER_FACTOR, TriggerConfig, TriggerPolicy,
+};

@@ -4,8 +4,8 @@ use std::time::Duration;
 
 use cruise_optimizer::{
     Configuration, ContainerMetrics, Decision, ExecutionReport, Holding, Job, OpKind, OpOutcome,
-    OpReport, Operation, Plan, ReconfigCostModel, Role, Snapshot, Table, TriggerConfig,
-    TriggerPolicy, Uniform, solve_homogeneous,
+    OpReport, Operation, Plan, ReconfigCostModel, Role, STRAGGLER_FACTOR, Snapshot, Table,
+    TriggerConfig, TriggerPolicy, Uniform, solve_homogeneous,
 };
 
 #[derive(Clone)]
@@ -134,6 +134,50 @@ fn waits_for_enough_mini_batches() {
         .decide(&snapshot(&j, &specs, &cfg, 10), &cfg)
         .unwrap();
     assert!(!matches!(d, Decision::Wait { .. }));
+}
+
+/// One worker behind the others holds the look back until the median has
+/// reported `STRAGGLER_FACTOR` times the minimum, and only once it has
+/// reported anything at all.
+#[test]
+fn a_straggler_holds_the_look_back_only_so_long() {
+    let j = job(24, 8, 100.0);
+    let specs = uniform_specs(4);
+    let cfg = config(&j, &["c0", "c1", "c2"], &["c3"], &[]);
+    let policy = TriggerPolicy::new(TriggerConfig {
+        min_mini_batches: 5,
+        ..TriggerConfig::default()
+    });
+    let with = |straggler: u32, others: u32| {
+        let mut s = snapshot(&j, &specs, &cfg, others);
+        s.containers
+            .iter_mut()
+            .find(|c| c.id == "c1")
+            .unwrap()
+            .mini_batches = straggler;
+        policy.decide(&s, &cfg).unwrap()
+    };
+    let enough = STRAGGLER_FACTOR * 5;
+    for (straggler, others, waits) in [
+        (4, enough - 1, true),
+        (0, enough * 10, true),
+        (1, enough, false),
+        (4, enough, false),
+        (5, 5, false),
+    ] {
+        let d = with(straggler, others);
+        assert_eq!(
+            matches!(d, Decision::Wait { .. }),
+            waits,
+            "straggler {straggler}, others {others}: {d:?}"
+        );
+        if waits {
+            assert!(
+                matches!(d, Decision::Wait { ref reason } if reason.contains(&format!("`c1` has reported {straggler} of 5"))),
+                "{d:?}"
+            );
+        }
+    }
 }
 
 #[test]

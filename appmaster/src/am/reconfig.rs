@@ -282,8 +282,15 @@ pub fn build_snapshot(
             ));
         }
     }
-    let latency = mean(per_worker.iter().map(|p| p.1)).unwrap_or(0.0);
-    let serial_fraction = mean(
+    // Medians, not means: one starved worker is not the job's latency. On
+    // `bench-optimizer`'s emulated cluster one fast worker behind a
+    // saturated slow server waited 2.2 s a mini-batch where the others
+    // waited 0.13-0.22 s and the model predicted 0.24 s; its excess,
+    // averaged over 7 workers, charged every worker of every split 0.28 s
+    // a mini-batch, and the optimizer predicted 10.6 s for an epoch that
+    // took 5 s and chose a worse split.
+    let latency = median(per_worker.iter().map(|p| p.1)).unwrap_or(0.0);
+    let serial_fraction = median(
         per_worker
             .iter()
             .filter_map(|&(g, _, c, b)| serial_fraction(c?, g + latency, b?)),
@@ -309,6 +316,18 @@ fn by_speed(raw: &[Option<f64>], speed: &[Option<f64>]) -> Vec<Option<f64>> {
         .zip(speed)
         .map(|(c, s)| c.and(unit).map(|k| k / s.unwrap_or(1.0)))
         .collect()
+}
+
+/// The median (the mean of the middle two of an even count); `None` when empty.
+fn median(v: impl Iterator<Item = f64>) -> Option<f64> {
+    let mut v: Vec<f64> = v.collect();
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    match n {
+        0 => None,
+        _ if n % 2 == 1 => Some(v[n / 2]),
+        _ => Some((v[n / 2 - 1] + v[n / 2]) / 2.0),
+    }
 }
 
 fn mean(v: impl Iterator<Item = f64>) -> Option<f64> {
@@ -657,31 +676,35 @@ mod tests {
         assert_eq!(serial_fraction(0.0, 1.0, 1.0), None);
     }
 
-    /// A worker and a server with measured mini-batches: the snapshot's
-    /// latency is the round trip beyond the bandwidth's prediction, and its
-    /// serial fraction comes from the mini-batches' wall time.
-    #[test]
-    fn snapshot_measures_latency_and_overlap() {
-        let evals = vec![
-            EvalFacts {
-                id: 1,
-                role: Role::Worker,
-                input: [0].into(),
-                model: BTreeSet::new(),
-                reclaimed: false,
-            },
-            EvalFacts {
-                id: 2,
-                role: Role::Server,
-                input: BTreeSet::new(),
-                model: [0].into(),
-                reclaimed: false,
-            },
-        ];
-        let job = |pipeline_depth| JobFacts {
-            records: 1000,
+    /// A worker holding input block `block`.
+    fn test_worker(id: EvaluatorId, block: u32) -> EvalFacts {
+        EvalFacts {
+            id,
+            role: Role::Worker,
+            input: [block].into(),
+            model: BTreeSet::new(),
+            reclaimed: false,
+        }
+    }
+
+    /// A server holding model block 0.
+    fn test_server(id: EvaluatorId) -> EvalFacts {
+        EvalFacts {
+            id,
+            role: Role::Server,
+            input: BTreeSet::new(),
+            model: [0].into(),
+            reclaimed: false,
+        }
+    }
+
+    /// A synchronous job of `workers` input blocks of 1000 records, one
+    /// model block, mini-batches of 100.
+    fn test_job(workers: u32, pipeline_depth: u32) -> JobFacts {
+        JobFacts {
+            records: 1000 * u64::from(workers),
             mini_batch: 100,
-            input_blocks: 1,
+            input_blocks: workers,
             model_blocks: 1,
             remaining_epochs: 4.0,
             input_bytes: 0,
@@ -691,7 +714,71 @@ mod tests {
             bandwidth_noise_tolerance: 1.0,
             pipeline_depth,
             asynchronous: false,
-        };
+        }
+    }
+
+    /// A report of 10 mini-batches of 100 records, each computing for 4 ms
+    /// and exchanging 1 MB (half each way) in pull and push round trips of
+    /// `rtt` seconds, in `batch` wall seconds.
+    fn ten_mini_batches(rtt: f64, batch: f64) -> cruise_container::protocol::MiniBatchReport {
+        cruise_container::protocol::MiniBatchReport {
+            mini_batches: 10,
+            stats: cruise_container::protocol::Stats {
+                records: 1000,
+                ..Default::default()
+            },
+            comp_secs: 0.040,
+            pull_secs: 10.0 * rtt,
+            pull_bytes: 5_000_000,
+            push_secs: 10.0 * rtt,
+            push_bytes: 5_000_000,
+            batch_secs: 10.0 * batch,
+            timed_pulls: 10,
+            timed_pushes: 10,
+            ..Default::default()
+        }
+    }
+
+    /// Three workers and a server: one starved worker waiting 100 times
+    /// longer than the others does not set the latency charged to all.
+    #[test]
+    fn a_starved_worker_is_not_the_jobs_latency() {
+        let evals = vec![
+            test_worker(1, 0),
+            test_server(2),
+            test_worker(3, 1),
+            test_worker(4, 2),
+        ];
+        let facts = test_job(3, 0);
+        let mut m = Metrics::new(8, 0);
+        for w in [1, 3, 4] {
+            m.bulk(w, 2, 100 << 20, (100 << 20) as f64 / 1e9);
+        }
+        // Round trips of 1.5 ms (pull and push) where 0.5 ms are predicted
+        // for both; worker 4 waits 150 ms for each.
+        for (w, rtt) in [(1, 0.0015), (3, 0.0015), (4, 0.150)] {
+            for _ in 0..8 {
+                m.mini_batch(w, &ten_mini_batches(rtt, 0.004 + 2.0 * rtt), &[]);
+            }
+        }
+        let job = build_snapshot(facts, &evals, &m).0.job;
+        // The median worker's excess: 3 ms measured, 1.5 ms predicted (the
+        // three workers' megabytes through the server's 1 GB/s). The mean
+        // would be 100 ms.
+        assert!(
+            (job.latency_secs_per_mini_batch - 0.0015).abs() < 1e-6,
+            "{job:?}"
+        );
+        assert!((job.serial_fraction - 1.0).abs() < 1e-9, "{job:?}");
+    }
+
+    /// A worker and a server with measured mini-batches: the snapshot's
+    /// latency is the round trip beyond the bandwidth's prediction, and its
+    /// serial fraction comes from the mini-batches' wall time.
+    #[test]
+    fn snapshot_measures_latency_and_overlap() {
+        let evals = vec![test_worker(1, 0), test_server(2)];
+        let job = |pipeline_depth| test_job(1, pipeline_depth);
         // 1 MB per mini-batch, half each way, over a 1 GB/s link (each
         // direction): 0.5 ms predicted; measured round trips 1.5 ms for the
         // pull and as much for the push; compute 4 ms per mini-batch.
@@ -699,23 +786,7 @@ mod tests {
             let mut m = Metrics::new(8, 0);
             m.bulk(1, 2, 100 << 20, (100 << 20) as f64 / 1e9);
             for _ in 0..8 {
-                let r = cruise_container::protocol::MiniBatchReport {
-                    mini_batches: 10,
-                    stats: cruise_container::protocol::Stats {
-                        records: 1000,
-                        ..Default::default()
-                    },
-                    comp_secs: 0.040,
-                    pull_secs: 0.015,
-                    pull_bytes: 5_000_000,
-                    push_secs: 0.015,
-                    push_bytes: 5_000_000,
-                    batch_secs: 10.0 * batch_secs,
-                    timed_pulls: 10,
-                    timed_pushes: 10,
-                    ..Default::default()
-                };
-                m.mini_batch(1, &r, &[]);
+                m.mini_batch(1, &ten_mini_batches(0.0015, batch_secs), &[]);
             }
             build_snapshot(job(pipeline_depth), &evals, &m).0.job
         };
