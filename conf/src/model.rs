@@ -367,6 +367,8 @@ pub struct OptimizerConfig {
     /// Least predicted relative gain in epoch time worth a reconfiguration.
     pub min_gain: f64,
     /// Mini-batches each worker must report (after warm-up) before planning.
+    /// A straggler that has reported at least one stops holding the look
+    /// once the median worker has reported four times as many.
     pub min_mini_batches: u32,
     /// Mini-batches of each worker not counted at its start (warm-up).
     pub warmup_mini_batches: u32,
@@ -406,7 +408,8 @@ pub struct OptimizerConfig {
     /// while training goes on.
     pub probe_wait_ms: u64,
     /// Write the optimizer's input (a snapshot for `cruise plan`) to this file
-    /// at every look. Empty: do not write.
+    /// at every look, and the one each plan was decided from beside it
+    /// (`snap.json` → `snap.plan-1.json`). Empty: do not write.
     pub snapshot_file: String,
     /// On scale-in, the input blocks of containers given back are `move`d
     /// to the workers that stay, `reload`ed from the job's input there, or

@@ -50,6 +50,11 @@ fn job(work: &std::path::Path, workers: u64, epochs: u32, min_mini_batches: u32)
             "--set",
             &format!("optimizer.min_mini_batches={min_mini_batches}"),
         ])
+        .arg("--set")
+        .arg(format!(
+            "optimizer.snapshot_file={}",
+            work.join("snap.json").display()
+        ))
         .arg("--work-dir")
         .arg(work);
     c
@@ -113,6 +118,27 @@ async fn bad_split_is_improved_and_the_optimum_stays() {
         "every record evaluated once after the moves"
     );
     assert!(accuracy(&s) >= 0.9, "accuracy {}", accuracy(&s));
+    // The snapshot the first plan was decided from is kept beside the
+    // latest one: it shows the bad split the job started at.
+    let first: Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.path().join("snap.plan-1.json"))
+            .expect("the first plan's snapshot"),
+    )
+    .unwrap();
+    let roles: Vec<&str> = first["containers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["role"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        (
+            roles.iter().filter(|&&r| r == "worker").count(),
+            roles.iter().filter(|&&r| r == "server").count()
+        ),
+        (1, 3),
+        "{roles:?}"
+    );
 
     // Epoch time before (epoch 1 warms up; skipped) and after (the epoch in
     // which the plan ran is skipped) the first reconfiguration.

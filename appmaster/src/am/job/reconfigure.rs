@@ -246,6 +246,35 @@ impl Reconfig {
     }
 }
 
+/// Writes `snapshot` to `path` as JSON; a failure is logged, not fatal.
+fn write_snapshot(path: &std::path::Path, snapshot: &cruise_optimizer::Snapshot) {
+    match serde_json::to_string_pretty(snapshot) {
+        Ok(json) => {
+            if let Err(e) = std::fs::write(path, json) {
+                tracing::warn!(
+                    "cannot write the snapshot {} (optimizer.snapshot_file): {e}",
+                    path.display()
+                );
+            }
+        }
+        Err(e) => tracing::warn!("cannot encode the snapshot: {e}"),
+    }
+}
+
+/// Where the snapshot plan `n` was decided from is kept, next to
+/// `optimizer.snapshot_file`: `snap.json` → `snap.plan-2.json`.
+fn plan_snapshot_path(file: &std::path::Path, n: usize) -> std::path::PathBuf {
+    let stem = file
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let name = match file.extension() {
+        Some(ext) => format!("{stem}.plan-{n}.{}", ext.to_string_lossy()),
+        None => format!("{stem}.plan-{n}"),
+    };
+    file.with_file_name(name)
+}
+
 /// The reconfiguration cost model before any plan ran (`optimizer.prior_*`),
 /// weighted as two observations so the first real plans correct it.
 fn prior_costs(o: &cruise_conf::OptimizerConfig) -> ReconfigCostModel {
@@ -564,16 +593,9 @@ impl Driver {
             asynchronous: self.config.job.sync == cruise_conf::SyncMode::Async,
         };
         let (snapshot, current) = build_snapshot(facts, &evals, &self.rc.metrics);
-        let file = &self.config.optimizer.snapshot_file;
+        let file = self.config.optimizer.snapshot_file.clone();
         if !file.is_empty() {
-            match serde_json::to_string_pretty(&snapshot) {
-                Ok(json) => {
-                    if let Err(e) = std::fs::write(file, json) {
-                        tracing::warn!("cannot write optimizer.snapshot_file {file}: {e}");
-                    }
-                }
-                Err(e) => tracing::warn!("cannot encode the snapshot: {e}"),
-            }
+            write_snapshot(std::path::Path::new(&file), &snapshot);
         }
         let decision = match self.rc.policy.decide(&snapshot, &current) {
             Ok(d) => d,
@@ -635,6 +657,11 @@ impl Driver {
                 let _ = self
                     .progress
                     .send(crate::am::Progress::Phase(format!("reconfiguring: {summary}")));
+                if !file.is_empty() {
+                    // What the optimizer saw when it decided, for `cruise plan`.
+                    let n = self.rc.history.len() + 1;
+                    write_snapshot(&plan_snapshot_path(std::path::Path::new(&file), n), &snapshot);
+                }
                 self.start_plan(p.plan, snapshot.job, summary);
             }
         }
@@ -1580,6 +1607,19 @@ fn effective_mini_batch(records: u64, mini_batches: u64, configured: u32) -> u32
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_plans_snapshot_sits_beside_the_latest() {
+        use std::path::Path;
+        assert_eq!(
+            plan_snapshot_path(Path::new("/tmp/x/snap.json"), 2),
+            Path::new("/tmp/x/snap.plan-2.json")
+        );
+        assert_eq!(
+            plan_snapshot_path(Path::new("snap"), 1),
+            Path::new("snap.plan-1")
+        );
+    }
 
     #[test]
     fn a_delete_waiting_for_a_leaver_is_released_with_it() {
