@@ -352,12 +352,31 @@ impl Mlr {
     }
 }
 
-/// Softmax in place; returns the log of the normaliser relative to the max.
+/// A score this far below the largest gets probability 0 in [`softmax`]:
+/// `e^-60` is about `1e-26`, twenty orders of magnitude below anything an
+/// `f32` gradient sum of probabilities near 1 can hold.
+const NEGLIGIBLE_SCORE_GAP: f32 = -60.0;
+
+/// Softmax in place.
+///
+/// Scores more than [`NEGLIGIBLE_SCORE_GAP`] below the largest get exactly
+/// 0, not `exp` of the gap: past about -87 that is a subnormal number, and
+/// so are its products in the gradient, which the CPU computes in
+/// microcode at many times the cost. As a model grows confident more of
+/// its scores fall there. Measured on `bench-optimizer`'s small case (MLR,
+/// 10 classes, 7 workers of 0.15-0.3 CPU), three alternating pairs of
+/// runs: the last 20 of 40 epochs took 0.114-0.119 s, against 0.119-0.125
+/// s computing every `exp` (a cutoff of -80).
 fn softmax(scores: &mut [f32]) {
     let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let mut sum = 0.0;
     for s in scores.iter_mut() {
-        *s = (*s - max).exp();
+        let gap = *s - max;
+        *s = if gap < NEGLIGIBLE_SCORE_GAP {
+            0.0
+        } else {
+            gap.exp()
+        };
         sum += *s;
     }
     for s in scores.iter_mut() {
@@ -569,6 +588,23 @@ pub fn generate(p: &GenParams, out: &mut impl Write) -> std::io::Result<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Far-behind scores get probability 0, never a subnormal number;
+    /// the others are the plain softmax.
+    #[test]
+    fn softmax_gives_negligible_scores_zero() {
+        let mut p = [0.0f32, -100.0, -2.0, -59.0];
+        softmax(&mut p);
+        assert_eq!(p[1], 0.0);
+        assert!(p.iter().all(|x| *x == 0.0 || x.is_normal()), "{p:?}");
+        let sum = 1.0 + (-2.0f32).exp() + (-59.0f32).exp();
+        for (got, gap) in [(p[0], 0.0f32), (p[2], -2.0), (p[3], -59.0)] {
+            let want = gap.exp() / sum;
+            assert!((got - want).abs() <= 1e-6 * want, "{got} vs {want}");
+        }
+        // Without the cutoff, exp(-100) would have been subnormal.
+        assert!((-100.0f32).exp().is_subnormal());
+    }
 
     fn app(classes: u32, features: u32) -> Mlr {
         let c = MlrConfig {
