@@ -590,6 +590,7 @@ impl Driver {
                     .filter(|e| e.role == Role::Worker && !e.input.is_empty())
                     .count(),
             ) as u32,
+            shared_depth: self.config.job.in_flight(),
             asynchronous: self.config.job.sync == cruise_conf::SyncMode::Async,
         };
         let (snapshot, current) = build_snapshot(facts, &evals, &self.rc.metrics);
