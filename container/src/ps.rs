@@ -1085,6 +1085,24 @@ mod tests {
         assert_eq!(pipeline_depth(2, 3), 2);
     }
 
+    /// Each mini-batch ends where the next begins: their wall times add up
+    /// to the span of the loop, with nothing left between them.
+    #[test]
+    fn mini_batches_tile_the_loops_time() {
+        let start = BatchMark::now();
+        let mut mark = start;
+        let mut sum = 0.0;
+        for _ in 0..3 {
+            std::thread::sleep(Duration::from_millis(2));
+            let mut r = MiniBatchReport::default();
+            mark = finish(&mut r, mark);
+            assert!(r.batch_secs >= 0.002, "{}", r.batch_secs);
+            sum += r.batch_secs;
+        }
+        let span = mark.wall.duration_since(start.wall).as_secs_f64();
+        assert!((sum - span).abs() < 1e-9, "{sum} vs {span}");
+    }
+
     /// Cached keys are the app's; records replaced under the same block id
     /// are listed again; forgetting gives the budget back.
     #[test]

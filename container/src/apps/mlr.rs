@@ -364,9 +364,9 @@ const NEGLIGIBLE_SCORE_GAP: f32 = -60.0;
 /// so are its products in the gradient, which the CPU computes in
 /// microcode at many times the cost. As a model grows confident more of
 /// its scores fall there. Measured on `bench-optimizer`'s small case (MLR,
-/// 10 classes, 7 workers of 0.15-0.3 CPU), three alternating pairs of
-/// runs: the last 20 of 40 epochs took 0.114-0.119 s, against 0.119-0.125
-/// s computing every `exp` (a cutoff of -80).
+/// 10 classes, 7 workers of 0.15-0.3 CPU), seven alternating pairs of runs
+/// (cutoffs -80 and -60): the last 20 of 40 epochs took 0.114-0.119 s,
+/// against 0.119-0.125 s computing every `exp`.
 fn softmax(scores: &mut [f32]) {
     let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let mut sum = 0.0;
