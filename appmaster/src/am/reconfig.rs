@@ -296,6 +296,7 @@ pub fn build_snapshot(
                 comp = x.comp_secs_per_batch.mean(),
                 batch = x.batch_secs_per_batch.mean(),
                 own = x.own_secs_per_batch.mean(),
+                io = x.io_secs_per_batch.mean(),
                 "per mini-batch: the cost model's communication and what was measured"
             );
             per_worker.push((
