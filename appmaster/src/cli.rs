@@ -472,9 +472,10 @@ pub struct PlanArgs {
     /// Plan for this many containers instead (more: offered; fewer: reclaimed).
     #[arg(short = 'n', long, value_name = "N")]
     pub containers: Option<usize>,
-    /// Least predicted gain worth a reconfiguration.
-    #[arg(long, default_value_t = 0.05)]
-    pub min_gain: f64,
+    /// Least predicted gain worth a reconfiguration (default: the job's,
+    /// from the snapshot; 0.05 for a snapshot without it).
+    #[arg(long, value_name = "FRACTION")]
+    pub min_gain: Option<f64>,
 }
 
 /// `cruise config`.
@@ -713,8 +714,8 @@ pub fn summary_text(s: &JobSummary, config: &CruiseConfig) -> String {
         line(
             "reconfigured",
             format!(
-                "at {:.1} s in {:.2} s: {}{failed}",
-                r.at_secs, r.secs, r.summary
+                "in {:.2} s, ending at {:.1} s: {}{failed}",
+                r.secs, r.at_secs, r.summary
             ),
         );
     }

@@ -8,8 +8,8 @@ use std::fmt::Write;
 use std::path::Path;
 
 use cruise_optimizer::{
-    Configuration, ContainerMetrics, CostModel, Decision, Holding, Operation, Role, Snapshot,
-    TriggerConfig, TriggerPolicy, Uniform, solve_homogeneous,
+    Configuration, ContainerMetrics, CostModel, Decision, Holding, OpKind, Operation, Role,
+    Snapshot, Table, TriggerConfig, TriggerPolicy, Uniform, solve_homogeneous,
 };
 
 /// Errors of the what-if tool.
@@ -24,6 +24,9 @@ pub enum WhatIfError {
         #[source]
         source: std::io::Error,
     },
+    /// A command-line argument is out of range.
+    #[error("{0}")]
+    Argument(String),
     /// The snapshot is not valid.
     #[error("{path}: {message}")]
     Snapshot {
@@ -89,13 +92,30 @@ pub fn resize(s: &mut Snapshot, n: usize) {
     }
 }
 
-/// Runs the what-if analysis and returns the report text.
+/// How an operation kind reads in the report.
+fn op_kind_name(k: OpKind) -> &'static str {
+    match k {
+        OpKind::Add => "add",
+        OpKind::Delete => "delete",
+        OpKind::Switch => "switch",
+        OpKind::Move(Table::Input) => "move input",
+        OpKind::Move(Table::Model) => "move model",
+    }
+}
+
+/// Runs the what-if analysis and returns the report text. `min_gain`
+/// overrides the snapshot's gain threshold (default: the job's, else 5%).
 pub fn report(
     path: &Path,
     containers: Option<usize>,
-    min_gain: f64,
+    min_gain: Option<f64>,
 ) -> Result<String, WhatIfError> {
     let p = path.display().to_string();
+    if let Some(g) = min_gain.filter(|g| !(0.0..1.0).contains(g)) {
+        return Err(WhatIfError::Argument(format!(
+            "--min-gain {g} is not within [0, 1)"
+        )));
+    }
     let text = std::fs::read_to_string(path).map_err(|source| WhatIfError::Read {
         path: p.clone(),
         source,
@@ -180,11 +200,46 @@ pub fn report(
             now.epoch_secs, now.bottleneck
         );
     }
-    let policy = TriggerPolicy::new(TriggerConfig {
-        min_mini_batches: 0,
-        min_gain,
-        ..TriggerConfig::default()
-    });
+    // Decide as the job did: with its gain threshold and the cost
+    // estimates it had (its priors and what its earlier plans taught it),
+    // when the snapshot carries them.
+    let policy = match &snap.policy {
+        Some(state) => {
+            let mut policy = TriggerPolicy::from_state(state, 0);
+            if let Some(g) = min_gain {
+                policy.config.min_gain = g;
+            }
+            policy
+        }
+        None => TriggerPolicy::new(TriggerConfig {
+            min_mini_batches: 0,
+            min_gain: min_gain.unwrap_or(TriggerConfig::default().min_gain),
+            ..TriggerConfig::default()
+        }),
+    };
+    let costs: Vec<String> = policy
+        .state()
+        .op_costs
+        .iter()
+        .map(|e| {
+            let mut t = format!("{} {:.3} s", op_kind_name(e.op), e.per_op);
+            if e.per_byte > 0.0 {
+                let _ = write!(t, " + {:.0} MB/s", 1e-6 / e.per_byte);
+            }
+            t
+        })
+        .collect();
+    let _ = writeln!(
+        out,
+        "\npolicy ({}): least gain {:.1}%, reconfiguration costs: {}",
+        if snap.policy.is_some() {
+            "the job's, from the snapshot"
+        } else {
+            "defaults: the snapshot has none"
+        },
+        policy.config.min_gain * 100.0,
+        costs.join(", ")
+    );
     match policy.decide(&snap, &config).map_err(bad)? {
         Decision::Wait { reason } => {
             let _ = writeln!(out, "decision: wait ({reason})");
@@ -269,7 +324,7 @@ mod tests {
     #[test]
     fn compute_bound_job_gets_more_workers() {
         let dir = tempfile::tempdir().unwrap();
-        let r = report(&write(dir.path()), None, 0.05).unwrap();
+        let r = report(&write(dir.path()), None, Some(0.05)).unwrap();
         assert!(r.contains("predicted epoch time per split"), "{r}");
         assert!(
             r.contains("decision: reconfigure to 3 workers + 1 servers"),
@@ -285,10 +340,61 @@ mod tests {
     fn more_containers_are_used_and_fewer_are_given_back() {
         let dir = tempfile::tempdir().unwrap();
         let p = write(dir.path());
-        let r = report(&p, Some(6), 0.05).unwrap();
+        let r = report(&p, Some(6), Some(0.05)).unwrap();
         assert!(r.contains("add offered"), "{r}");
-        let r = report(&p, Some(3), 0.05).unwrap();
+        let r = report(&p, Some(3), Some(0.05)).unwrap();
         assert!(r.contains("forced") && r.contains("delete e4"), "{r}");
+    }
+
+    /// With two epochs left the default prior (a switch 2 s, a move 1 s)
+    /// says the plan does not pay; the job's own estimates, carried in the
+    /// snapshot, say it does, and `cruise plan` decides as the job would.
+    #[test]
+    fn the_jobs_policy_in_the_snapshot_is_the_one_used() {
+        let dir = tempfile::tempdir().unwrap();
+        let short = SNAP.replace("\"remaining_epochs\": 10.0", "\"remaining_epochs\": 2.0");
+        let p = dir.path().join("short.json");
+        std::fs::write(&p, &short).unwrap();
+        let r = report(&p, None, None).unwrap();
+        assert!(
+            r.contains("policy (defaults: the snapshot has none)"),
+            "{r}"
+        );
+        assert!(
+            r.contains("decision: stay") && r.contains("does not pay"),
+            "{r}"
+        );
+
+        let cheap = r#"{"min_gain": 0.05, "max_parallel": 8, "op_costs": [
+            {"op": "switch", "per_op": 0.002, "per_byte": 0.0},
+            {"op": {"move": "input"}, "per_op": 0.02, "per_byte": 1e-9},
+            {"op": {"move": "model"}, "per_op": 0.02, "per_byte": 1e-9}]}"#;
+        let with_policy = short.replacen(
+            "\"containers\"",
+            &format!("\"policy\": {cheap}, \"containers\""),
+            1,
+        );
+        std::fs::write(&p, &with_policy).unwrap();
+        let r = report(&p, None, None).unwrap();
+        assert!(r.contains("policy (the job's, from the snapshot)"), "{r}");
+        assert!(r.contains("switch 0.002 s"), "{r}");
+        assert!(
+            r.contains("decision: reconfigure to 3 workers + 1 servers"),
+            "{r}"
+        );
+        // --min-gain still overrides the job's threshold...
+        let r = report(&p, None, Some(0.9)).unwrap();
+        assert!(
+            r.contains("least gain 90.0%") && r.contains("decision: stay"),
+            "{r}"
+        );
+        // ...within range.
+        let e = report(&p, None, Some(1.5)).unwrap_err().to_string();
+        assert!(e.contains("--min-gain 1.5"), "{e}");
+        // A bad policy is named by its field.
+        std::fs::write(&p, with_policy.replace("0.002", "-1")).unwrap();
+        let e = report(&p, None, None).unwrap_err().to_string();
+        assert!(e.contains("policy.op_costs[0].per_op"), "{e}");
     }
 
     #[test]
@@ -296,9 +402,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("bad.json");
         std::fs::write(&p, "{\"job\": 1}").unwrap();
-        let e = report(&p, None, 0.05).unwrap_err().to_string();
+        let e = report(&p, None, Some(0.05)).unwrap_err().to_string();
         assert!(e.contains("bad.json"), "{e}");
-        let e = report(&dir.path().join("missing.json"), None, 0.05)
+        let e = report(&dir.path().join("missing.json"), None, Some(0.05))
             .unwrap_err()
             .to_string();
         assert!(e.contains("missing.json"), "{e}");

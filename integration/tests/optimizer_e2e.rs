@@ -139,6 +139,21 @@ async fn bad_split_is_improved_and_the_optimum_stays() {
         (1, 3),
         "{roles:?}"
     );
+    // It carries the job's policy, so `cruise plan` on it decides as the
+    // job did: to leave the bad split.
+    assert!(first["policy"]["op_costs"].is_array(), "{first}");
+    let out = std::process::Command::new(binary("cruise").expect("cruise is built"))
+        .arg("plan")
+        .arg(dir.path().join("snap.plan-1.json"))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "cruise plan failed: {text}");
+    assert!(
+        text.contains("policy (the job's, from the snapshot)")
+            && text.contains("decision: reconfigure to"),
+        "{text}"
+    );
 
     // Epoch time before (epoch 1 warms up; skipped) and after (the epoch in
     // which the plan ran is skipped) the first reconfiguration.

@@ -44,6 +44,7 @@ fn uniform(n: usize, u: &Uniform) -> Snapshot {
         })
         .collect();
     Snapshot {
+        policy: None,
         job: job(n),
         containers,
         links: vec![],
@@ -83,6 +84,7 @@ fn heterogeneous(n: usize) -> Snapshot {
         })
         .collect();
     Snapshot {
+        policy: None,
         job: job(n),
         containers,
         links: vec![],

@@ -609,6 +609,7 @@ mod tests {
 
     fn two_by_two_with(links: Vec<Link>, f: f64, latency: f64) -> (CostModel, Target) {
         let snap = Snapshot {
+            policy: None,
             job: Job {
                 serial_fraction: f,
                 latency_secs_per_mini_batch: latency,
@@ -681,6 +682,7 @@ mod tests {
     fn requests_per_server_hand_computed() {
         let (model, target) = two_by_two(vec![]);
         let mut snap = Snapshot {
+            policy: None,
             job: model.job().clone(),
             containers: ["w1", "w2", "s1", "s2"]
                 .iter()
@@ -726,6 +728,7 @@ mod tests {
     fn serial_fraction_outside_zero_one_is_rejected() {
         for (f, ok) in [(-0.1, false), (1.5, false), (f64::NAN, false), (0.5, true)] {
             let snap = Snapshot {
+                policy: None,
                 job: Job {
                     serial_fraction: f,
                     ..job(1000, 100, 1000.0, 10, 4)
@@ -808,6 +811,7 @@ mod tests {
     #[test]
     fn slow_servers_are_paid_in_parallel() {
         let snap = |link_bytes| Snapshot {
+            policy: None,
             job: Job {
                 link_bytes_per_mini_batch: link_bytes,
                 ..job(100, 10, 100.0, 2, 2)
@@ -842,6 +846,7 @@ mod tests {
     #[test]
     fn worker_bound_and_partial_last_batch() {
         let snap = Snapshot {
+            policy: None,
             job: job(100, 30, 300.0, 2, 2),
             containers: vec![
                 container("w", Role::Worker, Some(0.001), 100.0, None),
@@ -890,6 +895,7 @@ mod tests {
         let mut s = container("s", Role::Server, None, 1.0, Some(4e-9));
         s.cpu_speed = Some(2.0);
         let snap = Snapshot {
+            policy: None,
             job: job(10, 1, 1.0, 1, 1),
             containers: vec![a, b, n, plain, s],
             links: vec![],
@@ -906,6 +912,7 @@ mod tests {
     #[test]
     fn no_measurement_at_all_is_an_error() {
         let snap = Snapshot {
+            policy: None,
             job: job(10, 1, 1.0, 1, 1),
             containers: vec![container("a", Role::Idle, None, 1.0, None)],
             links: vec![],

@@ -118,5 +118,6 @@ pub use solver::{
     solve_heterogeneous, solve_heterogeneous_with, solve_homogeneous,
 };
 pub use trigger::{
-    Decision, OpCost, Proposal, ReconfigCostModel, STRAGGLER_FACTOR, TriggerConfig, TriggerPolicy,
+    Decision, OpCost, OpCostEstimate, PolicyState, Proposal, ReconfigCostModel, STRAGGLER_FACTOR,
+    TriggerConfig, TriggerPolicy,
 };

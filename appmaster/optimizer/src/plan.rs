@@ -182,6 +182,17 @@ pub enum OpKind {
     Move(Table),
 }
 
+impl OpKind {
+    /// Every kind.
+    pub const ALL: [OpKind; 5] = [
+        OpKind::Add,
+        OpKind::Delete,
+        OpKind::Switch,
+        OpKind::Move(Table::Input),
+        OpKind::Move(Table::Model),
+    ];
+}
+
 /// An operation and the earlier operations it waits for.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PlannedOp {

@@ -180,6 +180,11 @@ pub struct Snapshot {
     /// Optional pairwise bandwidth measurements.
     #[serde(default)]
     pub links: Vec<Link>,
+    /// The job's trigger policy when the snapshot was taken (its gain
+    /// threshold and reconfiguration cost estimates), so that `cruise plan`
+    /// decides as the job did; absent in hand-written snapshots.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<crate::trigger::PolicyState>,
 }
 
 impl Snapshot {
@@ -227,6 +232,9 @@ impl Snapshot {
         }
         if j.model_blocks == 0 {
             return Err(OptimizerError::invalid("job.model_blocks", "must be > 0"));
+        }
+        if let Some(p) = &self.policy {
+            p.validate("policy")?;
         }
         let mut seen = std::collections::BTreeSet::new();
         let (mut input, mut model) = (0u64, 0u64);

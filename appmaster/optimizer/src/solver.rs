@@ -979,6 +979,7 @@ mod tests {
             })
             .collect();
         Snapshot {
+            policy: None,
             job,
             containers,
             links: vec![],
@@ -1086,6 +1087,7 @@ mod tests {
             reclaimed: false,
         };
         let snap = Snapshot {
+            policy: None,
             job: job(10_000, 100, 1.0e6, 40, 8),
             containers: vec![
                 mk("cpu1", 1e-4, 1e7),

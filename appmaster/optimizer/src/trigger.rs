@@ -236,6 +236,61 @@ fn op_bytes(op: &Operation, job: &Job) -> f64 {
     }
 }
 
+/// A [`TriggerPolicy`]'s settings and cost estimates at one moment
+/// ([`TriggerPolicy::state`]), as a [`Snapshot`] carries them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PolicyState {
+    /// Least relative gain worth a reconfiguration.
+    pub min_gain: f64,
+    /// Parallelism of the plan executor.
+    pub max_parallel: usize,
+    /// The predicted cost of each operation kind.
+    pub op_costs: Vec<OpCostEstimate>,
+}
+
+impl PolicyState {
+    /// Checks ranges; `at` names the field in errors.
+    pub fn validate(&self, at: &str) -> Result<(), OptimizerError> {
+        if !(0.0..1.0).contains(&self.min_gain) {
+            return Err(OptimizerError::invalid(
+                format!("{at}.min_gain"),
+                format!("{} is not within [0, 1)", self.min_gain),
+            ));
+        }
+        if self.max_parallel == 0 {
+            return Err(OptimizerError::invalid(
+                format!("{at}.max_parallel"),
+                "must be > 0",
+            ));
+        }
+        for (i, e) in self.op_costs.iter().enumerate() {
+            for (name, v) in [("per_op", e.per_op), ("per_byte", e.per_byte)] {
+                if !(v.is_finite() && v >= 0.0) {
+                    return Err(OptimizerError::invalid(
+                        format!("{at}.op_costs[{i}].{name}"),
+                        format!("{v} is not a finite number >= 0"),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The predicted cost of one operation kind: `per_op + per_byte · bytes`
+/// seconds.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OpCostEstimate {
+    /// The operation kind.
+    pub op: OpKind,
+    /// Fixed seconds per operation.
+    pub per_op: f64,
+    /// Seconds per byte moved.
+    pub per_byte: f64,
+}
+
 /// A reconfiguration worth doing.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Proposal {
@@ -300,6 +355,57 @@ impl TriggerPolicy {
     /// Learns from an executed plan.
     pub fn observe(&mut self, plan: &Plan, report: &ExecutionReport, job: &Job) {
         self.costs.observe(plan, report, job);
+    }
+
+    /// What this policy decides with beyond a snapshot's measurements: its
+    /// gain threshold, parallelism and current cost estimates (priors and
+    /// what past plans taught it). A snapshot carries it so that `cruise
+    /// plan` decides as the job did.
+    pub fn state(&self) -> PolicyState {
+        PolicyState {
+            min_gain: self.config.min_gain,
+            max_parallel: self.config.max_parallel,
+            op_costs: OpKind::ALL
+                .into_iter()
+                .map(|op| {
+                    let c = self.costs.estimate(op);
+                    OpCostEstimate {
+                        op,
+                        per_op: c.per_op,
+                        per_byte: c.per_byte,
+                    }
+                })
+                .collect(),
+        }
+    }
+
+    /// The policy `state` describes (its estimates as the prior, so they
+    /// are what it predicts until it observes plans of its own), planning
+    /// after `min_mini_batches`.
+    pub fn from_state(state: &PolicyState, min_mini_batches: u32) -> TriggerPolicy {
+        let mut prior = ReconfigCostModel::default().prior;
+        for e in &state.op_costs {
+            prior.insert(
+                e.op,
+                OpCost {
+                    per_op: e.per_op,
+                    per_byte: e.per_byte,
+                },
+            );
+        }
+        let defaults = ReconfigCostModel::default();
+        TriggerPolicy {
+            config: TriggerConfig {
+                min_mini_batches,
+                min_gain: state.min_gain,
+                max_parallel: state.max_parallel,
+            },
+            costs: ReconfigCostModel::with_prior(
+                prior,
+                defaults.prior_weight,
+                defaults.prior_bytes,
+            ),
+        }
     }
 
     /// Decides whether and how to reconfigure. `current` is the AM's ownership table;

@@ -4,8 +4,8 @@ use std::time::Duration;
 
 use cruise_optimizer::{
     Configuration, ContainerMetrics, Decision, ExecutionReport, Holding, Job, OpKind, OpOutcome,
-    OpReport, Operation, Plan, ReconfigCostModel, Role, STRAGGLER_FACTOR, Snapshot, Table,
-    TriggerConfig, TriggerPolicy, Uniform, solve_homogeneous,
+    OpReport, Operation, Plan, PolicyState, ReconfigCostModel, Role, STRAGGLER_FACTOR, Snapshot,
+    Table, TriggerConfig, TriggerPolicy, Uniform, solve_homogeneous,
 };
 
 #[derive(Clone)]
@@ -66,6 +66,7 @@ fn snapshot(job: &Job, specs: &[Spec], config: &Configuration, batches: u32) -> 
         })
         .collect();
     Snapshot {
+        policy: None,
         job: job.clone(),
         containers,
         links: vec![],
@@ -540,4 +541,39 @@ fn asynchronous_jobs_do_not_rebalance_for_nothing() {
         .decide(&snapshot(&j, &specs, &cfg, 50), &cfg)
         .unwrap();
     assert!(matches!(d, Decision::Stay { .. }), "{d:?}");
+}
+
+/// A policy's state (what a snapshot carries for `cruise plan`) gives back
+/// a policy with the same threshold and the same cost predictions, learned
+/// ones included.
+#[test]
+fn a_policys_state_round_trips() {
+    let mut p = TriggerPolicy::new(TriggerConfig {
+        min_gain: 0.2,
+        max_parallel: 3,
+        ..TriggerConfig::default()
+    });
+    p.costs.observe_op(OpKind::Switch, 0.0, 0.004);
+    p.costs.observe_op(OpKind::Move(Table::Input), 1e6, 0.05);
+    p.costs.observe_op(OpKind::Move(Table::Input), 4e6, 0.11);
+    let json = serde_json::to_string(&p.state()).unwrap();
+    let back: PolicyState = serde_json::from_str(&json).unwrap();
+    let q = TriggerPolicy::from_state(&back, 7);
+    assert_eq!(q.config.min_gain, 0.2);
+    assert_eq!(q.config.max_parallel, 3);
+    assert_eq!(q.config.min_mini_batches, 7);
+    // (serde_json parses floats to within an ulp.)
+    let close = |a: f64, b: f64| (a - b).abs() <= 1e-12 * a.abs().max(b.abs());
+    for k in OpKind::ALL {
+        let (a, b) = (q.costs.estimate(k), p.costs.estimate(k));
+        assert!(
+            close(a.per_op, b.per_op) && close(a.per_byte, b.per_byte),
+            "{k:?}: {a:?} vs {b:?}"
+        );
+    }
+    // One 4 ms switch against a 2 s prior weighted as two observations.
+    assert!(
+        (p.costs.estimate(OpKind::Switch).per_op - (0.004 + 2.0 * 2.0) / 3.0).abs() < 1e-9,
+        "learned, not the prior alone"
+    );
 }

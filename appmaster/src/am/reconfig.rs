@@ -470,6 +470,8 @@ fn assemble(
         },
         containers,
         links,
+        // The AM adds its policy (it owns it).
+        policy: None,
     };
     (snapshot, config)
 }

@@ -639,6 +639,7 @@ mod tests {
                             })
                             .collect();
                         let snapshot = Snapshot {
+                            policy: None,
                             job: Job {
                                 total_records: per_block * u64::from(k),
                                 mini_batch_size: batch,

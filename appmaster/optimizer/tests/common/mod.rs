@@ -97,6 +97,7 @@ impl Inst {
             })
             .collect();
         Snapshot {
+            policy: None,
             job: Job {
                 total_records: self.d,
                 mini_batch_size: self.b,

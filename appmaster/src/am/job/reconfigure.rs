@@ -115,7 +115,8 @@ struct RunningPlan {
 /// A plan that ran, for the status endpoint and the summary.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct PlanRecord {
-    /// Seconds after the job started.
+    /// When the plan ended, seconds after the job started (the clock of
+    /// the epochs' `end_secs`); it began `secs` earlier.
     pub at_secs: f64,
     /// What it changed and why (predicted epoch times, gain, cost).
     pub summary: String,
@@ -593,7 +594,8 @@ impl Driver {
             shared_depth: self.config.job.in_flight(),
             asynchronous: self.config.job.sync == cruise_conf::SyncMode::Async,
         };
-        let (snapshot, current) = build_snapshot(facts, &evals, &self.rc.metrics);
+        let (mut snapshot, current) = build_snapshot(facts, &evals, &self.rc.metrics);
+        snapshot.policy = Some(self.rc.policy.state());
         let file = self.config.optimizer.snapshot_file.clone();
         if !file.is_empty() {
             write_snapshot(std::path::Path::new(&file), &snapshot);
