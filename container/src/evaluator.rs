@@ -479,9 +479,11 @@ async fn handle(
             // queued on a block that a command to this evaluator moves.
             let version = store.apply_ownership(&u);
             let mark = job.dp.request_mark();
+            tracing::debug!(version, changes = u.owners.len(), "ownership applied");
             let (dp, tx) = (job.dp.clone(), to_am.clone());
             tracker.spawn(async move {
                 dp.requests_done_before(mark).await;
+                tracing::debug!(version, "ownership acknowledged");
                 let _ = tx.send(EvalToAm::OwnershipApplied { version }).await;
             });
         }

@@ -566,18 +566,27 @@ impl Store {
         block: BlockId,
         forward: Option<EvaluatorId>,
     ) -> Option<EvaluatorId> {
-        if let Some(to) = forward {
-            let gone = self
-                .inner
-                .departed
-                .read()
-                .unwrap_or_else(|p| p.into_inner())
-                .contains(&to);
-            if !gone {
-                return Some(to);
-            }
+        // The view, once it names another owner, is newer than a pointer
+        // left by a handover from here: the update naming this evaluator
+        // was applied before the command that moved the block away, and the
+        // one naming the block's next owner comes after. So the pointer is
+        // followed only while the view still names this evaluator (or no
+        // one). Followed longer, it sent requests through an evaluator
+        // that had passed the block on, one more hop each, and on to it
+        // after it was released: an evaluator acknowledges an update once
+        // the requests it routed before it are done, and these were routed
+        // after (a worker's pull cut off, 2026-11-26).
+        match self.owner(table, block) {
+            Some(o) if o != self.inner.me => Some(o),
+            _ => forward.filter(|to| {
+                !self
+                    .inner
+                    .departed
+                    .read()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .contains(to)
+            }),
         }
-        self.owner(table, block).filter(|&o| o != self.inner.me)
     }
 
     /// Submits a keyed operation: applies the parts whose blocks are here,

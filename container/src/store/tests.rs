@@ -378,17 +378,48 @@ fn owners_of_a_table_are_counted_once_each() {
     assert_eq!(s.owner_count(MODEL_TABLE), 2);
 }
 
+/// A handover's pointer is followed while this evaluator's view of the
+/// owners still names it; once the view names another owner (the block
+/// moved on) the view is newer and is followed, whether or not the
+/// pointer's target is still there.
+#[test]
+fn a_handover_pointer_gives_way_to_a_newer_view() {
+    let to = |s: &Store, k: &[Key]| match s.submit(&get(k)).unwrap().parts[0].pending {
+        Pending::Forward { to, .. } => Some(to),
+        _ => None,
+    };
+    let s = store(1);
+    s.create_blocks(MODEL_TABLE, &[2]).unwrap();
+    s.apply_ownership(&OwnershipUpdate {
+        version: 2,
+        owners: vec![(MODEL_TABLE, 2, 1)],
+    });
+    let _ = s.take_for_move(MODEL_TABLE, 2, 4).unwrap();
+    s.finish_move(MODEL_TABLE, 2).unwrap();
+    let k = keys_in_block(2, 1);
+    assert_eq!(to(&s, &k), Some(4), "the view names this one: the pointer");
+    s.apply_ownership(&OwnershipUpdate {
+        version: 3,
+        owners: vec![(MODEL_TABLE, 2, 4)],
+    });
+    assert_eq!(to(&s, &k), Some(4), "the view caught up");
+    // 4 passed the block on to 6 (and may be about to leave).
+    s.apply_ownership(&OwnershipUpdate {
+        version: 4,
+        owners: vec![(MODEL_TABLE, 2, 6)],
+    });
+    assert_eq!(to(&s, &k), Some(6), "not through 4");
+    s.set_departed([4]);
+    assert_eq!(to(&s, &k), Some(6), "4 left");
+}
+
+/// A pointer to an evaluator that left is not followed: the view is.
 #[test]
 fn departed_forward_target_falls_back_to_owner_view() {
     let s = store(1);
     s.create_blocks(MODEL_TABLE, &[2]).unwrap();
-    s.begin_incoming(MODEL_TABLE, 3, 5).ok();
     let _ = s.take_for_move(MODEL_TABLE, 2, 4).unwrap();
     s.finish_move(MODEL_TABLE, 2).unwrap();
-    s.apply_ownership(&OwnershipUpdate {
-        version: 3,
-        owners: vec![(MODEL_TABLE, 2, 6)],
-    });
     let k = keys_in_block(2, 1);
     let sub = s.submit(&get(&k)).unwrap();
     assert!(
@@ -396,6 +427,10 @@ fn departed_forward_target_falls_back_to_owner_view() {
         "follows the pointer"
     );
     s.set_departed([4]);
+    s.apply_ownership(&OwnershipUpdate {
+        version: 3,
+        owners: vec![(MODEL_TABLE, 2, 6)],
+    });
     let sub = s.submit(&get(&k)).unwrap();
     assert!(
         matches!(sub.parts[0].pending, Pending::Forward { to: 6, .. }),
