@@ -23,7 +23,7 @@
 //! A request written on a connection that then broke fails for good: whether
 //! it was applied is unknown, and retrying could apply it twice.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -336,6 +336,10 @@ impl DataPlane {
         op: Arc<StoreOp>,
         attempt: u32,
     ) -> BoxFuture<'static, (PartResult, Vec<LinkSample>)> {
+        // Counted in flight from before it is routed: an ownership update
+        // applied between routing (by the older table) and sending must
+        // still wait for it (see `requests_done_before`).
+        let routing = self.inner.inflight.begin();
         let sub = match self.inner.store.submit(&op) {
             Ok(s) => s,
             Err(e) => {
@@ -361,7 +365,7 @@ impl DataPlane {
                     } else {
                         op.values.byte_len() as u64
                     };
-                    let rx = self.conn(to).request(op.into_request());
+                    let rx = self.conn(to).request_as(op.into_request(), routing.share());
                     Wait::Remote(to, out_bytes, rx)
                 }
             };
@@ -1156,6 +1160,12 @@ struct OutConn {
 impl OutConn {
     /// Queues a request; synchronous, so requests go out in call order.
     fn request(&self, req: PeerRequest) -> oneshot::Receiver<Answer> {
+        self.request_as(req, self.inflight.begin())
+    }
+
+    /// [`OutConn::request`], counted in flight as `guard` (taken before the
+    /// request was routed).
+    fn request_as(&self, req: PeerRequest, guard: InflightGuard) -> oneshot::Receiver<Answer> {
         let (tx, rx) = oneshot::channel();
         if self.closed.load(Ordering::SeqCst) {
             let _ = tx.send((
@@ -1168,7 +1178,7 @@ impl OutConn {
             return rx;
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        lock(&self.pending).insert(id, (tx, self.inflight.begin()));
+        lock(&self.pending).insert(id, (tx, guard));
         if self.tx.send(ToOwner::Request { id, req }).is_err()
             && let Some((tx, _)) = lock(&self.pending).remove(&id)
         {
@@ -1214,21 +1224,42 @@ impl OutConn {
 /// Sequence numbers of the outbound requests in flight.
 #[derive(Default)]
 struct Inflight {
-    /// The next sequence number and the ones not finished yet.
-    state: Mutex<(u64, BTreeSet<u64>)>,
+    /// The next sequence number, and the ones not finished yet with how
+    /// many guards hold each.
+    state: Mutex<(u64, BTreeMap<u64, usize>)>,
     finished: tokio::sync::Notify,
 }
 
 /// One request in flight; finished when dropped (answered, failed or
-/// abandoned alike).
+/// abandoned alike) and every guard [`InflightGuard::share`]d from it is.
 struct InflightGuard {
     seq: u64,
     of: Arc<Inflight>,
 }
 
+impl InflightGuard {
+    /// Another guard of the same sequence number: an operation routed once
+    /// and sent as several requests counts from when it was routed.
+    fn share(&self) -> InflightGuard {
+        *lock(&self.of.state).1.entry(self.seq).or_insert(0) += 1;
+        InflightGuard {
+            seq: self.seq,
+            of: Arc::clone(&self.of),
+        }
+    }
+}
+
 impl Drop for InflightGuard {
     fn drop(&mut self) {
-        lock(&self.of.state).1.remove(&self.seq);
+        {
+            let mut st = lock(&self.of.state);
+            if let Some(n) = st.1.get_mut(&self.seq) {
+                *n -= 1;
+                if *n == 0 {
+                    st.1.remove(&self.seq);
+                }
+            }
+        }
         self.of.finished.notify_waiters();
     }
 }
@@ -1238,7 +1269,7 @@ impl Inflight {
         let mut st = lock(&self.state);
         let seq = st.0;
         st.0 += 1;
-        st.1.insert(seq);
+        st.1.insert(seq, 1);
         InflightGuard {
             seq,
             of: Arc::clone(self),
@@ -1258,12 +1289,49 @@ impl Inflight {
             finished.as_mut().enable();
             if lock(&self.state)
                 .1
-                .first()
-                .is_none_or(|&first| first >= mark)
+                .first_key_value()
+                .is_none_or(|(&first, _)| first >= mark)
             {
                 return;
             }
             finished.await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Whether `done_before(mark)` has finished, given a moment to run.
+    async fn finished(f: &mut std::pin::Pin<Box<impl std::future::Future<Output = ()>>>) -> bool {
+        tokio::time::timeout(Duration::from_millis(20), f.as_mut())
+            .await
+            .is_ok()
+    }
+
+    /// An operation's requests count from when it was routed: a mark taken
+    /// after its routing guard (an ownership update applied while it was
+    /// being sent) waits for every request shared from that guard, even
+    /// when the guard itself is gone, and no longer.
+    #[tokio::test]
+    async fn a_mark_waits_for_requests_routed_before_it() {
+        let inflight = Arc::new(Inflight::default());
+        let routing = inflight.begin();
+        let mark = inflight.mark();
+        let later = inflight.begin(); // routed after the mark: not waited for
+        let (a, b) = (routing.share(), routing.share());
+        drop(routing);
+        let mut done = Box::pin({
+            let inflight = Arc::clone(&inflight);
+            async move { inflight.done_before(mark).await }
+        });
+        assert!(!finished(&mut done).await, "two requests are still out");
+        drop(a);
+        assert!(!finished(&mut done).await, "one request is still out");
+        drop(b);
+        assert!(finished(&mut done).await, "waits for nothing newer");
+        drop(later);
+        assert!(lock(&inflight.state).1.is_empty());
     }
 }
