@@ -16,8 +16,10 @@
 //! The last kind ("move in after the switch") is relaxed when it would close a cycle,
 //! which happens when two containers trade roles and blocks directly; the block then
 //! lands in the store of a container whose role does not use it yet, which the elastic
-//! store allows (a block's owner serves it whatever its role). Relaxed edges are
-//! listed in [`Plan::relaxed`]. Operations are stored in a topological order, so every
+//! store allows (a block's owner serves it whatever its role). While another worker
+//! keeps training throughout, input moves give way (input waits untrained on a server
+//! about to work); otherwise model moves do (a worker about to serve holds the model
+//! and trains with it meanwhile). Relaxed edges are listed in [`Plan::relaxed`]. Operations are stored in a topological order, so every
 //! dependency points to an earlier operation.
 
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
@@ -415,6 +417,30 @@ impl Plan {
                 }
             }
         }
+        // Which kind gives way in a trade. Relaxing "model in after the
+        // switch to server" leaves a worker holding the model for a while:
+        // it trains with every pull local, and under `sync = async`, where
+        // an epoch is the data set's worth of records from any worker, it
+        // alone can finish the job's epochs (an MLR test job on the
+        // in-process cluster ran its last 150 epochs in 0.3 s that way,
+        // mid-plan). Relaxing "input in after the switch to worker" instead
+        // leaves that input untrained until its new worker switches, which
+        // is harmless while another worker trains throughout; without one
+        // it would stop training, so then the model edge gives way.
+        let steady_worker = current
+            .containers
+            .iter()
+            .any(|(id, h)| h.role == Role::Worker && want(id).role == Role::Worker);
+        soft.sort_by_key(|&(_, mv)| {
+            let model = matches!(
+                ops[mv],
+                Operation::Move {
+                    table: Table::Model,
+                    ..
+                }
+            );
+            model != steady_worker
+        });
         let mut relaxed = Vec::new();
         for (s, mv) in soft {
             if reaches(&edges, mv, s) {

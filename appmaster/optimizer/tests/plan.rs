@@ -4,6 +4,7 @@ mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use cruise_optimizer::plan::apply_op;
 use cruise_optimizer::{Configuration, Holding, Operation, Placement, Plan, Role, Table, Target};
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
@@ -369,6 +370,66 @@ fn dependencies_add_switch_delete() {
     let after = plan.apply(&current).unwrap();
     assert_eq!(after.counts(), expected(&target));
     assert!(!after.containers.contains_key("w2"));
+}
+
+/// In a trade beside a worker that keeps training, the input waits on the
+/// server about to work: no worker ever holds model blocks. Alone, the
+/// pair trade the other way, so that someone trains throughout.
+#[test]
+fn a_trade_beside_a_steady_worker_never_gives_a_worker_the_model() {
+    let current = config(&[
+        ("a", Role::Worker, &[0, 1], &[]),
+        ("b", Role::Server, &[], &[0, 1]),
+        ("c", Role::Worker, &[2, 3], &[]),
+    ]);
+    let target: Target = [
+        ("a", place(Role::Server, 0, 2)),
+        ("b", place(Role::Worker, 2, 0)),
+        ("c", place(Role::Worker, 2, 0)),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect();
+    let plan = Plan::between(&current, &target).unwrap();
+    assert_eq!(plan.relaxed.len(), 1, "{plan:?}");
+    let mut c = current.clone();
+    let mut trained_throughout = true;
+    for (i, p) in plan.ops.iter().enumerate() {
+        apply_op(&mut c, i, &p.op).unwrap();
+        for (id, h) in &c.containers {
+            assert!(
+                h.role != Role::Worker || h.model.is_empty(),
+                "after op {i}, worker {id} holds model blocks: {plan:?}"
+            );
+        }
+        trained_throughout &= c.containers["c"].role == Role::Worker;
+    }
+    assert!(trained_throughout);
+    assert_eq!(c.counts(), expected(&target));
+
+    // Without `c`, the model edge gives way: at every step a worker trains.
+    let alone = config(&[
+        ("a", Role::Worker, &[0, 1], &[]),
+        ("b", Role::Server, &[], &[0, 1]),
+    ]);
+    let target: Target = [
+        ("a", place(Role::Server, 0, 2)),
+        ("b", place(Role::Worker, 2, 0)),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect();
+    let plan = Plan::between(&alone, &target).unwrap();
+    let mut c = alone.clone();
+    for (i, p) in plan.ops.iter().enumerate() {
+        apply_op(&mut c, i, &p.op).unwrap();
+        assert!(
+            c.containers
+                .values()
+                .any(|h| h.role == Role::Worker && !h.input.is_empty()),
+            "after op {i} nobody trains: {plan:?}"
+        );
+    }
 }
 
 #[test]
