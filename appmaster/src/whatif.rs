@@ -8,8 +8,8 @@ use std::fmt::Write;
 use std::path::Path;
 
 use cruise_optimizer::{
-    Configuration, ContainerMetrics, CostModel, Decision, Holding, OpKind, Operation, Role,
-    Snapshot, Table, TriggerConfig, TriggerPolicy, Uniform, solve_homogeneous,
+    Configuration, ContainerMetrics, CostModel, Decision, Holding, Operation, Role, Snapshot,
+    TriggerConfig, TriggerPolicy, Uniform, solve_homogeneous,
 };
 
 /// Errors of the what-if tool.
@@ -89,17 +89,6 @@ pub fn resize(s: &mut Snapshot, n: usize) {
         for c in s.containers.iter_mut().rev().take(cur - n) {
             c.reclaimed = true;
         }
-    }
-}
-
-/// How an operation kind reads in the report.
-fn op_kind_name(k: OpKind) -> &'static str {
-    match k {
-        OpKind::Add => "add",
-        OpKind::Delete => "delete",
-        OpKind::Switch => "switch",
-        OpKind::Move(Table::Input) => "move input",
-        OpKind::Move(Table::Model) => "move model",
     }
 }
 
@@ -222,7 +211,7 @@ pub fn report(
         .op_costs
         .iter()
         .map(|e| {
-            let mut t = format!("{} {:.3} s", op_kind_name(e.op), e.per_op);
+            let mut t = format!("{} {:.3} s", e.op.name(), e.per_op);
             if e.per_byte > 0.0 {
                 let _ = write!(t, " + {:.0} MB/s", 1e-6 / e.per_byte);
             }

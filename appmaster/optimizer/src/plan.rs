@@ -185,6 +185,18 @@ pub enum OpKind {
 }
 
 impl OpKind {
+    /// How the kind reads in reports: `add`, `delete`, `switch`, `move
+    /// input`, `move model`.
+    pub fn name(self) -> &'static str {
+        match self {
+            OpKind::Add => "add",
+            OpKind::Delete => "delete",
+            OpKind::Switch => "switch",
+            OpKind::Move(Table::Input) => "move input",
+            OpKind::Move(Table::Model) => "move model",
+        }
+    }
+
     /// Every kind.
     pub const ALL: [OpKind; 5] = [
         OpKind::Add,

@@ -361,19 +361,7 @@ fn reload_or_move(
 }
 
 fn kind_name(op: &Operation) -> &'static str {
-    match op {
-        Operation::Add { .. } => "add",
-        Operation::Delete { .. } => "delete",
-        Operation::Switch { .. } => "switch",
-        Operation::Move {
-            table: Table::Input,
-            ..
-        } => "move input",
-        Operation::Move {
-            table: Table::Model,
-            ..
-        } => "move model",
-    }
+    op.kind().name()
 }
 
 impl Driver {
