@@ -192,20 +192,16 @@ pub fn report(
     // Decide as the job did: with its gain threshold and the cost
     // estimates it had (its priors and what its earlier plans taught it),
     // when the snapshot carries them.
-    let policy = match &snap.policy {
-        Some(state) => {
-            let mut policy = TriggerPolicy::from_state(state, 0);
-            if let Some(g) = min_gain {
-                policy.config.min_gain = g;
-            }
-            policy
-        }
+    let mut policy = match &snap.policy {
+        Some(state) => TriggerPolicy::from_state(state, 0),
         None => TriggerPolicy::new(TriggerConfig {
             min_mini_batches: 0,
-            min_gain: min_gain.unwrap_or(TriggerConfig::default().min_gain),
             ..TriggerConfig::default()
         }),
     };
+    if let Some(g) = min_gain {
+        policy.config.min_gain = g;
+    }
     let costs: Vec<String> = policy
         .state()
         .op_costs

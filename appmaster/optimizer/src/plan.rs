@@ -19,8 +19,9 @@
 //! store allows (a block's owner serves it whatever its role). While another worker
 //! keeps training throughout, input moves give way (input waits untrained on a server
 //! about to work); otherwise model moves do (a worker about to serve holds the model
-//! and trains with it meanwhile). Relaxed edges are listed in [`Plan::relaxed`]. Operations are stored in a topological order, so every
-//! dependency points to an earlier operation.
+//! and trains with it meanwhile). Relaxed edges are listed in [`Plan::relaxed`].
+//! Operations are stored in a topological order, so every dependency points to an
+//! earlier operation.
 
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 

@@ -383,7 +383,8 @@ impl TriggerPolicy {
     /// are what it predicts until it observes plans of its own), planning
     /// after `min_mini_batches`.
     pub fn from_state(state: &PolicyState, min_mini_batches: u32) -> TriggerPolicy {
-        let mut prior = ReconfigCostModel::default().prior;
+        let defaults = ReconfigCostModel::default();
+        let mut prior = defaults.prior.clone();
         for e in &state.op_costs {
             prior.insert(
                 e.op,
@@ -393,7 +394,6 @@ impl TriggerPolicy {
                 },
             );
         }
-        let defaults = ReconfigCostModel::default();
         TriggerPolicy {
             config: TriggerConfig {
                 min_mini_batches,

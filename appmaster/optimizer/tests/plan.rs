@@ -372,6 +372,22 @@ fn dependencies_add_switch_delete() {
     assert!(!after.containers.contains_key("w2"));
 }
 
+/// `a` (a worker) and `b` (a server) trade roles and all their blocks.
+fn role_trade() -> (Configuration, Target) {
+    let current = config(&[
+        ("a", Role::Worker, &[0, 1], &[]),
+        ("b", Role::Server, &[], &[0, 1]),
+    ]);
+    let target: Target = [
+        ("a", place(Role::Server, 0, 2)),
+        ("b", place(Role::Worker, 2, 0)),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect();
+    (current, target)
+}
+
 /// In a trade beside a worker that keeps training, the input waits on the
 /// server about to work: no worker ever holds model blocks. Alone, the
 /// pair trade the other way, so that someone trains throughout.
@@ -408,17 +424,7 @@ fn a_trade_beside_a_steady_worker_never_gives_a_worker_the_model() {
     assert_eq!(c.counts(), expected(&target));
 
     // Without `c`, the model edge gives way: at every step a worker trains.
-    let alone = config(&[
-        ("a", Role::Worker, &[0, 1], &[]),
-        ("b", Role::Server, &[], &[0, 1]),
-    ]);
-    let target: Target = [
-        ("a", place(Role::Server, 0, 2)),
-        ("b", place(Role::Worker, 2, 0)),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_string(), v))
-    .collect();
+    let (alone, target) = role_trade();
     let plan = Plan::between(&alone, &target).unwrap();
     let mut c = alone.clone();
     for (i, p) in plan.ops.iter().enumerate() {
@@ -435,17 +441,7 @@ fn a_trade_beside_a_steady_worker_never_gives_a_worker_the_model() {
 #[test]
 fn direct_role_trade_relaxes_an_edge_instead_of_cycling() {
     // a and b trade roles and all their blocks: the strict rules would form a cycle.
-    let current = config(&[
-        ("a", Role::Worker, &[0, 1], &[]),
-        ("b", Role::Server, &[], &[0, 1]),
-    ]);
-    let target: Target = [
-        ("a", place(Role::Server, 0, 2)),
-        ("b", place(Role::Worker, 2, 0)),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_string(), v))
-    .collect();
+    let (current, target) = role_trade();
     let plan = Plan::between(&current, &target).unwrap();
     assert!(!plan.relaxed.is_empty());
     plan.validate().unwrap();

@@ -613,29 +613,33 @@ mod tests {
         assert!((-100.0f32).exp().is_subnormal());
     }
 
-    /// The x86-64 SSE status register's underflow flag (MXCSR bit 4), which
-    /// stays set once an operation has raised it.
+    /// The x86-64 SSE status and control register (MXCSR).
     #[cfg(target_arch = "x86_64")]
-    fn underflow_flag() -> bool {
+    fn mxcsr() -> u32 {
         let mut csr: u32 = 0;
         // SAFETY: `stmxcsr` stores the 32-bit MXCSR register at the given
         // address, a live, aligned `u32`; it changes no other state.
         unsafe {
             std::arch::asm!("stmxcsr [{}]", in(reg) &mut csr, options(nostack, preserves_flags));
         }
-        csr & (1 << 4) != 0
+        csr
     }
 
-    /// Clears the x86-64 SSE status register's exception flags.
+    /// MXCSR's underflow flag (bit 4), which stays set once an operation
+    /// has raised it.
+    #[cfg(target_arch = "x86_64")]
+    fn underflow_flag() -> bool {
+        mxcsr() & (1 << 4) != 0
+    }
+
+    /// Clears MXCSR's six sticky exception flags (bits 0-5); rounding and
+    /// masks are unchanged.
     #[cfg(target_arch = "x86_64")]
     fn clear_fp_flags() {
-        let mut csr: u32 = 0;
-        // SAFETY: reads MXCSR into a live `u32`, then loads it back with
-        // only the six sticky exception flags (bits 0-5) cleared: rounding
-        // and masks are unchanged.
+        let csr = mxcsr() & !0x3f;
+        // SAFETY: `ldmxcsr` loads MXCSR from a live, aligned `u32` that
+        // differs from its current value only in the exception flags.
         unsafe {
-            std::arch::asm!("stmxcsr [{}]", in(reg) &mut csr, options(nostack, preserves_flags));
-            csr &= !0x3f;
             std::arch::asm!("ldmxcsr [{}]", in(reg) &csr, options(nostack, preserves_flags));
         }
     }

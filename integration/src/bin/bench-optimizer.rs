@@ -31,7 +31,8 @@
 //!
 //! The figure is reached epoch time / the best grid epoch time (the lower
 //! of the grid's and the steady grid's), measured in the same invocation.
-//! Target (issue #3): ≤ 1.03 in every case (Cruise reported up to 1.065). The optimizer may also pick other containers for
+//! Target (issue #3): ≤ 1.03 in every case (Cruise reported up to 1.065).
+//! The optimizer may also pick other containers for
 //! each role than either grid order, and partition unevenly, so it can beat
 //! the grid.
 //!
@@ -225,6 +226,12 @@ fn run(
 fn grid_epoch(r: &Run) -> f64 {
     let mut v: Vec<f64> = r.epochs.iter().skip(1).map(|e| e.0).collect();
     median(&mut v)
+}
+
+/// A grid entry's cluster order (0: listed, 1: reversed) and workers; the
+/// grid holds the `N - 1` splits of the listed order, then the reversed.
+fn grid_split(i: usize) -> (usize, u32) {
+    (i / (N as usize - 1), (i % (N as usize - 1)) as u32 + 1)
 }
 
 /// The median time of a run's last `n` epochs (at least 2, first left out).
@@ -437,19 +444,18 @@ fn bench(s: &Settings, a: &Args) -> anyhow::Result<()> {
         let mut steady: Vec<Vec<f64>> = vec![Vec::new(); steady_splits.len()];
         for _ in 0..a.reps {
             for (k, &i) in steady_splits.iter().enumerate() {
-                let w = (i % (N as usize - 1)) as u32 + 1;
-                let cluster = &orders[i / (N as usize - 1)];
-                let r = run(s, cluster, case, &input, w, false, case.opt_epochs)?;
+                let (order, w) = grid_split(i);
+                let r = run(s, &orders[order], case, &input, w, false, case.opt_epochs)?;
                 steady[k].push(last_epochs(&r, window));
             }
         }
         let steady: Vec<f64> = steady.into_iter().map(|mut v| median(&mut v)).collect();
         let label = |i: usize| {
-            let w = (i % (N as usize - 1)) as u64 + 1;
+            let (order, w) = grid_split(i);
             format!(
                 "{} ({})",
-                split(w, u64::from(N) - w),
-                if i < N as usize - 1 {
+                split(u64::from(w), u64::from(N - w)),
+                if order == 0 {
                     "listed order"
                 } else {
                     "reversed"

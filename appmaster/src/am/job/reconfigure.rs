@@ -360,10 +360,6 @@ fn reload_or_move(
     }
 }
 
-fn kind_name(op: &Operation) -> &'static str {
-    op.kind().name()
-}
-
 impl Driver {
     /// The evaluators that are part of the job now (registered, not gone).
     fn members(&self) -> impl Iterator<Item = EvaluatorId> + '_ {
@@ -828,7 +824,7 @@ impl Driver {
                             let kind = if report.reloaded {
                                 "reload input"
                             } else {
-                                kind_name(op)
+                                op.kind().name()
                             };
                             record
                                 .op_secs
