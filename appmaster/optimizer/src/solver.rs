@@ -6,7 +6,7 @@
 //! * [`solve_for_roles`] — given roles, the best whole-block partitioning. A fast
 //!   heuristic first: model blocks go to servers greedily in proportion to their
 //!   capacity (the inverse of the largest server-bound cost of a block on it over the
-//!   workers, `(M'/b_j + M·p_j)/L`, which minimises the largest server-bound term),
+//!   workers, `max(M'/b_j, M·p_j)/L`, which minimises the largest server-bound term),
 //!   then single-block moves between servers while they lower the epoch time. Then an
 //!   exact branch and bound over the model split (module `split`), pruned by lower
 //!   bounds on each worker's communication. Input blocks always go to workers by an
@@ -125,7 +125,7 @@ pub fn solve_homogeneous(
             let s = servers.min(l_total);
             let l = l_total.div_ceil(s) as f64;
             let server_bound = w as f64 * l / l_total as f64
-                * (link_bytes * per_byte + m_bytes * u.server_secs_per_byte);
+                * (link_bytes * per_byte).max(m_bytes * u.server_secs_per_byte);
             let worker_bound = link_bytes * per_byte;
             let comp =
                 u.compute_secs_per_record * records + nb * s as f64 * u.request_secs_per_server;
@@ -337,7 +337,7 @@ pub fn solve_heterogeneous_with(
         return exhaustive(model, &search, &current);
     }
     let serve_cost: Vec<f64> = (0..n)
-        .map(|i| 1.0 / model.bandwidth(i) + model.server_secs_per_byte(i))
+        .map(|i| (1.0 / model.bandwidth(i)).max(model.server_secs_per_byte(i)))
         .collect();
     // Seconds per record a container would need as a worker talking to an equal peer.
     let job = model.job();

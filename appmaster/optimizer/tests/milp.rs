@@ -8,7 +8,7 @@
 //! min T
 //! r_i + s_i ≤ 1,  Σ r_i = W,  Σ_t z_it = r_i,  Σ_i Σ_t t·z_it = K
 //! l_j ≤ L·s_j,  l_j ≤ L·a_j,  a_j ≤ s_j,  Σ l_j = L     (binary a_j: j holds blocks)
-//! g_i ≥ W·(l_j/L)·(M'/b_j + M·p_j)             for all j   (server-bound)
+//! g_i ≥ W·(l_j/L)·max(M'/b_j, M·p_j)           for all j   (server-bound)
 //! g_i ≥ M'·Σ_j (l_j/L)/b_i                                (worker-bound)
 //! with n_t = ⌈D·t/(K·B)⌉, C_it = c_i·D·t/K + n_t·q_i·Σ_j a_j and
 //! Q_it = n_t·(g_i + λ), for all t:
@@ -73,7 +73,7 @@ fn milp_for_w(inst: &Inst, w: usize) -> Option<f64> {
         let mut gmax = 0.0f64;
         let mut own_max = 0.0;
         for j in 0..n {
-            let a = inst.ml * inv_s(i, j) + inst.m * inst.p[j];
+            let a = (inst.ml * inv_s(i, j)).max(inst.m * inst.p[j]);
             let coef = w as f64 * a / l;
             model = model.with(constraint!(g[i] >= coef * lj[j]));
             own += (inst.ml * inv_w(i, j) / l) * lj[j];

@@ -48,7 +48,7 @@ pub(super) struct Fixed {
     /// Fewest model blocks a server must hold.
     lmin: u32,
     /// `a[x·s + y]`: server-bound seconds per mini-batch that one model block on server
-    /// `y` costs worker `x`: `w·(M'/b_y + M·p_y) / L` (`b_xy` for `b_y` where that
+    /// `y` costs worker `x`: `w·max(M'/b_y, M·p_y) / L` (`b_xy` for `b_y` where that
     /// link was measured and is slower).
     a: Vec<f64>,
     /// `1 / a`, same layout.

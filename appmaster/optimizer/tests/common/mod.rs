@@ -142,7 +142,7 @@ impl Inst {
                     continue;
                 }
                 let share = ll[j] as f64 / self.l as f64;
-                sb = sb.max(w * share * (self.ml / self.link_s(i, j) + self.m * self.p[j]));
+                sb = sb.max(w * share * (self.ml / self.link_s(i, j)).max(self.m * self.p[j]));
                 wb += share * self.ml / self.link_w(i, j);
             }
             let recs = self.d as f64 * kk[i] as f64 / self.k as f64;
