@@ -476,6 +476,15 @@ pub struct PlanArgs {
     /// from the snapshot; 0.05 for a snapshot without it).
     #[arg(long, value_name = "FRACTION")]
     pub min_gain: Option<f64>,
+    /// Instead of planning: predict every split of this container order
+    /// (comma-separated ids of the snapshot, e.g. `e3,e1,e2`): the first W
+    /// work, the rest serve, blocks dealt as at a job's start. Compare
+    /// with measured runs to check the cost model.
+    #[arg(long, value_name = "IDS", conflicts_with_all = ["containers", "min_gain"])]
+    pub splits: Option<String>,
+    /// With `--splits`: print JSON.
+    #[arg(long, requires = "splits")]
+    pub json: bool,
 }
 
 /// `cruise config`.

@@ -283,7 +283,15 @@ fn main() -> ExitCode {
             }
         }
         Command::Plan(args) => {
-            match cruise_appmaster::whatif::report(&args.snapshot, args.containers, args.min_gain) {
+            let result = match &args.splits {
+                Some(order) => {
+                    cruise_appmaster::whatif::splits_report(&args.snapshot, order, args.json)
+                }
+                None => {
+                    cruise_appmaster::whatif::report(&args.snapshot, args.containers, args.min_gain)
+                }
+            };
+            match result {
                 Ok(text) => {
                     print!("{text}");
                     ExitCode::SUCCESS

@@ -2,6 +2,12 @@
 //! tool. Reads the snapshot a job writes (`optimizer.snapshot_file`), prints
 //! the predicted epoch time of every (workers, servers) split and the plan
 //! the optimizer would run from the snapshot's configuration.
+//!
+//! `cruise plan SNAPSHOT.json --splits e3,e1,e2,…` instead predicts every
+//! split of that container order as a job started with it would run it
+//! ([`predict_splits`]): the first `W` containers work, the rest serve, and
+//! the blocks are dealt as the AM deals them at the start. This is how the
+//! model's fidelity is checked against measured runs (`bench-fidelity`).
 
 use std::collections::BTreeSet;
 use std::fmt::Write;
@@ -57,6 +63,175 @@ pub fn configuration_of(s: &Snapshot) -> Configuration {
         );
     }
     c
+}
+
+/// The predicted epoch of one split of a container order.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct SplitPrediction {
+    /// Workers: the first of the order.
+    pub workers: usize,
+    /// Servers: the rest.
+    pub servers: usize,
+    /// Predicted epoch seconds.
+    pub epoch_secs: f64,
+    /// The slowest worker's computation and communication seconds per epoch.
+    pub comp_secs: f64,
+    /// See `comp_secs`.
+    pub comm_secs: f64,
+    /// What limits the epoch (the cost model's bottleneck).
+    pub bottleneck: String,
+}
+
+/// Block counts as the AM deals them when a job starts with `w` workers
+/// and `s` servers: input block `b` of `ni` to worker `b·w / ni` (contiguous
+/// runs), model block `b` to server `b mod s` (round-robin).
+pub fn initial_counts(ni: u32, nm: u32, w: usize, s: usize) -> (Vec<u32>, Vec<u32>) {
+    let mut input = vec![0u32; w];
+    for b in 0..ni as usize {
+        input[b * w / ni as usize] += 1;
+    }
+    let mut model = vec![0u32; s];
+    for b in 0..nm as usize {
+        model[b % s] += 1;
+    }
+    (input, model)
+}
+
+/// Predicts, from one snapshot, the epoch time of every split of `order`
+/// (container ids of the snapshot, each once, at least two): `W` from 1
+/// to `n - 1` first containers work, the others serve, with the blocks
+/// dealt as [`initial_counts`]. Containers of the snapshot not in `order`
+/// stay idle.
+pub fn predict_splits(
+    snap: &Snapshot,
+    order: &[String],
+) -> Result<Vec<SplitPrediction>, cruise_optimizer::OptimizerError> {
+    use cruise_optimizer::{OptimizerError, Placement, Target};
+    let model = CostModel::including_reclaimed(snap)?;
+    let mut seen = BTreeSet::new();
+    for id in order {
+        if !seen.insert(id.as_str()) {
+            return Err(OptimizerError::DuplicateContainer(id.clone()));
+        }
+    }
+    if order.len() < 2 {
+        return Err(OptimizerError::InvalidInput {
+            field: "--splits".into(),
+            reason: "needs at least two containers".into(),
+        });
+    }
+    let n = order.len();
+    let mut out = Vec::with_capacity(n - 1);
+    for w in 1..n {
+        let (input, blocks) =
+            initial_counts(snap.job.input_blocks, snap.job.model_blocks, w, n - w);
+        let mut target = Target::new();
+        for (k, id) in order.iter().enumerate() {
+            let p = if k < w {
+                Placement {
+                    role: Role::Worker,
+                    input_blocks: input[k],
+                    model_blocks: 0,
+                }
+            } else {
+                Placement {
+                    role: Role::Server,
+                    input_blocks: 0,
+                    model_blocks: blocks[k - w],
+                }
+            };
+            target.insert(id.clone(), p);
+        }
+        let b = model.evaluate(&target)?;
+        let slowest = b
+            .workers
+            .iter()
+            .max_by(|x, y| x.total_secs.total_cmp(&y.total_secs));
+        out.push(SplitPrediction {
+            workers: w,
+            servers: n - w,
+            // An asynchronous job's epoch ends when the workers together
+            // have processed the data set, whoever is slowest.
+            epoch_secs: if snap.job.asynchronous {
+                b.throughput_epoch_secs
+            } else {
+                b.epoch_secs
+            },
+            comp_secs: slowest.map_or(0.0, |x| x.comp_secs),
+            comm_secs: slowest.map_or(0.0, |x| x.comm_secs),
+            bottleneck: match &b.bottleneck {
+                cruise_optimizer::Bottleneck::Compute { worker } => format!("compute of {worker}"),
+                cruise_optimizer::Bottleneck::Communication { worker, bound } => match bound {
+                    cruise_optimizer::CommBound::Worker => format!("link of worker {worker}"),
+                    cruise_optimizer::CommBound::Server { container } => {
+                        format!("server {container} (for worker {worker})")
+                    }
+                },
+            },
+        });
+    }
+    Ok(out)
+}
+
+/// `cruise plan SNAPSHOT --splits ORDER [--json]`: [`predict_splits`] as a
+/// table, or as JSON (`{"order": [...], "splits": [...]}`).
+pub fn splits_report(path: &Path, order: &str, json: bool) -> Result<String, WhatIfError> {
+    let p = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|source| WhatIfError::Read {
+        path: p.clone(),
+        source,
+    })?;
+    let snap = Snapshot::from_json(&text).map_err(|e| WhatIfError::Snapshot {
+        path: p.clone(),
+        message: e.to_string(),
+    })?;
+    let order: Vec<String> = order
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_string)
+        .collect();
+    let splits = predict_splits(&snap, &order).map_err(|e| WhatIfError::Snapshot {
+        path: p.clone(),
+        message: format!("--splits {}: {e}", order.join(",")),
+    })?;
+    if json {
+        let v = serde_json::json!({ "order": order, "splits": splits });
+        return Ok(format!("{v}\n"));
+    }
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "predicted epoch time per split of {} (first W work, the rest serve; blocks dealt as at a job's start):",
+        order.join(",")
+    );
+    let _ = writeln!(
+        out,
+        "  {:>7} {:>7} {:>10} {:>10} {:>10}  bottleneck",
+        "workers", "servers", "epoch s", "compute s", "comm s"
+    );
+    let best = splits
+        .iter()
+        .map(|s| s.epoch_secs)
+        .fold(f64::INFINITY, f64::min);
+    for s in &splits {
+        let _ = writeln!(
+            out,
+            "  {:>7} {:>7} {:>10.4} {:>10.4} {:>10.4}  {}{}",
+            s.workers,
+            s.servers,
+            s.epoch_secs,
+            s.comp_secs,
+            s.comm_secs,
+            s.bottleneck,
+            if s.epoch_secs == best {
+                "  <- best"
+            } else {
+                ""
+            }
+        );
+    }
+    Ok(out)
 }
 
 /// Resizes a snapshot to `n` containers: idle containers like the average
@@ -380,6 +555,41 @@ mod tests {
         std::fs::write(&p, with_policy.replace("0.002", "-1")).unwrap();
         let e = report(&p, None, None).unwrap_err().to_string();
         assert!(e.contains("policy.op_costs[0].per_op"), "{e}");
+    }
+
+    #[test]
+    fn blocks_are_dealt_as_at_a_jobs_start() {
+        // 8 input blocks on 3 workers: b·3/8 = 0,0,0,1,1,1,2,2.
+        assert_eq!(initial_counts(8, 5, 3, 2), (vec![3, 3, 2], vec![3, 2]));
+        assert_eq!(initial_counts(4, 4, 1, 4), (vec![4], vec![1, 1, 1, 1]));
+    }
+
+    // Every split of e1..e4 from SNAP: compute 2e-5 s/record on every
+    // container (the measured one's, same speed), 1000 batches per epoch.
+    // 1W+3S: compute 2 s; 80 KB per batch over 1 GB/s links, server-bound
+    // 1·(3/8)·80e3/1e9 = 3e-5 s vs the worker's own 8e-5 s → comm 0.08 s;
+    // serial: 2.08 s. 3W+1S: compute 2·3/8 = 0.75 s on the first worker
+    // (3 blocks, 375 batches), the one server carries 3·80e3/1e9 = 2.4e-4
+    // s a batch → comm 0.09 s: 0.84 s.
+    #[test]
+    fn every_split_of_an_order_is_predicted() {
+        let snap = Snapshot::from_json(SNAP).unwrap();
+        let order: Vec<String> = ["e1", "e2", "e3", "e4"].map(String::from).to_vec();
+        let s = predict_splits(&snap, &order).unwrap();
+        assert_eq!(s.len(), 3);
+        assert!((s[0].epoch_secs - 2.08).abs() < 1e-9, "{s:?}");
+        assert!((s[2].epoch_secs - 0.84).abs() < 1e-9, "{s:?}");
+        // e1 and e2 hold 3 blocks each and tie.
+        assert!(s[2].bottleneck.starts_with("compute of e"), "{s:?}");
+        let e = predict_splits(&snap, &["e1".into(), "e9".into()]).unwrap_err();
+        assert!(e.to_string().contains("e9"), "{e}");
+        let e = predict_splits(&snap, &["e1".into(), "e1".into()]).unwrap_err();
+        assert!(e.to_string().contains("e1"), "{e}");
+        let dir = tempfile::tempdir().unwrap();
+        let j = splits_report(&write(dir.path()), "e4,e3,e2,e1", true).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&j).unwrap();
+        assert_eq!(v["splits"].as_array().unwrap().len(), 3);
+        assert_eq!(v["order"][0], "e4");
     }
 
     #[test]

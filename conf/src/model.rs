@@ -362,6 +362,12 @@ impl RuntimeConfig {
 pub struct OptimizerConfig {
     /// Whether the job measures itself and reconfigures.
     pub enabled: bool,
+    /// Measure, probe and decide as usual (snapshots, decisions in the log
+    /// and the status), but carry out no plan the optimizer merely prefers:
+    /// only those forced by reclaimed capacity. For watching what the
+    /// optimizer would do, and for measuring a fixed configuration with
+    /// the optimizer's own instruments (`bench-fidelity`).
+    pub advise_only: bool,
     /// How often the optimizer looks at the metrics, milliseconds.
     pub interval_ms: u64,
     /// Least predicted relative gain in epoch time worth a reconfiguration.
@@ -426,6 +432,7 @@ impl Default for OptimizerConfig {
     fn default() -> Self {
         OptimizerConfig {
             enabled: true,
+            advise_only: false,
             interval_ms: 2_000,
             min_gain: 0.05,
             min_mini_batches: 5,
