@@ -567,9 +567,8 @@ async fn handle(
             })
             .await?;
             let (dp, tx, st, fail) = (job.dp.clone(), to_am.clone(), stop.clone(), fail.clone());
-            let period = Duration::from_millis(job.config.channel.heartbeat_interval_ms);
             let handle = tracker.spawn(async move {
-                if let Err(e) = ps::run_server(dp, tx, st, period).await {
+                if let Err(e) = ps::run_server(dp, tx, st, ps::SERVER_REPORT_PERIOD).await {
                     let _ = fail.send(format!("server: {e}")).await;
                 }
             });

@@ -146,6 +146,10 @@ struct Inner {
     ever_seen: Mutex<HashSet<EvaluatorId>>,
     conns: Mutex<HashMap<EvaluatorId, Arc<OutConn>>>,
     counters: ServeCounters,
+    /// CPU nanoseconds of the outbound request connections' tasks: what
+    /// this evaluator's requests cost it besides building them (framing,
+    /// writing, reading and decoding the answers).
+    request_cpu_ns: Arc<AtomicU64>,
     /// Outbound requests in flight, in issue order (all connections).
     inflight: Arc<Inflight>,
     faults: Faults,
@@ -194,6 +198,7 @@ impl DataPlane {
                 ever_seen: Mutex::new(HashSet::new()),
                 conns: Mutex::new(HashMap::new()),
                 counters: ServeCounters::default(),
+                request_cpu_ns: Arc::new(AtomicU64::new(0)),
                 inflight: Arc::new(Inflight::default()),
                 faults,
                 bulk_faults: Faults::default(),
@@ -231,6 +236,17 @@ impl DataPlane {
     /// The store this data plane serves.
     pub fn store(&self) -> &Store {
         &self.inner.store
+    }
+
+    /// The framing options of this data plane's connections.
+    pub fn frame_options(&self) -> crate::protocol::FrameOptions {
+        self.inner.settings.frames
+    }
+
+    /// CPU seconds this evaluator's outbound request connections have
+    /// taken so far (their tasks' polls, on the runtime's thread).
+    pub fn request_cpu_secs(&self) -> f64 {
+        self.inner.request_cpu_ns.load(Ordering::Relaxed) as f64 * 1e-9
     }
 
     /// Totals of requests served so far.
@@ -304,9 +320,11 @@ impl DataPlane {
         conns.insert(peer, Arc::clone(&c));
         let this = self.clone();
         let conn = Arc::clone(&c);
-        self.inner
-            .tasks
-            .spawn(async move { this.run_outbound(conn, rx).await });
+        let cpu = Arc::clone(&self.inner.request_cpu_ns);
+        self.inner.tasks.spawn(crate::os::CpuTimed::new(
+            async move { this.run_outbound(conn, rx).await },
+            cpu,
+        ));
         c
     }
 

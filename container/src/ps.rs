@@ -333,27 +333,31 @@ fn apply_own_pushes(
     }
 }
 
-/// CPU seconds used so far by the process and by the calling thread.
+/// CPU seconds used so far by the calling thread (the worker's loop) and by
+/// the evaluator's outbound request connections ([`DataPlane::request_cpu_secs`]).
 #[derive(Debug, Clone, Copy)]
 struct CpuMark {
-    process: f64,
     thread: f64,
+    requests: f64,
 }
 
 impl CpuMark {
-    fn now() -> CpuMark {
+    fn now(requests: f64) -> CpuMark {
         CpuMark {
-            process: crate::os::process_cpu_secs(),
             thread: crate::os::thread_cpu_secs(),
+            requests,
         }
     }
 }
 
 /// Completes a mini-batch's report at its end, on the worker's loop thread:
 /// its wall time since the previous one ended (`since`), its own time
-/// ([`own_secs`]) and the part of that spent off the loop thread
-/// ([`io_secs`]). Returns this end, where the next mini-batch starts, so
-/// that the mini-batches tile the loop's time.
+/// ([`own_secs`]) and the part of that spent on its requests off the loop
+/// thread ([`io_secs`]); `requests` is [`DataPlane::request_cpu_secs`] now
+/// and `codec_per_byte` what encoding and decoding take per byte of values
+/// ([`codec_cpu_per_byte`]).
+/// Returns this end, where the next mini-batch starts, so that the
+/// mini-batches tile the loop's time.
 ///
 /// The CPU clocks are read before the wall clock: reading a CPU clock
 /// settles the scheduler's accounting, and a container out of CPU quota is
@@ -363,18 +367,26 @@ impl CpuMark {
 /// features, B = 1000) the mini-batches of a local epoch summed to 0.04-0.11
 /// s of its 0.11 s, and the cost model, priced by them, predicted 0.08 s
 /// epochs that took 0.11-0.12 s.
-fn finish(r: &mut MiniBatchReport, since: BatchMark) -> BatchMark {
-    let end = BatchMark::now();
+fn finish(
+    r: &mut MiniBatchReport,
+    since: BatchMark,
+    requests: f64,
+    codec_per_byte: f64,
+) -> BatchMark {
+    let end = BatchMark::now(requests);
     r.batch_secs = end.wall.duration_since(since.wall).as_secs_f64();
-    let cpu = end.cpu.process - since.cpu.process;
+    let loop_cpu = end.cpu.thread - since.cpu.thread;
+    let request_cpu = (end.cpu.requests - since.cpu.requests).max(0.0);
     let wall_per_cpu = crate::os::wall_per_cpu();
-    r.own_secs = own_secs(r.batch_secs, r.wait_secs, r.comp_secs, cpu, wall_per_cpu);
-    r.io_secs = io_secs(
-        r.own_secs,
-        cpu,
-        end.cpu.thread - since.cpu.thread,
+    r.own_secs = own_secs(
+        r.batch_secs,
+        r.wait_secs,
+        r.comp_secs,
+        loop_cpu + request_cpu,
         wall_per_cpu,
     );
+    let codec = codec_per_byte * (r.pull_bytes + r.push_bytes) as f64;
+    r.io_secs = io_secs(r.own_secs, request_cpu - codec, wall_per_cpu);
     end
 }
 
@@ -387,8 +399,8 @@ struct BatchMark {
 }
 
 impl BatchMark {
-    fn now() -> BatchMark {
-        let cpu = CpuMark::now();
+    fn now(requests: f64) -> BatchMark {
+        let cpu = CpuMark::now(requests);
         BatchMark {
             cpu,
             wall: Instant::now(),
@@ -396,26 +408,104 @@ impl BatchMark {
     }
 }
 
-/// The part of a mini-batch's own time (`own`) spent off the worker's loop
-/// thread: the process's CPU (`cpu`) minus the loop thread's
-/// (`loop_cpu`), at `wall_per_cpu`, within `[0, own]`. That is the
-/// evaluator's runtime thread framing, sending and receiving the
-/// mini-batch's requests and their answers, so it grows with the servers
-/// the mini-batch talks to. On `bench-optimizer`'s emulated cluster (a
-/// 0.3-CPU worker, MLR with a 40 KB model, B = 100) that thread used 40 µs
-/// of CPU per mini-batch with one server and 170 µs with six, while the
-/// loop thread went from 63 to 114 µs: pricing the whole own time per
-/// record made a worker with six servers look 1.5× slower per record than
-/// the same worker with two.
-pub fn io_secs(own: f64, cpu: f64, loop_cpu: f64, wall_per_cpu: f64) -> f64 {
-    ((cpu - loop_cpu).max(0.0) * wall_per_cpu).min(own.max(0.0))
+/// The part of a mini-batch's own time (`own`) spent on its requests off
+/// the worker's loop thread that grows with the servers it talks to: the
+/// CPU its outbound request connections took beyond encoding and decoding
+/// the values (`request_cpu`: writing, reading, waking, completing; a pull
+/// and a push per server), at `wall_per_cpu`, within `[0, own]`. The values'
+/// part is as large whoever holds them, and stays in the own time (the
+/// cost model prices it per record).
+///
+/// Only those connections' CPU: the evaluator's other work off the loop
+/// (heartbeats, reports, timers) goes on per second whatever the
+/// mini-batch talks to, and counted per mini-batch it grows with the time
+/// a worker waits. On a generated cluster (MLR 1,000 features, 0.4-CPU
+/// workers, wall seconds at the quota) the process's CPU off the loop
+/// thread was 330 µs a mini-batch beside 7 servers and 400 µs beside 1
+/// slow one that starved the workers: priced per server from the
+/// one-server split, a 1W+7S split was predicted at 0.58 s for 0.20 s
+/// measured. The request connections alone took 150 µs beside 1 server
+/// and 300-340 µs beside 6 or 7: about 130 µs for the values whatever the
+/// servers, and 30 µs per server.
+pub fn io_secs(own: f64, request_cpu: f64, wall_per_cpu: f64) -> f64 {
+    (request_cpu.max(0.0) * wall_per_cpu).min(own.max(0.0))
+}
+
+/// CPU seconds per byte of values that a worker's request connections
+/// spend encoding its pushes and decoding the answers to its pulls, with
+/// the connections' framing options (postcard, and lz4 where they say).
+/// Measured on this thread with a push and an answer of 64 KiB of values
+/// (10 per key, as MLR's classes; random, as model values are), encoded
+/// and decoded until a few milliseconds of CPU have passed.
+pub fn codec_cpu_per_byte(opts: crate::protocol::FrameOptions) -> f64 {
+    use tokio_util::codec::{Decoder, Encoder};
+    const KEYS: usize = 1638;
+    const LEN: usize = 10;
+    let mut x = 0x2545_f491_u32;
+    let data: Vec<f32> = (0..KEYS * LEN)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            (x as f32 / u32::MAX as f32) - 0.5
+        })
+        .collect();
+    let values = ValueBatch {
+        lens: vec![LEN as u32; KEYS],
+        data,
+    };
+    let bytes = values.byte_len() as f64;
+    let keys: Vec<crate::protocol::Key> = (0..KEYS as u64).map(|k| k * 7919).collect();
+    let push = crate::protocol::ToOwner::Request {
+        id: 1,
+        req: crate::protocol::PeerRequest::Update {
+            table: MODEL_TABLE,
+            keys,
+            deltas: values.clone(),
+        },
+    };
+    let answer = crate::protocol::ToClient::Response {
+        id: 1,
+        result: Ok(crate::protocol::PeerResponse::Values(values)),
+    };
+    let mut client = crate::protocol::FrameCodec::<
+        crate::protocol::ToOwner,
+        crate::protocol::ToClient,
+    >::new(opts);
+    let mut server = crate::protocol::FrameCodec::<
+        crate::protocol::ToClient,
+        crate::protocol::ToOwner,
+    >::new(opts);
+    let mut wire = bytes::BytesMut::new();
+    if server.encode(answer, &mut wire).is_err() {
+        return 0.0;
+    }
+    let frame = wire.freeze();
+    let (mut cpu, mut done) = (0.0, 0.0);
+    for _ in 0..200 {
+        let t0 = crate::os::thread_cpu_secs();
+        let mut out = bytes::BytesMut::new();
+        let encoded = client.encode(push.clone(), &mut out).is_ok();
+        let mut src = bytes::BytesMut::from(&frame[..]);
+        let decoded = matches!(client.decode(&mut src), Ok(Some(_)));
+        cpu += crate::os::thread_cpu_secs() - t0;
+        if !(encoded && decoded) {
+            return 0.0;
+        }
+        done += 2.0 * bytes;
+        if cpu > 0.003 {
+            break;
+        }
+    }
+    if done > 0.0 { cpu.max(0.0) / done } else { 0.0 }
 }
 
 /// A worker's own seconds in a mini-batch of `batch` wall seconds: what
 /// the mini-batch costs it once it runs flat out, the work it cannot hand
-/// to the network or the servers. That is the CPU time its process spent
-/// on it (`cpu`: computing, building requests, framing, applying its own
-/// pushes, reporting) at the wall seconds a CPU second takes here
+/// to the network or the servers. That is the CPU time spent on it (`cpu`:
+/// the loop thread's, computing, building requests, applying its own
+/// pushes, and its request connections', framing and decoding) at the wall
+/// seconds a CPU second takes here
 /// (`wall_per_cpu`: 1 on a free core, `1 / quota` under a CPU quota, where
 /// every thread of the process draws on the quota). It lies between the
 /// loop's own wall time outside its waits (`batch - wait`, at least the
@@ -689,6 +779,7 @@ async fn worker_loop(mut ctx: WorkerContext) -> Result<(), PsError> {
     let model = ctx.app.model();
     let mut reporter = Reporter::new(ctx.to_am.clone());
     let mut key_cache = KeyCache::default();
+    let codec_per_byte = codec_cpu_per_byte(ctx.dp.frame_options());
     'epochs: loop {
         let depth = pipeline_depth(ctx.pipeline_depth, store.owner_count(INPUT_TABLE));
         if let Some(s) = ctx.task.staleness {
@@ -736,7 +827,8 @@ async fn worker_loop(mut ctx: WorkerContext) -> Result<(), PsError> {
                 _ = tokio::time::sleep(Duration::from_millis(20)) => continue 'epochs,
             }
         }
-        let mut last = BatchMark::now();
+        let mut last = BatchMark::now(ctx.dp.request_cpu_secs());
+        let codec = codec_per_byte;
         while let Some(cur) = ahead.pop_front() {
             if ctx.stop.is_cancelled() {
                 break 'epochs;
@@ -820,7 +912,7 @@ async fn worker_loop(mut ctx: WorkerContext) -> Result<(), PsError> {
                 timed_pushes: u32::from(deltas.is_empty()),
             };
             if deltas.is_empty() {
-                last = finish(&mut report, last);
+                last = finish(&mut report, last, ctx.dp.request_cpu_secs(), codec);
                 reporter.add(report);
                 refill(&mut ahead, &mut cursor, depth.max(1), pushed);
             } else {
@@ -849,13 +941,13 @@ async fn worker_loop(mut ctx: WorkerContext) -> Result<(), PsError> {
                         recent.pop_front();
                     }
                     let mut p = push;
-                    last = finish(&mut p.report, last);
+                    last = finish(&mut p.report, last, ctx.dp.request_cpu_secs(), codec);
                     pushes.push_back(p);
                 } else {
                     let t = Instant::now();
                     let mut r = complete_push(push).await?;
                     r.wait_secs += t.elapsed().as_secs_f64();
-                    last = finish(&mut r, last);
+                    last = finish(&mut r, last, ctx.dp.request_cpu_secs(), codec);
                     reporter.add(r);
                     refill(&mut ahead, &mut cursor, 1, pushed);
                 }
@@ -997,6 +1089,11 @@ pub async fn dump_model(
     Ok(sent)
 }
 
+/// How often a server reports what serving costs it: often enough that the
+/// optimizer's first look, a few dozen mini-batches into training, has a
+/// figure from every server (workers report every 20 ms).
+pub const SERVER_REPORT_PERIOD: Duration = Duration::from_millis(100);
+
 /// Runs the server task: reports serving metrics every `period` until `stop`.
 pub async fn run_server(
     dp: DataPlane,
@@ -1006,6 +1103,7 @@ pub async fn run_server(
 ) -> Result<(), PsError> {
     let mut last = dp.serve_totals();
     let mut last_t = Instant::now();
+    let mut last_cpu = crate::os::process_cpu_secs();
     let mut tick = tokio::time::interval(period);
     tick.tick().await;
     loop {
@@ -1015,14 +1113,16 @@ pub async fn run_server(
         }
         let now = dp.serve_totals();
         let t = Instant::now();
+        let cpu = crate::os::process_cpu_secs();
         let report = ServerReport {
+            own_secs: (cpu - last_cpu).max(0.0) * crate::os::wall_per_cpu(),
             period_secs: (t - last_t).as_secs_f64(),
             requests: now.requests - last.requests,
             busy_secs: now.busy_secs - last.busy_secs,
             bytes_in: now.bytes_in - last.bytes_in,
             bytes_out: now.bytes_out - last.bytes_out,
         };
-        (last, last_t) = (now, t);
+        (last, last_t, last_cpu) = (now, t, cpu);
         if report.requests > 0 {
             to_am
                 .send(EvalToAm::ServerReport(report))
@@ -1063,17 +1163,26 @@ mod tests {
         close(own_secs(4.0, 2.5, 1.0, 0.0, 1.0), 1.5);
     }
 
-    /// The off-loop part of the own time is the process's CPU beyond the
-    /// loop thread's, at its share, and never more than the own time.
+    /// The off-loop part of the own time is the request connections' CPU
+    /// at its share, and never more than the own time.
     #[test]
-    fn io_time_is_the_cpu_off_the_loop_thread() {
+    fn io_time_is_the_request_connections_cpu() {
         let close = |a: f64, b: f64| assert!((a - b).abs() < 1e-12, "{a} != {b}");
-        // 0.3 CPU-s of the process, 0.2 of them on the loop: 0.1 at 4 wall/CPU.
-        close(io_secs(3.0, 0.3, 0.2, 4.0), 0.4);
+        // 0.1 CPU-s on the request connections at 4 wall/CPU.
+        close(io_secs(3.0, 0.1, 4.0), 0.4);
         // Capped by the own time.
-        close(io_secs(0.2, 0.3, 0.2, 4.0), 0.2);
-        // Clocks that disagree (the loop thread read more) give 0, not less.
-        close(io_secs(3.0, 0.2, 0.25, 1.0), 0.0);
+        close(io_secs(0.2, 0.1, 4.0), 0.2);
+        // A counter read out of order gives 0, not less.
+        close(io_secs(3.0, -0.05, 1.0), 0.0);
+    }
+
+    /// Encoding and decoding values costs some CPU per byte, far less
+    /// than a microsecond (it runs at hundreds of MB/s or more).
+    #[test]
+    fn codec_cost_per_byte_is_measured() {
+        let opts = crate::protocol::FrameOptions::data(&cruise_conf::ChannelConfig::default());
+        let per_byte = codec_cpu_per_byte(opts);
+        assert!(per_byte > 0.0 && per_byte < 1e-6, "{per_byte}");
     }
 
     #[test]
@@ -1089,13 +1198,13 @@ mod tests {
     /// to the span of the loop, with nothing left between them.
     #[test]
     fn mini_batches_tile_the_loops_time() {
-        let start = BatchMark::now();
+        let start = BatchMark::now(0.0);
         let mut mark = start;
         let mut sum = 0.0;
         for _ in 0..3 {
             std::thread::sleep(Duration::from_millis(2));
             let mut r = MiniBatchReport::default();
-            mark = finish(&mut r, mark);
+            mark = finish(&mut r, mark, 0.0, 0.0);
             assert!(r.batch_secs >= 0.002, "{}", r.batch_secs);
             sum += r.batch_secs;
         }

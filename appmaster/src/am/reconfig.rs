@@ -61,22 +61,6 @@ pub struct EvalFacts {
     pub reclaimed: bool,
 }
 
-/// How much more a request costs a worker's runtime thread beside other
-/// workers (at the configured pipeline depth) than alone (at
-/// [`cruise_container::ps::LONE_WORKER_DEPTH`]). The optimizer compares a
-/// lone worker's split with splits of two workers or more, so its measured
-/// per-server cost is scaled by this. Measured on `bench-optimizer`'s
-/// emulated cluster, per server per mini-batch: MLR 100 features, 5 µs
-/// alone (8 deep) against 11-14 µs for workers 2 deep; MLR 1000 features,
-/// 46 µs alone beside 7 servers against 75 µs beside 6 (2 workers, 2
-/// deep), where fewer servers alone would have lowered it. Whether the
-/// depth (more answers per wake-up) or the other workers (contention)
-/// makes the difference is not separated; the lower figure is taken.
-/// Unscaled, a job started at 1 worker went to 2W+6S in 1 of 3 runs of
-/// the medium case and to 6W+2S in 1 of 3 of the small one, for the
-/// grid's 6W+2S and 7W+1S.
-pub const LONE_WORKER_REQUEST_FACTOR: f64 = 1.6;
-
 /// Job-level facts for the snapshot.
 #[derive(Debug, Clone, Copy)]
 pub struct JobFacts {
@@ -105,9 +89,6 @@ pub struct JobFacts {
     /// waiting (`job.pipeline_depth`, deeper for a lone worker); 0 for
     /// workers that pull, compute and push one after the other.
     pub pipeline_depth: u32,
-    /// The same for a worker with others beside it (`job.pipeline_depth`
-    /// as configured): the depth of every split with two workers or more.
-    pub shared_depth: u32,
     /// Workers are not held together by clocks (`job.sync = "async"`).
     pub asynchronous: bool,
 }
@@ -205,18 +186,14 @@ pub fn build_snapshot(
     // every mini-batch, whoever serves. The part on its loop thread (key
     // lists, applying its own pushes, routing) is priced as part of its
     // seconds per record (the mini-batch size is fixed, so per record and
-    // per mini-batch are the same up to a block's last one). The part off
-    // it, the runtime thread framing, sending and receiving the requests,
-    // grows with the servers it talks to: it is priced per server, from
-    // the servers of the running configuration.
+    // per mini-batch are the same up to a block's last one), and so is
+    // the part of its request connections' CPU that encodes and decodes
+    // the values (as large whoever holds them). The rest of those
+    // connections' CPU (`io`: writing, reading, waking, a pull and a push
+    // per server) grows with the servers it talks to: it is priced per
+    // server, from the servers of the running configuration. A lone
+    // worker, 8 deep, measured the same per server as workers 2 deep.
     let servers_now = evals.iter().filter(|e| !e.model.is_empty()).count();
-    // A lone worker, deeper than the splits it is compared with, pays less
-    // per request (see LONE_WORKER_REQUEST_FACTOR).
-    let lone = if job.pipeline_depth > job.shared_depth {
-        LONE_WORKER_REQUEST_FACTOR
-    } else {
-        1.0
-    };
     // Per worker that trained: (seconds per record, seconds per server).
     let (raw, raw_requests): (Vec<Option<f64>>, Vec<Option<f64>>) = evals
         .iter()
@@ -236,7 +213,7 @@ pub fn build_snapshot(
             };
             let per_server = io
                 .filter(|_| servers_now > 0)
-                .map(|io| io / servers_now as f64 * lone);
+                .map(|io| io / servers_now as f64);
             (Some(per_record * own), per_server)
         })
         .unzip();
@@ -563,7 +540,6 @@ mod tests {
             noise_tolerance: 0.25,
             bandwidth_noise_tolerance: 1.0,
             pipeline_depth: 0,
-            shared_depth: 0,
             asynchronous: false,
         }
     }
@@ -743,7 +719,6 @@ mod tests {
             noise_tolerance: 0.25,
             bandwidth_noise_tolerance: 1.0,
             pipeline_depth,
-            shared_depth: pipeline_depth,
             asynchronous: false,
         }
     }
@@ -803,34 +778,35 @@ mod tests {
         assert!((job.serial_fraction - 1.0).abs() < 1e-9, "{job:?}");
     }
 
-    /// A lone worker's per-server request cost is scaled up for the splits
-    /// of several workers it is compared with; with others beside it, it
-    /// is taken as measured.
+    /// A worker's request cost off its loop is divided among the servers
+    /// holding blocks, however deep it pulls.
     #[test]
-    fn a_lone_workers_request_cost_is_priced_for_company() {
-        let evals = vec![test_worker(1, 0), test_server(2)];
-        let per_server = |depth: u32, shared: u32| {
+    fn request_cost_is_priced_per_server_of_the_running_split() {
+        let per_server = |depth: u32, servers: u32| {
+            let mut evals = vec![test_worker(1, 0), test_server(2)];
+            evals.extend((1..servers).map(|k| EvalFacts {
+                model: BTreeSet::new(),
+                ..test_server(2 + k)
+            }));
+            // The model's one block on the first server; the others hold
+            // none and are not asked.
             let mut m = Metrics::new(8, 0);
             m.bulk(1, 2, 100 << 20, (100 << 20) as f64 / 1e9);
             for _ in 0..8 {
                 let mut r = ten_mini_batches(0.0015, 0.007);
-                // 5 ms of own time a mini-batch, 1 ms of it off the loop.
+                // 5 ms of own time a mini-batch, 1 ms of it for the requests.
                 r.own_secs = 0.05;
                 r.io_secs = 0.01;
                 m.mini_batch(1, &r, &[]);
             }
-            let mut job = test_job(1, depth);
-            job.shared_depth = shared;
-            build_snapshot(job, &evals, &m).0.containers[0]
+            build_snapshot(test_job(1, depth), &evals, &m).0.containers[0]
                 .request_secs_per_server
                 .unwrap()
         };
-        // One server: the io of a mini-batch is its cost per server.
         let close = |a: f64, b: f64| assert!((a - b).abs() < 1e-9, "{a} != {b}");
-        close(per_server(2, 2), 0.001);
-        close(per_server(8, 2), 0.001 * LONE_WORKER_REQUEST_FACTOR);
-        // Configured as deep as a lone worker runs: nothing to scale.
-        close(per_server(8, 8), 0.001);
+        close(per_server(2, 1), 0.001);
+        close(per_server(8, 1), 0.001);
+        close(per_server(8, 3), 0.001);
     }
 
     /// A worker and a server with measured mini-batches: the snapshot's

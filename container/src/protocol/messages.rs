@@ -510,6 +510,13 @@ pub struct ServerReport {
     pub bytes_in: u64,
     /// Bytes sent in responses.
     pub bytes_out: u64,
+    /// The evaluator's CPU seconds over the period, all threads: a server
+    /// does nothing else, so this is what serving cost it (framing,
+    /// system calls and wake-ups as well as the values), and priced at
+    /// what a CPU second costs here in wall time (`os::wall_per_cpu`: `1 /
+    /// quota` under a CPU quota) it is the wall time serving takes at
+    /// this container's CPU share.
+    pub own_secs: f64,
 }
 
 // ---------------------------------------------------------------------------

@@ -543,6 +543,26 @@ impl Driver {
                 reclaimed: reclaimed.contains(&id),
             })
             .collect();
+        // A server that has not reported what serving costs it would be
+        // priced at the others' cost per unit of CPU speed, or at nothing
+        // when none has: wait for it (forced plans do not).
+        if reclaim == 0
+            && let Some(e) = evals.iter().find(|e| {
+                !e.model.is_empty()
+                    && self
+                        .rc
+                        .metrics
+                        .get(e.id)
+                        .is_none_or(|m| m.server_secs_per_byte.is_empty())
+            })
+        {
+            let text = format!(
+                "waiting: server {} has not reported what serving costs it yet",
+                crate::am::reconfig::name_of(e.id)
+            );
+            self.note_decision(text);
+            return;
+        }
         let done = self.records_done as f64 / self.records_per_epoch.max(1) as f64;
         let held = members.len() as u32 + self.rc.adds.len() as u32;
         let facts = JobFacts {
@@ -575,7 +595,6 @@ impl Driver {
                     .filter(|e| e.role == Role::Worker && !e.input.is_empty())
                     .count(),
             ) as u32,
-            shared_depth: self.config.job.in_flight(),
             asynchronous: self.config.job.sync == cruise_conf::SyncMode::Async,
         };
         let (mut snapshot, current) = build_snapshot(facts, &evals, &self.rc.metrics);
@@ -626,6 +645,16 @@ impl Driver {
                     return;
                 }
                 self.rc.proposed = None;
+                if !p.forced && self.config.optimizer.advise_only {
+                    self.note_decision(format!(
+                        "would reconfigure to {} (optimizer.advise_only): predicted epoch {:.3} s → {:.3} s ({:.1}% gain)",
+                        split_text(tw, ts),
+                        p.current_epoch_secs,
+                        p.predicted_epoch_secs,
+                        p.gain * 100.0
+                    ));
+                    return;
+                }
                 let (bi, bm) = p.plan.blocks_moved();
                 let summary = format!(
                     "{} → {}: predicted epoch {:.3} s → {:.3} s ({:.1}% gain{}), {} ({} input and {} model blocks moved), predicted cost {:.1} s",
