@@ -11,12 +11,16 @@
 //!   [`await_status`] for the AM's status endpoint, [`mlr_data`];
 //! - [`fake_am`]: a scriptable fake AM that drives one real evaluator process
 //!   over the real control protocol;
-//! - [`bench`]: the shared pieces of the benchmarks;
+//! - [`bench`]: the shared pieces of the benchmarks; [`optbench`]: those of
+//!   the optimizer's (cases, one `cruise run` on an emulated cluster);
+//!   [`clusters`]: emulated clusters drawn by a seeded generator;
 //! - [`pid_alive`], [`free_port`] and [`FreezingProxy`] (a TCP proxy whose
 //!   open connections can be stalled, to starve a client of heartbeats).
 
 pub mod bench;
+pub mod clusters;
 pub mod fake_am;
+pub mod optbench;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

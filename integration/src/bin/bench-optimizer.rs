@@ -1,5 +1,7 @@
 //! Benchmark: the optimizer's choice against a grid search, on an emulated
-//! cluster of 8 unequal containers (issue #3).
+//! cluster of unequal containers (issue #3): by default 8, two fast and six
+//! slow; `--cluster` takes any spec and `--generated SEED/INDEX` one of the
+//! clusters `bench-fidelity` draws (issue #16).
 //!
 //! The cluster is the local runtime's `[emulation]`: each container gets its
 //! own CPU share and link bandwidth, by network namespaces, `tc` and cgroups
@@ -7,14 +9,14 @@
 //! the output says which). For MLR at three compute/communication ratios
 //! (model sizes), real `cruise run` processes (release build):
 //!
-//! 1. **grid**: every split `W + S = 8` with the optimizer off
+//! 1. **grid**: every split `W + S = n` with the optimizer off
 //!    (`--set optimizer.enabled=false`), each twice:
 //!    with the cluster in its start order (its fast containers first, so
 //!    they work) and reversed (they serve), since roles are dealt in start
 //!    order; data and model are partitioned evenly. A run's epoch time is
 //!    the median of its epochs after the first (warm-up), and with
 //!    `--reps R` (default 3) the median over the repetitions;
-//! 2. **optimizer**: started at 1 worker + 7 servers and at 7 + 1 with the
+//! 2. **optimizer**: started at 1 worker + n-1 servers and at n-1 + 1 with the
 //!    optimizer on; the configuration it reaches is measured by the epochs
 //!    that started after its last reconfiguration ended (the first of them
 //!    is skipped when there are three or more). A run with fewer than two
@@ -46,20 +48,20 @@
 //!     [--set KEY=VALUE ...]
 //! ```
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Instant;
 
 use anyhow::{Context, bail};
-use serde_json::Value;
 
-use cruise_integration::bench::{Row, cruise_release_binary, machine_note, median, print_table};
+use cruise_integration::bench::{Row, machine_note, median, print_table};
+use cruise_integration::clusters;
+use cruise_integration::optbench::{
+    CASES, NNZ, Run, RunSpec, Settings, datagen, grid_epoch, last_epochs, path, reached, reversed,
+    run, split,
+};
 
 /// The emulated cluster: 2 fast containers, then 6 at half their CPU and a
 /// quarter of their bandwidth (start order; the grid's workers come first).
 const CLUSTER: &str = "2*0.3/400mbit, 6*0.15/100mbit";
-/// Containers.
-const N: u32 = 8;
 /// The target ratio.
 const TARGET: f64 = 1.03;
 /// A CPU share sum above this fraction of the cores makes containers contend.
@@ -67,249 +69,30 @@ const CPU_HEADROOM: f64 = 0.9;
 /// The grid's best splits measured again in steady state.
 const STEADY_SPLITS: usize = 2;
 
-/// One compute/communication ratio: the bytes a mini-batch exchanges grow
-/// with the features its records touch, its compute with its records.
-struct Case {
-    name: &'static str,
-    what: &'static str,
-    features: u32,
-    classes: u32,
-    samples: u64,
-    mini_batch: u32,
-    grid_epochs: u32,
-    opt_epochs: u32,
-}
-
-/// Each case must train long enough for a plan to pay: the optimizer
-/// looks every 500 ms and a plan takes about a second, so a job of a few
-/// seconds rightly stays where it started. The small case had 100k
-/// samples until 2026-11-25, when faster workers had cut its best epoch to
-/// 30 ms and its whole training to 2 s: its 7W+1S start then stayed put
-/// (predicted gain 73%, 2.4 epochs left) and measured 1.45-1.63x the
-/// grid's best. 400k samples and 40 epochs keep its compute/communication
-/// ratio (epoch times scale with the samples) and give a plan time to pay.
-const CASES: [Case; 3] = [
-    Case {
-        name: "small",
-        what: "small model, compute-bound",
-        features: 100,
-        classes: 10,
-        samples: 400_000,
-        mini_batch: 1_000,
-        grid_epochs: 4,
-        opt_epochs: 40,
-    },
-    Case {
-        name: "medium",
-        what: "medium model",
-        features: 1_000,
-        classes: 10,
-        samples: 20_000,
-        mini_batch: 100,
-        grid_epochs: 5,
-        opt_epochs: 24,
-    },
-    Case {
-        name: "large",
-        what: "large model, communication-bound",
-        features: 10_000,
-        classes: 10,
-        samples: 10_000,
-        mini_batch: 100,
-        grid_epochs: 4,
-        opt_epochs: 14,
-    },
-];
-
-/// Non-zero features per record.
-const NNZ: u32 = 40;
-
-struct Settings {
-    cruise: PathBuf,
-    mechanism: String,
-    work: PathBuf,
-    /// Extra `--set KEY=VALUE` for every run.
-    sets: Vec<String>,
-}
-
-/// A cluster spec with its items in reverse start order.
-fn reversed(cluster: &str) -> String {
-    let mut items: Vec<&str> = cluster.split(',').map(str::trim).collect();
-    items.reverse();
-    items.join(", ")
-}
-
-/// One `cruise run`'s summary.
-struct Run {
-    /// `(secs, end_secs, workers, servers)` per epoch.
-    epochs: Vec<(f64, f64, u64, u64)>,
-    /// `(at_secs, summary)` per reconfiguration.
-    plans: Vec<(f64, String)>,
-    emulation: String,
-}
-
-#[allow(clippy::too_many_arguments)]
-fn run(
-    s: &Settings,
-    cluster: &str,
-    case: &Case,
-    input: &Path,
-    workers: u32,
-    optimizer: bool,
-    epochs: u32,
-) -> anyhow::Result<Run> {
-    let mut cmd = Command::new(&s.cruise);
-    cmd.args(["run", "--json", "--quiet", "--input"])
-        .arg(input)
-        .args(["-n", &N.to_string(), "-w", &workers.to_string()])
-        .args(["-e", &epochs.to_string()])
-        .args(["-b", &case.mini_batch.to_string()])
-        .arg("--work-dir")
-        .arg(&s.work);
-    for set in [
-        format!("mlr.features={}", case.features),
-        format!("mlr.classes={}", case.classes),
-        format!("emulation.containers={cluster}"),
-        format!("emulation.mechanism={}", s.mechanism),
-        format!("optimizer.enabled={optimizer}"),
-        "optimizer.interval_ms=500".to_string(),
-    ]
-    .iter()
-    .chain(&s.sets)
-    {
-        cmd.args(["--set", set]);
-    }
-    let out = cmd.output().context("running cruise run")?;
-    if !out.status.success() {
-        bail!(
-            "cruise run -w {workers} (optimizer {optimizer}) failed ({}):\n{}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    let v: Value =
-        serde_json::from_slice(&out.stdout).context("cruise run did not print its summary")?;
-    let epochs = v["epochs"]
-        .as_array()
-        .context("no epochs")?
-        .iter()
-        .map(|e| {
-            (
-                e["secs"].as_f64().unwrap_or(f64::NAN),
-                e["end_secs"].as_f64().unwrap_or(f64::NAN),
-                e["workers"].as_u64().unwrap_or(0),
-                e["servers"].as_u64().unwrap_or(0),
-            )
-        })
-        .collect();
-    let plans = v["reconfigurations"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .map(|p| {
-                    (
-                        p["at_secs"].as_f64().unwrap_or(f64::NAN),
-                        p["summary"].as_str().unwrap_or("").to_string(),
-                    )
-                })
-                .collect()
-        })
-        .unwrap_or_default();
-    Ok(Run {
-        epochs,
-        plans,
-        emulation: v["emulation"].as_str().unwrap_or("none").to_string(),
-    })
-}
-
-/// The median epoch time of a grid run, first epoch (warm-up) left out.
-fn grid_epoch(r: &Run) -> f64 {
-    let mut v: Vec<f64> = r.epochs.iter().skip(1).map(|e| e.0).collect();
-    median(&mut v)
-}
-
 /// A grid entry's cluster order (0: listed, 1: reversed) and workers; the
-/// grid holds the `N - 1` splits of the listed order, then the reversed.
-fn grid_split(i: usize) -> (usize, u32) {
-    (i / (N as usize - 1), (i % (N as usize - 1)) as u32 + 1)
-}
-
-/// The median time of a run's last `n` epochs (at least 2, first left out).
-fn last_epochs(r: &Run, n: usize) -> f64 {
-    let skip = r.epochs.len().saturating_sub(n.max(2)).max(1);
-    let mut v: Vec<f64> = r.epochs.iter().skip(skip).map(|e| e.0).collect();
-    median(&mut v)
-}
-
-/// What an optimizer run reached: its last split and the median epoch time
-/// after its last reconfiguration (`None` when fewer than two epochs ran
-/// wholly after it).
-fn reached(r: &Run) -> ((u64, u64), Option<f64>, usize) {
-    let last = r.epochs.last().map_or((0, 0), |e| (e.2, e.3));
-    let settled = r.plans.iter().map(|p| p.0).fold(0.0, f64::max);
-    let after: Vec<f64> = r
-        .epochs
-        .iter()
-        .skip(1)
-        .filter(|e| e.1 - e.0 >= settled)
-        .map(|e| e.0)
-        .collect();
-    let mut v = if after.len() >= 3 {
-        after[1..].to_vec()
-    } else {
-        after
-    };
-    let n = v.len();
-    ((last.0, last.1), (n >= 2).then(|| median(&mut v)), n)
-}
-
-fn split(w: u64, s: u64) -> String {
-    format!("{w}W+{s}S")
-}
-
-/// The path a run took: `1W+7S → 2W+6S → 4W+4S`.
-fn path(r: &Run, start: u32) -> String {
-    let mut out = split(u64::from(start), u64::from(N - start));
-    let mut last = (u64::from(start), u64::from(N - start));
-    for e in &r.epochs {
-        if (e.2, e.3) != last {
-            last = (e.2, e.3);
-            out.push_str(&format!(" → {}", split(e.2, e.3)));
-        }
-    }
-    out
-}
-
-fn datagen(s: &Settings, case: &Case) -> anyhow::Result<PathBuf> {
-    let file = s.work.join(format!("{}.libsvm", case.name));
-    let st = Command::new(&s.cruise)
-        .args(["datagen", "mlr", "--samples", &case.samples.to_string()])
-        .args(["--features", &case.features.to_string()])
-        .args(["--classes", &case.classes.to_string()])
-        .args(["--nnz", &NNZ.to_string(), "--out"])
-        .arg(&file)
-        .status()
-        .context("running cruise datagen")?;
-    if !st.success() {
-        bail!("cruise datagen failed ({st})");
-    }
-    Ok(file)
+/// grid holds the `n - 1` splits of the listed order, then the reversed.
+fn grid_split(i: usize, n: u32) -> (usize, u32) {
+    (i / (n as usize - 1), (i % (n as usize - 1)) as u32 + 1)
 }
 
 /// What `--help` prints.
 const USAGE: &str = "\
-Usage: bench-optimizer [--reps R] [--cases small,medium,large] [--cluster SPEC]
+Usage: bench-optimizer [--reps R] [--cases small,medium,large]
+                       [--cluster SPEC | --generated SEED/INDEX]
                        [--mechanism auto|kernel|process] [--set KEY=VALUE ...]
 
 The optimizer's choice against a grid search of every worker/server split
-on an emulated cluster of 8 unequal containers (MLR at three model sizes).
+on an emulated cluster of unequal containers (MLR at three model sizes).
 Prints the reached epoch time / the grid's best, per case and start.
-About 5 minutes per repetition on 2 cores.
+About 5 minutes per repetition of the default 8 containers on 2 cores.
 
   --reps R          repetitions; medians are printed (default 3)
   --cases LIST      which cases to run (default small,medium,large)
   --cluster SPEC    the containers, as in [emulation] containers
-                    (default \"2*0.3/400mbit, 6*0.15/100mbit\")
+                    (default \"2*0.3/400mbit, 6*0.15/100mbit\"); the
+                    containers are as many as the spec lists
+  --generated S/I   cluster I of seed S of the generator bench-fidelity
+                    draws from (its spec is printed)
   --mechanism M     kernel (namespaces, tc, cgroups; needs root), process
                     (throttling inside the evaluators) or auto (default)
   --set KEY=VALUE   a configuration override passed to every `cruise run`
@@ -346,6 +129,18 @@ fn args() -> anyhow::Result<Args> {
             }
             "--cases" => a.cases = value()?.split(',').map(str::to_string).collect(),
             "--cluster" => a.cluster = value()?,
+            "--generated" => {
+                let (seed, index) = clusters::parse_label(&value()?)?;
+                let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+                let c = clusters::generate(seed, index, cores);
+                println!(
+                    "Generated cluster {} ({}): {}",
+                    c.label(),
+                    c.correlation.name(),
+                    c.spec()
+                );
+                a.cluster = c.spec();
+            }
             "--mechanism" => a.mechanism = value()?,
             "--set" => a.sets.push(value()?),
             other => bail!("unknown argument {other:?}\n\n{USAGE}"),
@@ -357,30 +152,28 @@ fn args() -> anyhow::Result<Args> {
 fn main() -> anyhow::Result<()> {
     let a = args()?;
     let started = Instant::now();
-    let cruise = cruise_release_binary()?;
-    let work = std::env::temp_dir().join(format!("cruise-bench-optimizer-{}", std::process::id()));
-    std::fs::create_dir_all(&work)?;
-    let s = Settings {
-        cruise,
-        mechanism: a.mechanism.clone(),
-        work: work.clone(),
-        sets: a.sets.clone(),
-    };
+    let s = Settings::new("bench-optimizer", &a.mechanism, &a.sets)?;
+    let work = s.work.clone();
     let emu = cruise_conf::EmulationConfig {
         containers: a.cluster.clone(),
         ..cruise_conf::EmulationConfig::default()
     };
     let shapes = emu.parsed()?;
-    let cpu: f64 = (0..N as usize)
-        .map(|k| shapes[k % shapes.len()].cpu.unwrap_or(f64::INFINITY))
-        .sum();
+    let n = shapes.len() as u32;
+    if n < 2 {
+        bail!(
+            "--cluster {:?} lists {n} containers; a job needs 2 or more",
+            a.cluster
+        );
+    }
+    let cpu: f64 = shapes.iter().map(|s| s.cpu.unwrap_or(f64::INFINITY)).sum();
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
     println!(
         "## Optimizer quality on an emulated cluster ({})",
         machine_note()
     );
     println!(
-        "\nCluster: {N} containers `{}` in listed order (grid also reversed: `{}`); CPU shares sum to {cpu:.2} of {cores} cores{}",
+        "\nCluster: {n} containers `{}` in listed order (grid also reversed: `{}`); CPU shares sum to {cpu:.2} of {cores} cores{}",
         a.cluster,
         reversed(&a.cluster),
         if cpu > CPU_HEADROOM * cores {
@@ -389,7 +182,7 @@ fn main() -> anyhow::Result<()> {
             ""
         }
     );
-    let result = bench(&s, &a);
+    let result = bench(&s, &a, n);
     let _ = std::fs::remove_dir_all(&work);
     result?;
     println!(
@@ -399,7 +192,7 @@ fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-fn bench(s: &Settings, a: &Args) -> anyhow::Result<()> {
+fn bench(s: &Settings, a: &Args, n: u32) -> anyhow::Result<()> {
     let mut rows = Vec::new();
     let mut mechanism: Option<String> = None;
     for case in CASES.iter().filter(|c| a.cases.iter().any(|n| n == c.name)) {
@@ -407,18 +200,42 @@ fn bench(s: &Settings, a: &Args) -> anyhow::Result<()> {
         // Repetitions interleave the grid and the optimizer runs, so that a
         // change in the machine's load lands on both.
         let orders = [a.cluster.clone(), reversed(&a.cluster)];
-        let mut grid: Vec<Vec<f64>> = vec![Vec::new(); 2 * (N as usize - 1)];
+        let mut grid: Vec<Vec<f64>> = vec![Vec::new(); 2 * (n as usize - 1)];
         let mut opt: Vec<Vec<(Run, u32)>> = vec![Vec::new(), Vec::new()];
         for _ in 0..a.reps {
             for (o, cluster) in orders.iter().enumerate() {
-                for w in 1..N {
-                    let r = run(s, cluster, case, &input, w, false, case.grid_epochs)?;
+                for w in 1..n {
+                    let r = run(
+                        s,
+                        &RunSpec {
+                            cluster,
+                            n,
+                            case,
+                            input: &input,
+                            workers: w,
+                            optimizer: false,
+                            epochs: case.grid_epochs,
+                            sets: Vec::new(),
+                        },
+                    )?;
                     mechanism.get_or_insert_with(|| r.emulation.clone());
-                    grid[o * (N as usize - 1) + w as usize - 1].push(grid_epoch(&r));
+                    grid[o * (n as usize - 1) + w as usize - 1].push(grid_epoch(&r));
                 }
             }
-            for (x, start) in [1, N - 1].into_iter().enumerate() {
-                let r = run(s, &a.cluster, case, &input, start, true, case.opt_epochs)?;
+            for (x, start) in [1, n - 1].into_iter().enumerate() {
+                let r = run(
+                    s,
+                    &RunSpec {
+                        cluster: &a.cluster,
+                        n,
+                        case,
+                        input: &input,
+                        workers: start,
+                        optimizer: true,
+                        epochs: case.opt_epochs,
+                        sets: Vec::new(),
+                    },
+                )?;
                 opt[x].push((r, start));
             }
         }
@@ -444,17 +261,29 @@ fn bench(s: &Settings, a: &Args) -> anyhow::Result<()> {
         let mut steady: Vec<Vec<f64>> = vec![Vec::new(); steady_splits.len()];
         for _ in 0..a.reps {
             for (k, &i) in steady_splits.iter().enumerate() {
-                let (order, w) = grid_split(i);
-                let r = run(s, &orders[order], case, &input, w, false, case.opt_epochs)?;
+                let (order, w) = grid_split(i, n);
+                let r = run(
+                    s,
+                    &RunSpec {
+                        cluster: &orders[order],
+                        n,
+                        case,
+                        input: &input,
+                        workers: w,
+                        optimizer: false,
+                        epochs: case.opt_epochs,
+                        sets: Vec::new(),
+                    },
+                )?;
                 steady[k].push(last_epochs(&r, window));
             }
         }
         let steady: Vec<f64> = steady.into_iter().map(|mut v| median(&mut v)).collect();
         let label = |i: usize| {
-            let (order, w) = grid_split(i);
+            let (order, w) = grid_split(i, n);
             format!(
                 "{} ({})",
-                split(u64::from(w), u64::from(N - w)),
+                split(u64::from(w), u64::from(n - w)),
                 if order == 0 {
                     "listed order"
                 } else {
@@ -535,12 +364,12 @@ fn bench(s: &Settings, a: &Args) -> anyhow::Result<()> {
             let mut times = Vec::new();
             let mut splits = Vec::new();
             for (r, start) in runs {
-                let (end, t, n) = reached(r);
+                let (end, t, measured) = reached(r);
                 println!(
-                    "- {} from {}: {} ({} plans); reached {} measured over {n} epochs: {}",
+                    "- {} from {}: {} ({} plans); reached {} measured over {measured} epochs: {}",
                     case.name,
-                    split(u64::from(*start), u64::from(N - start)),
-                    path(r, *start),
+                    split(u64::from(*start), u64::from(n - start)),
+                    path(r, *start, n),
                     r.plans.len(),
                     split(end.0, end.1),
                     t.map_or("unsettled".to_string(), |t| format!("{t:.3} s"))
@@ -566,7 +395,7 @@ fn bench(s: &Settings, a: &Args) -> anyhow::Result<()> {
                 figure: format!(
                     "{}: from {} the optimizer reached {}",
                     case.name,
-                    split(u64::from(start), u64::from(N - start)),
+                    split(u64::from(start), u64::from(n - start)),
                     splits.join(" / ")
                 ),
                 value: if t.is_nan() {

@@ -1,0 +1,667 @@
+//! Benchmark: how right the cost model is on clusters it was never tuned
+//! on (issue #16), separately from whether the closed loop gets there.
+//!
+//! Clusters come from the seeded generator ([`cruise_integration::clusters`]:
+//! 4-8 containers in 2-3 tiers, CPU shares 0.05-0.5, links 25 Mbit/s-1
+//! Gbit/s, CPU and bandwidth correlated, anti-correlated or independent).
+//! For each cluster and MLR case (model size), real `cruise run` processes
+//! (release build) run the grid: every split `W + S = n`, in the cluster's
+//! listed order (fastest CPUs work) and reversed (they serve), each with
+//! the optimizer measuring and deciding but not acting
+//! (`optimizer.advise_only`), writing its snapshot. A run's measured epoch
+//! time is the median of its epochs after the first.
+//!
+//! Then, from each run's snapshot alone, `cruise plan SNAPSHOT --splits
+//! ORDER --json` predicts the epoch time of every grid configuration. Per
+//! source snapshot: the rank correlation (Spearman) of predicted and
+//! measured, the median absolute prediction error, and the **regret**: the
+//! measured time of the predicted best over the measured best. The sources
+//! that matter most are the closed loop's bad starts, `1W+(n-1)S` and
+//! `(n-1)W+1S` in listed order; the median over every source is printed too.
+//!
+//! Targets (issue #16): median regret ≤ 1.03×, worst ≤ 1.10×.
+//!
+//! ```text
+//! cargo run --release -p cruise-integration --bin bench-fidelity [-- --seed S]
+//!     [--clusters K] [--only I,J] [--cases all|small,medium,large]
+//!     [--mechanism auto|kernel|process] [--set KEY=VALUE ...]
+//! ```
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+use anyhow::{Context, bail};
+use serde_json::Value;
+
+use cruise_integration::bench::{Row, machine_note, median, print_table};
+use cruise_integration::clusters::{self, Cluster};
+use cruise_integration::optbench::{
+    CASES, Case, RunSpec, Settings, datagen, grid_epoch, reversed, run, split,
+};
+
+/// Targets for the regret of the predicted best.
+const MEDIAN_TARGET: f64 = 1.03;
+const WORST_TARGET: f64 = 1.10;
+
+const USAGE: &str = "\
+Usage: bench-fidelity [--seed S] [--clusters K] [--only I,J,...] [--cluster SPEC]
+                      [--cases all|small,medium,large] [--keep DIR | --replay DIR]
+                      [--mechanism auto|kernel|process] [--set KEY=VALUE ...]
+
+How right the optimizer's cost model is on generated clusters: the grid of
+every worker/server split is measured (optimizer advising, not acting), and
+each run's snapshot alone predicts every split (cruise plan --splits).
+Prints per configuration predicted vs measured, the rank correlation, the
+median prediction error and the regret of the predicted best.
+
+  --seed S          the generator's seed (default 1)
+  --clusters K      clusters 0..K-1 of that seed (default 10)
+  --only LIST       only these cluster indices (to rerun a row)
+  --cluster SPEC    instead, this one cluster, as in [emulation] containers
+                    (e.g. \"2*0.4/1gbit, 3*0.15/200mbit, 3*0.05/50mbit\")
+  --cases LIST      model sizes per cluster: by default one, in turn by
+                    index (every size meets every kind of cluster over 9);
+                    `all`, or a list such as small,large, for those on each
+  --mechanism M     kernel (namespaces, tc, cgroups; needs root), process
+                    or auto (default)
+  --set KEY=VALUE   a configuration override passed to every `cruise run`
+  --keep DIR        keep the snapshots and the measured grids in DIR
+  --replay DIR      run nothing: predict the grids kept in DIR again with
+                    this build's cruise plan (seconds; for model changes)
+
+About 2 minutes per cluster and case on 2 cores.
+";
+
+struct Args {
+    seed: u64,
+    clusters: u32,
+    only: Option<Vec<u32>>,
+    cluster: Option<String>,
+    keep: Option<PathBuf>,
+    replay: Option<PathBuf>,
+    cases: Option<Vec<String>>,
+    mechanism: String,
+    sets: Vec<String>,
+}
+
+fn args() -> anyhow::Result<Args> {
+    cruise_integration::bench::exit_on_help(USAGE);
+    let mut a = Args {
+        seed: 1,
+        clusters: 10,
+        only: None,
+        cluster: None,
+        keep: None,
+        replay: None,
+        cases: None,
+        mechanism: "auto".into(),
+        sets: Vec::new(),
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let mut value = || it.next().with_context(|| format!("{flag} needs a value"));
+        let number = |flag: &str, v: String| -> anyhow::Result<u64> {
+            v.trim()
+                .parse()
+                .with_context(|| format!("{flag} {v:?} is not a whole number"))
+        };
+        match flag.as_str() {
+            "--seed" => a.seed = number("--seed", value()?)?,
+            "--clusters" => a.clusters = number("--clusters", value()?)? as u32,
+            "--only" => {
+                a.only = Some(
+                    value()?
+                        .split(',')
+                        .map(|v| number("--only", v.to_string()).map(|x| x as u32))
+                        .collect::<anyhow::Result<_>>()?,
+                )
+            }
+            "--cases" => {
+                let v = value()?;
+                a.cases = Some(if v == "all" {
+                    CASES.iter().map(|c| c.name.to_string()).collect()
+                } else {
+                    v.split(',').map(str::to_string).collect()
+                });
+            }
+            "--cluster" => a.cluster = Some(value()?),
+            "--keep" => a.keep = Some(PathBuf::from(value()?)),
+            "--replay" => a.replay = Some(PathBuf::from(value()?)),
+            "--mechanism" => a.mechanism = value()?,
+            "--set" => a.sets.push(value()?),
+            other => bail!("unknown argument {other:?}\n\n{USAGE}"),
+        }
+    }
+    if let Some(cases) = &a.cases {
+        for c in cases {
+            cruise_integration::optbench::case(c)?;
+        }
+    }
+    Ok(a)
+}
+
+/// The case cluster `i` gets by default: every size meets every kind of
+/// cluster (the kind turns with `i mod 3`) once in nine.
+fn default_case(i: u32) -> &'static Case {
+    &CASES[((i + i / 3) % 3) as usize]
+}
+
+/// One grid run: its measured epoch time, its snapshot, and the
+/// optimizer's names of its containers by their index in the listed spec.
+struct GridRun {
+    measured: f64,
+    snapshot: Option<PathBuf>,
+    by_shape: Vec<String>,
+}
+
+/// The measured grid of one cluster and case: what `--keep` saves
+/// (`grid-*.json` beside the snapshots) and `--replay` predicts again.
+struct Grid {
+    /// The table's title (cluster, case, how to rerun it).
+    title: String,
+    /// The summary's name for it.
+    name: String,
+    n: u32,
+    runs: Vec<GridRun>,
+}
+
+impl Grid {
+    fn to_json(&self) -> Value {
+        serde_json::json!({
+            "title": self.title,
+            "name": self.name,
+            "n": self.n,
+            "runs": self.runs.iter().map(|r| serde_json::json!({
+                "measured": r.measured,
+                "snapshot": r.snapshot.as_ref().and_then(|p| p.file_name()).map(|f| f.to_string_lossy().into_owned()),
+                "by_shape": r.by_shape,
+            })).collect::<Vec<_>>(),
+        })
+    }
+
+    fn from_json(v: &Value, dir: &Path) -> anyhow::Result<Grid> {
+        let text = |k: &str| {
+            v[k].as_str()
+                .map(str::to_string)
+                .with_context(|| format!("no {k:?}"))
+        };
+        let runs = v["runs"]
+            .as_array()
+            .context("no \"runs\"")?
+            .iter()
+            .map(|r| {
+                Ok(GridRun {
+                    measured: r["measured"]
+                        .as_f64()
+                        .context("a run without \"measured\"")?,
+                    snapshot: r["snapshot"].as_str().map(|f| dir.join(f)),
+                    by_shape: r["by_shape"]
+                        .as_array()
+                        .context("a run without \"by_shape\"")?
+                        .iter()
+                        .filter_map(|x| x.as_str().map(str::to_string))
+                        .collect(),
+                })
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        Ok(Grid {
+            title: text("title")?,
+            name: text("name")?,
+            n: v["n"].as_u64().context("no \"n\"")? as u32,
+            runs,
+        })
+    }
+}
+
+/// What one source snapshot predicts for every grid configuration
+/// (listed order W = 1..n-1, then reversed).
+fn predict(cruise: &Path, snap: &Path, by_shape: &[String]) -> anyhow::Result<Vec<f64>> {
+    let mut out = Vec::new();
+    for order in 0..2 {
+        let ids: Vec<&str> = if order == 0 {
+            by_shape.iter().map(String::as_str).collect()
+        } else {
+            by_shape.iter().rev().map(String::as_str).collect()
+        };
+        let o = Command::new(cruise)
+            .arg("plan")
+            .arg(snap)
+            .args(["--splits", &ids.join(","), "--json"])
+            .output()
+            .context("running cruise plan")?;
+        if !o.status.success() {
+            bail!(
+                "cruise plan {} --splits {} failed: {}",
+                snap.display(),
+                ids.join(","),
+                String::from_utf8_lossy(&o.stderr)
+            );
+        }
+        let v: Value = serde_json::from_slice(&o.stdout).context("cruise plan --json")?;
+        for s in v["splits"].as_array().context("no splits")? {
+            out.push(s["epoch_secs"].as_f64().unwrap_or(f64::NAN));
+        }
+    }
+    Ok(out)
+}
+
+/// Ranks (1-based, ties averaged).
+fn ranks(v: &[f64]) -> Vec<f64> {
+    let mut idx: Vec<usize> = (0..v.len()).collect();
+    idx.sort_by(|&a, &b| v[a].total_cmp(&v[b]));
+    let mut r = vec![0.0; v.len()];
+    let mut i = 0;
+    while i < idx.len() {
+        let mut j = i;
+        while j + 1 < idx.len() && v[idx[j + 1]] == v[idx[i]] {
+            j += 1;
+        }
+        let avg = (i + j) as f64 / 2.0 + 1.0;
+        for &k in &idx[i..=j] {
+            r[k] = avg;
+        }
+        i = j + 1;
+    }
+    r
+}
+
+/// Spearman's rank correlation.
+fn spearman(a: &[f64], b: &[f64]) -> f64 {
+    let (ra, rb) = (ranks(a), ranks(b));
+    let n = ra.len() as f64;
+    let (ma, mb) = (ra.iter().sum::<f64>() / n, rb.iter().sum::<f64>() / n);
+    let cov: f64 = ra.iter().zip(&rb).map(|(x, y)| (x - ma) * (y - mb)).sum();
+    let va: f64 = ra.iter().map(|x| (x - ma).powi(2)).sum();
+    let vb: f64 = rb.iter().map(|y| (y - mb).powi(2)).sum();
+    cov / (va * vb).sqrt()
+}
+
+/// Fidelity of one source's predictions against the measured grid.
+#[derive(Clone, Copy)]
+struct Fidelity {
+    rho: f64,
+    regret: f64,
+    error: f64,
+    predicted_best: usize,
+}
+
+/// A named source of predictions and how good they were.
+type Source = (String, Fidelity);
+
+fn fidelity(predicted: &[f64], measured: &[f64]) -> Fidelity {
+    let argmin = |v: &[f64]| {
+        v.iter()
+            .enumerate()
+            .min_by(|x, y| x.1.total_cmp(y.1))
+            .map_or(0, |(i, _)| i)
+    };
+    let (pb, mb) = (argmin(predicted), argmin(measured));
+    let mut errors: Vec<f64> = predicted
+        .iter()
+        .zip(measured)
+        .map(|(p, m)| (p / m - 1.0).abs())
+        .collect();
+    Fidelity {
+        rho: spearman(predicted, measured),
+        regret: measured[pb] / measured[mb],
+        error: median(&mut errors),
+        predicted_best: pb,
+    }
+}
+
+fn main() -> anyhow::Result<()> {
+    let a = args()?;
+    let started = Instant::now();
+    let mut s = Settings::new("bench-fidelity", &a.mechanism, &a.sets)?;
+    let work = s.work.clone();
+    if let Some(dir) = &a.keep {
+        std::fs::create_dir_all(dir).with_context(|| format!("--keep {}", dir.display()))?;
+        s.work = dir.clone();
+    }
+    println!(
+        "## Cost-model fidelity on generated clusters ({})",
+        machine_note()
+    );
+    let result = bench(&s, &a);
+    let _ = std::fs::remove_dir_all(&work);
+    result?;
+    println!(
+        "\nTotal time {:.1} min.",
+        started.elapsed().as_secs_f64() / 60.0
+    );
+    Ok(())
+}
+
+fn bench(s: &Settings, a: &Args) -> anyhow::Result<()> {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+    let chosen: Vec<Cluster> = match (&a.cluster, &a.only) {
+        (Some(spec), _) => vec![clusters::from_spec(spec)?],
+        (None, Some(v)) => v
+            .iter()
+            .map(|&i| clusters::generate(a.seed, i, cores))
+            .collect(),
+        (None, None) => (0..a.clusters)
+            .map(|i| clusters::generate(a.seed, i, cores))
+            .collect(),
+    };
+    let mut grids = Vec::new();
+    let mut mechanism = None;
+    if let Some(dir) = &a.replay {
+        let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+            .with_context(|| format!("--replay {}", dir.display()))?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| {
+                p.file_name()
+                    .is_some_and(|f| f.to_string_lossy().starts_with("grid-"))
+            })
+            .collect();
+        files.sort();
+        if files.is_empty() {
+            bail!(
+                "--replay {}: no grid-*.json there (saved by --keep)",
+                dir.display()
+            );
+        }
+        for f in files {
+            let text =
+                std::fs::read_to_string(&f).with_context(|| format!("reading {}", f.display()))?;
+            let v: Value = serde_json::from_str(&text)
+                .with_context(|| format!("{} is not JSON", f.display()))?;
+            grids.push(Grid::from_json(&v, dir).with_context(|| format!("{}", f.display()))?);
+        }
+    }
+    for cluster in chosen.iter().filter(|_| a.replay.is_none()) {
+        let i = cluster.index;
+        let cases: Vec<&Case> = match &a.cases {
+            Some(names) => names
+                .iter()
+                .map(|n| cruise_integration::optbench::case(n))
+                .collect::<anyhow::Result<_>>()?,
+            None => vec![default_case(i)],
+        };
+        for case in cases {
+            let runs = measure(s, cluster, case, &mut mechanism)?;
+            let rerun = if cluster.correlation == clusters::Correlation::Given {
+                format!("--cluster \"{}\"", cluster.spec())
+            } else {
+                format!("--seed {} --only {i}", a.seed)
+            };
+            let grid = Grid {
+                title: format!(
+                    "cluster {} ({}, {} containers, CPU {:.2} of {cores} cores): `{}`; {} case (MLR {} features); rerun: bench-fidelity {rerun} --cases {}",
+                    cluster.label(),
+                    cluster.correlation.name(),
+                    cluster.size(),
+                    cluster.cpu_sum(),
+                    cluster.spec(),
+                    case.name,
+                    case.features,
+                    case.name
+                ),
+                name: format!(
+                    "{} {} {}",
+                    cluster.label(),
+                    cluster.correlation.name(),
+                    case.name
+                ),
+                n: cluster.size(),
+                runs,
+            };
+            if a.keep.is_some() {
+                let file = s.work.join(format!(
+                    "grid-{}-{}-{}.json",
+                    cluster.seed, cluster.index, case.name
+                ));
+                std::fs::write(&file, grid.to_json().to_string())
+                    .with_context(|| format!("writing {}", file.display()))?;
+            }
+            // Printed as it comes: a long run shows its progress.
+            let (rows, _) = evaluate(&s.cruise, &grid)?;
+            print_table(&grid.title, &rows);
+            grids.push(grid);
+        }
+    }
+    let mut summary = Vec::new();
+    let mut regrets = Vec::new();
+    let mut errors = Vec::new();
+    for grid in &grids {
+        let (rows, f) = evaluate(&s.cruise, grid)?;
+        if a.replay.is_some() {
+            print_table(&grid.title, &rows);
+        }
+        for (which, fid) in &f {
+            if which.starts_with("start") {
+                regrets.push(fid.regret);
+                errors.push(fid.error);
+            }
+        }
+        summary.extend(f.into_iter().map(|(which, fid)| Row {
+            figure: format!("{}: from the {which} snapshot", grid.name),
+            value: format!("ρ {:.2}, median error {:.0}%", fid.rho, fid.error * 100.0),
+            reference: "measured grid".into(),
+            ratio: Some(fid.regret),
+            target: format!("regret ≤ {WORST_TARGET:.2}×"),
+            pass: Some(fid.regret <= WORST_TARGET),
+        }));
+    }
+    println!(
+        "\nEmulation: {}",
+        mechanism.unwrap_or_else(|| if a.replay.is_some() {
+            "as recorded (replayed)".to_string()
+        } else {
+            "none".to_string()
+        })
+    );
+    print_table(
+        "Regret of the predicted best (measured time of the split the snapshot predicts best / the measured best)",
+        &summary,
+    );
+    let worst = regrets.iter().copied().fold(f64::NAN, f64::max);
+    let med = median(&mut regrets.clone());
+    print_table(
+        "Over every cluster, from the closed loop's two bad starts",
+        &[
+            Row {
+                figure: format!("median regret ({} snapshots)", regrets.len()),
+                value: format!("{med:.3}"),
+                reference: "measured grid".into(),
+                ratio: Some(med),
+                target: format!("≤ {MEDIAN_TARGET:.2}×"),
+                pass: Some(med <= MEDIAN_TARGET),
+            },
+            Row {
+                figure: "worst regret".into(),
+                value: format!("{worst:.3}"),
+                reference: "measured grid".into(),
+                ratio: Some(worst),
+                target: format!("≤ {WORST_TARGET:.2}×"),
+                pass: Some(worst <= WORST_TARGET),
+            },
+            Row {
+                figure: "median absolute prediction error per configuration".into(),
+                value: format!("{:.0}%", median(&mut errors) * 100.0),
+                reference: "measured grid".into(),
+                ratio: None,
+                target: "reported".into(),
+                pass: None,
+            },
+        ],
+    );
+    Ok(())
+}
+
+/// Runs the grid of one cluster and case.
+fn measure(
+    s: &Settings,
+    cluster: &Cluster,
+    case: &Case,
+    mechanism: &mut Option<String>,
+) -> anyhow::Result<Vec<GridRun>> {
+    let input = datagen(s, case)?;
+    let n = cluster.size();
+    let spec = cluster.spec();
+    let orders = [spec.clone(), reversed(&spec)];
+    let mut grid: Vec<GridRun> = Vec::new();
+    for (o, order) in orders.iter().enumerate() {
+        for w in 1..n {
+            let snap = s.work.join(format!(
+                "snap-{}-{}-{}-{o}-{w}.json",
+                cluster.seed, cluster.index, case.name
+            ));
+            let _ = std::fs::remove_file(&snap);
+            let r = run(
+                s,
+                &RunSpec {
+                    cluster: order,
+                    n,
+                    case,
+                    input: &input,
+                    workers: w,
+                    optimizer: true,
+                    epochs: case.grid_epochs,
+                    sets: vec![
+                        "optimizer.advise_only=true".into(),
+                        format!("optimizer.snapshot_file={}", snap.display()),
+                    ],
+                },
+            )?;
+            mechanism.get_or_insert_with(|| r.emulation.clone());
+            // Start position k of a reversed run holds listed shape n-1-k.
+            let mut by_shape = r.start_order.clone();
+            if o == 1 {
+                by_shape.reverse();
+            }
+            if by_shape.len() != n as usize {
+                bail!(
+                    "the run of {} on `{order}` reported {} evaluators, not {n}",
+                    split(u64::from(w), u64::from(n - w)),
+                    by_shape.len()
+                );
+            }
+            grid.push(GridRun {
+                measured: grid_epoch(&r),
+                snapshot: snap.exists().then_some(snap),
+                by_shape,
+            });
+        }
+    }
+    Ok(grid)
+}
+
+/// The fidelity of a measured grid's snapshots: the table's rows and
+/// `(source, fidelity)` for the two bad starts and the median over all
+/// sources.
+fn evaluate(cruise: &Path, g: &Grid) -> anyhow::Result<(Vec<Row>, Vec<Source>)> {
+    let (n, grid) = (g.n, &g.runs);
+    let measured: Vec<f64> = grid.iter().map(|g| g.measured).collect();
+    let label = |k: usize| {
+        let (o, w) = (k / (n as usize - 1), (k % (n as usize - 1)) as u32 + 1);
+        format!(
+            "{} ({})",
+            split(u64::from(w), u64::from(n - w)),
+            if o == 0 { "listed" } else { "reversed" }
+        )
+    };
+    let mut predictions: Vec<Option<Vec<f64>>> = Vec::new();
+    for g in grid {
+        predictions.push(match &g.snapshot {
+            Some(p) => Some(predict(cruise, p, &g.by_shape)?),
+            None => None,
+        });
+    }
+    let starts = [(0usize, "start 1W"), (n as usize - 2, "start (n-1)W")];
+    let mut rows = Vec::new();
+    let best = measured.iter().copied().fold(f64::INFINITY, f64::min);
+    for (k, m) in measured.iter().enumerate() {
+        let from = |src: usize| {
+            predictions[src]
+                .as_ref()
+                .map_or("—".to_string(), |p| format!("{:.3}", p[k]))
+        };
+        rows.push(Row {
+            figure: format!("grid {}", label(k)),
+            value: format!("{m:.3} s"),
+            reference: format!("best {best:.3} s"),
+            ratio: Some(m / best),
+            target: format!(
+                "predicted {} s from 1W, {} s from (n-1)W",
+                from(starts[0].0),
+                from(starts[1].0)
+            ),
+            pass: None,
+        });
+    }
+    let mut out = Vec::new();
+    let mut all = Vec::new();
+    for (src, p) in predictions.iter().enumerate() {
+        let Some(p) = p else { continue };
+        let f = fidelity(p, &measured);
+        all.push(f);
+        if let Some((_, name)) = starts.iter().find(|x| x.0 == src) {
+            rows.push(Row {
+                figure: format!("from the {name} snapshot ({})", label(src)),
+                value: format!(
+                    "ρ {:.2}, median error {:.0}%, predicted best {}",
+                    f.rho,
+                    f.error * 100.0,
+                    label(f.predicted_best)
+                ),
+                reference: "measured grid".into(),
+                ratio: Some(f.regret),
+                target: format!("regret ≤ {WORST_TARGET:.2}×"),
+                pass: Some(f.regret <= WORST_TARGET),
+            });
+            out.push((name.to_string(), f));
+        }
+    }
+    for (src, _) in starts {
+        if predictions[src].is_none() {
+            rows.push(Row {
+                figure: format!("from {}", label(src)),
+                value: "no snapshot (the job ended before the optimizer looked)".into(),
+                reference: "—".into(),
+                ratio: None,
+                target: "—".into(),
+                pass: Some(false),
+            });
+        }
+    }
+    if !all.is_empty() {
+        let med = |f: &dyn Fn(&Fidelity) -> f64| median(&mut all.iter().map(f).collect::<Vec<_>>());
+        let f = Fidelity {
+            rho: med(&|f| f.rho),
+            regret: med(&|f| f.regret),
+            error: med(&|f| f.error),
+            predicted_best: 0,
+        };
+        rows.push(Row {
+            figure: format!("median over all {} snapshots", all.len()),
+            value: format!("ρ {:.2}, median error {:.0}%", f.rho, f.error * 100.0),
+            reference: "measured grid".into(),
+            ratio: Some(f.regret),
+            target: "—".into(),
+            pass: None,
+        });
+        out.push(("median source".to_string(), f));
+    }
+    Ok((rows, out))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rank_correlation_and_regret_by_hand() {
+        assert!((spearman(&[1.0, 2.0, 3.0], &[10.0, 20.0, 30.0]) - 1.0).abs() < 1e-12);
+        assert!((spearman(&[1.0, 2.0, 3.0], &[3.0, 2.0, 1.0]) + 1.0).abs() < 1e-12);
+        assert_eq!(ranks(&[5.0, 1.0, 5.0]), vec![2.5, 1.0, 2.5]);
+        // The model picks the second (1.1 s measured), the best is 1.0 s.
+        let f = fidelity(&[2.0, 0.5, 1.0], &[1.0, 1.1, 1.2]);
+        assert_eq!(f.predicted_best, 1);
+        assert!((f.regret - 1.1).abs() < 1e-12);
+        // Errors 100%, 55%, 17%: median 55%.
+        assert!((f.error - (1.0 - 0.5 / 1.1)).abs() < 1e-12, "{}", f.error);
+    }
+}
