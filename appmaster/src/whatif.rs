@@ -254,6 +254,7 @@ pub fn resize(s: &mut Snapshot, n: usize) {
                 bandwidth_bytes_per_sec: bw,
                 server_secs_per_byte: None,
                 request_secs_per_server: None,
+                server_secs_per_mini_batch: None,
                 input_blocks: 0,
                 model_blocks: 0,
                 mini_batches: 0,
@@ -323,6 +324,7 @@ pub fn report(
         bandwidth_bytes_per_sec: mean(&|i| model.bandwidth(i)),
         server_secs_per_byte: mean(&|i| model.server_secs_per_byte(i)),
         request_secs_per_server: mean(&|i| model.request_secs_per_server(i)),
+        server_secs_per_mini_batch: mean(&|i| model.server_secs_per_mini_batch(i)),
     };
     let _ = writeln!(
         out,

@@ -124,7 +124,7 @@ pub struct ServeCounters {
 pub struct ServeTotals {
     /// Requests served.
     pub requests: u64,
-    /// Seconds spent applying them.
+    /// CPU seconds spent applying them and reading the values.
     pub busy_secs: f64,
     /// Bytes received.
     pub bytes_in: u64,
@@ -1016,10 +1016,12 @@ impl DataPlane {
                 };
                 c.bytes_in
                     .fetch_add(op.byte_len() as u64, Ordering::Relaxed);
-                let t0 = Instant::now();
+                // CPU time, not wall time: under a CPU quota a wall clock
+                // counts the throttled wait of an operation that hit it.
+                let t0 = crate::os::thread_cpu_secs();
                 let fut = self.execute(op);
-                c.busy_ns
-                    .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                let ns = ((crate::os::thread_cpu_secs() - t0).max(0.0) * 1e9) as u64;
+                c.busy_ns.fetch_add(ns, Ordering::Relaxed);
                 fut
             }
         }

@@ -1104,6 +1104,7 @@ pub async fn run_server(
     let mut last = dp.serve_totals();
     let mut last_t = Instant::now();
     let mut last_cpu = crate::os::process_cpu_secs();
+    let codec_per_byte = codec_cpu_per_byte(dp.frame_options());
     let mut tick = tokio::time::interval(period);
     tick.tick().await;
     loop {
@@ -1114,8 +1115,13 @@ pub async fn run_server(
         let now = dp.serve_totals();
         let t = Instant::now();
         let cpu = crate::os::process_cpu_secs();
+        let wall_per_cpu = crate::os::wall_per_cpu();
+        let bytes = (now.bytes_in - last.bytes_in) + (now.bytes_out - last.bytes_out);
+        let values = (now.busy_secs - last.busy_secs).max(0.0) + codec_per_byte * bytes as f64;
+        let own = (cpu - last_cpu).max(0.0);
         let report = ServerReport {
-            own_secs: (cpu - last_cpu).max(0.0) * crate::os::wall_per_cpu(),
+            own_secs: own * wall_per_cpu,
+            values_secs: values.min(own) * wall_per_cpu,
             period_secs: (t - last_t).as_secs_f64(),
             requests: now.requests - last.requests,
             busy_secs: now.busy_secs - last.busy_secs,

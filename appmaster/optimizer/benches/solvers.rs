@@ -37,6 +37,7 @@ fn uniform(n: usize, u: &Uniform) -> Snapshot {
             bandwidth_bytes_per_sec: u.bandwidth_bytes_per_sec,
             server_secs_per_byte: Some(u.server_secs_per_byte),
             request_secs_per_server: None,
+            server_secs_per_mini_batch: None,
             input_blocks: 0,
             model_blocks: 0,
             mini_batches: 10,
@@ -76,6 +77,7 @@ fn heterogeneous(n: usize) -> Snapshot {
                 bandwidth_bytes_per_sec: b * next(),
                 server_secs_per_byte: Some(2e-10 * next()),
                 request_secs_per_server: None,
+                server_secs_per_mini_batch: None,
                 input_blocks: 0,
                 model_blocks: 0,
                 mini_batches: 10,
@@ -97,6 +99,7 @@ fn bench(c: &mut Criterion) {
         bandwidth_bytes_per_sec: 1.5e8,
         server_secs_per_byte: 2e-10,
         request_secs_per_server: 0.0,
+        server_secs_per_mini_batch: 0.0,
     };
     let mut g = c.benchmark_group("homogeneous");
     for n in [10usize, 100, 1_000, 10_000] {

@@ -4,7 +4,7 @@
 //! holding model share `m_j` (fraction of the model blocks), per mini-batch:
 //!
 //! ```text
-//! server_bound_ij = w · m_j · max(M'/b_j, M·p_j)     (server j's link or CPU, shared by all workers)
+//! server_bound_ij = w · max(m_j·M'/b_j, m_j·M·p_j + r_j)   (server j's link or CPU, shared by all workers)
 //! worker_bound_i  = Σ_j m_j · M' / b_i  = M' / b_i   (worker i's own link, to all servers at once)
 //! comm_i          = max( max_j server_bound_ij, worker_bound_i ) + λ
 //! comp_i          = c_i · d_i + ⌈d_i / B⌉ · s · q_i,   comm_i^epoch = ⌈d_i / B⌉ · comm_i
@@ -165,6 +165,8 @@ pub struct CostModel {
     /// sides needs no division.
     inv_bandwidth: Vec<f64>,
     server_proc: Vec<f64>,
+    /// `r_j`: server seconds per mini-batch of each worker beyond its work per byte.
+    server_fixed: Vec<f64>,
     /// `q_i`: worker seconds per mini-batch per server it talks to.
     per_server: Vec<f64>,
     /// Row-major `n × n` seconds per byte `1 / b_ij` of measured links (0 where not
@@ -209,6 +211,7 @@ impl CostModel {
         let compute_ref = reference(&|c| c.compute_secs_per_record);
         let proc_ref = reference(&|c| c.server_secs_per_byte).unwrap_or(0.0);
         let request_ref = reference(&|c| c.request_secs_per_server).unwrap_or(0.0);
+        let fixed_ref = reference(&|c| c.server_secs_per_mini_batch).unwrap_or(0.0);
         let kept: Vec<&crate::snapshot::ContainerMetrics> = snapshot
             .containers
             .iter()
@@ -229,6 +232,10 @@ impl CostModel {
         let per_server = kept
             .iter()
             .map(|c| c.request_secs_per_server.unwrap_or(request_ref / speed(c)))
+            .collect();
+        let server_fixed = kept
+            .iter()
+            .map(|c| c.server_secs_per_mini_batch.unwrap_or(fixed_ref / speed(c)))
             .collect();
         let bandwidth: Vec<f64> = kept.iter().map(|c| c.bandwidth_bytes_per_sec).collect();
         let ids: Vec<String> = kept.iter().map(|c| c.id.clone()).collect();
@@ -273,6 +280,7 @@ impl CostModel {
             bandwidth,
             inv_bandwidth,
             server_proc,
+            server_fixed,
             per_server,
             inv_links,
         })
@@ -328,6 +336,12 @@ impl CostModel {
         self.server_proc[i]
     }
 
+    /// Resolved seconds container `i`, as a server, spends per mini-batch of
+    /// each worker beyond its work per byte (`r_i`).
+    pub fn server_secs_per_mini_batch(&self, i: usize) -> f64 {
+        self.server_fixed[i]
+    }
+
     /// Whether pairwise link measurements are used.
     pub fn has_links(&self) -> bool {
         self.inv_links.is_some()
@@ -372,6 +386,23 @@ impl CostModel {
             (self.per_block_link * srv).max(self.per_block * self.server_proc[j]),
             self.per_block_link * wrk,
         )
+    }
+
+    /// What server `j` holding `l > 0` model blocks spends per mini-batch of
+    /// worker `i`: `max(l·M'/(L·b_srv), l·M·p_j/L + r_j)`, its link or its
+    /// CPU (the requests' own cost `r_j` whatever it holds). At least `l`
+    /// times [`CostModel::block_costs`]' server part, which the solvers'
+    /// bounds use.
+    #[inline]
+    pub(crate) fn server_load(&self, i: usize, j: usize, l: u32) -> f64 {
+        let own_srv = self.inv_bandwidth[j];
+        let srv = match self.measured_inv(i, j) {
+            Some(m) => m.max(own_srv),
+            None => own_srv,
+        };
+        let l = f64::from(l);
+        (l * self.per_block_link * srv)
+            .max(l * self.per_block * self.server_proc[j] + self.server_fixed[j])
     }
 
     /// Records in `k` input blocks.
@@ -435,8 +466,8 @@ impl CostModel {
             if l == 0 {
                 continue;
             }
-            let (a, b) = self.block_costs(i, j);
-            let sb = w as f64 * f64::from(l) * a;
+            let (_, b) = self.block_costs(i, j);
+            let sb = w as f64 * self.server_load(i, j, l);
             if sb > worst || worst_j.is_none() {
                 worst = sb;
                 worst_j = Some(j);
@@ -484,9 +515,13 @@ impl CostModel {
             let mut own = 0.0;
             let mut load = Vec::with_capacity(servers.len());
             for &(j, l) in servers {
-                let (a, b) = self.block_costs(i, j);
+                let (_, b) = self.block_costs(i, j);
                 own += f64::from(l) * b;
-                load.push(f64::from(l) * a);
+                load.push(if l > 0 {
+                    self.server_load(i, j, l)
+                } else {
+                    0.0
+                });
             }
             let (comp, comm) = self.parts(i, k, own, s);
             let per_batch = self.epoch_of(comp, comm) / nb;
@@ -679,6 +714,7 @@ mod tests {
             bandwidth_bytes_per_sec: b,
             server_secs_per_byte: p,
             request_secs_per_server: None,
+            server_secs_per_mini_batch: None,
             input_blocks: 0,
             model_blocks: 0,
             mini_batches: 0,
@@ -851,6 +887,61 @@ mod tests {
         let b = model.evaluate(&target).unwrap();
         close(b.throughput_epoch_secs, 375.0);
         assert!(b.epoch_secs > 375.0, "{}", b.epoch_secs);
+    }
+
+    // The two-by-two case with s1 spending 0.5 s on each worker's
+    // mini-batch besides its bytes: s1-bound = 2·max(1·250/1000, 1·250·0.001
+    // + 0.5) = 1.5 > w1's own link (1.0): w1 comm 6·1.5 = 9, total 15; w2's
+    // own link (2.0) still bounds it: 14 → epoch 15. Spread or not, the
+    // requests' cost stays: with all 4 blocks on s1 it is 2·max(1.0, 1.0 +
+    // 0.5) = 3.0 for both.
+    #[test]
+    fn a_servers_cost_per_mini_batch_does_not_shrink_with_its_share() {
+        let (model, target) = two_by_two(vec![]);
+        let mut snap = Snapshot {
+            policy: None,
+            job: model.job().clone(),
+            containers: ["w1", "w2", "s1", "s2"]
+                .iter()
+                .enumerate()
+                .map(|(i, id)| {
+                    let mut c = container(
+                        id,
+                        Role::Idle,
+                        Some(model.compute_secs_per_record(i)),
+                        model.bandwidth(i),
+                        Some(model.server_secs_per_byte(i)),
+                    );
+                    c.server_secs_per_mini_batch = Some(if i == 2 { 0.5 } else { 0.0 });
+                    c
+                })
+                .collect(),
+            links: vec![],
+        };
+        let m = CostModel::new(&snap).unwrap();
+        let b = m.evaluate(&target).unwrap();
+        close(b.workers[0].comm_secs, 9.0);
+        assert_eq!(
+            b.workers[0].comm_bound,
+            CommBound::Server {
+                container: "s1".into()
+            }
+        );
+        close(b.epoch_secs, 15.0);
+        let all_on_s1 = super::tests::target(&[
+            ("w1", Role::Worker, 6, 0),
+            ("w2", Role::Worker, 4, 0),
+            ("s1", Role::Server, 0, 4),
+            ("s2", Role::Server, 0, 0),
+        ]);
+        let b = m.evaluate(&all_on_s1).unwrap();
+        close(b.workers[0].comm_secs, 18.0);
+        close(b.workers[1].comm_secs, 12.0);
+        // An unmeasured server gets the mean of the measured ones at its
+        // speed: (0 + 0 + 0.5) / 3.
+        snap.containers[3].server_secs_per_mini_batch = None;
+        let m = CostModel::new(&snap).unwrap();
+        close(m.server_secs_per_mini_batch(3), 0.5 / 3.0);
     }
 
     #[test]

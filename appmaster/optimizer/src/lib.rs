@@ -46,6 +46,7 @@
 //!     bandwidth_bytes_per_sec: 1.25e8,
 //!     server_secs_per_byte: 1e-9,
 //!     request_secs_per_server: 2e-5,
+//!     server_secs_per_mini_batch: 1e-5,
 //! };
 //! let h = solve_homogeneous(&job, 32, &u).unwrap();
 //! assert_eq!(h.splits.len(), 31);
@@ -76,7 +77,8 @@
 //! ```
 //!
 //! Optional per container: `compute_secs_per_record`, `cpu_speed`,
-//! `server_secs_per_byte` (estimated from the others via `cpu_speed` when absent),
+//! `server_secs_per_byte`, `server_secs_per_mini_batch` and
+//! `request_secs_per_server` (each estimated from the others via `cpu_speed` when absent),
 //! `input_blocks`, `model_blocks`, `mini_batches` (default 0), `reclaimed` (default
 //! false). `links` and the job's `input_bytes`/`model_bytes`, `serial_fraction`
 //! (default 1: computation and communication add up, as in Cruise) and
@@ -86,8 +88,12 @@
 //! ## What differs from the original Cruise
 //!
 //! * Bandwidth is measured per container and optionally per pair, not read from a file.
-//! * Push traffic is part of the bytes per mini-batch, and server processing time per
-//!   byte is part of the server-bound term.
+//! * Push traffic is part of the bytes per mini-batch, and a server's processing time
+//!   (per byte, and per worker's mini-batch for the requests themselves) bounds it
+//!   apart from its link: the slower of the two, not their sum.
+//! * An asynchronous job's epoch for a given partition is the data set over the
+//!   workers' summed throughput, the servers shared max-min fairly
+//!   ([`Breakdown::throughput_epoch_secs`]).
 //! * Computation and communication may overlap (workers that pull ahead): a worker's
 //!   epoch is `max(comp, comm) + f · min(comp, comm)` with `f` measured (`f = 1` is
 //!   Cruise's sum), and measured round-trip latency is part of the communication.

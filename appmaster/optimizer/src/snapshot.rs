@@ -140,6 +140,15 @@ pub struct ContainerMetrics {
     /// a worker: estimated like the compute cost; 0 when no worker measured it.
     #[serde(default)]
     pub request_secs_per_server: Option<f64>,
+    /// Measured seconds this container, as a server holding model blocks,
+    /// spends per mini-batch of each worker beyond its work per byte
+    /// (`server_secs_per_byte`): reading, answering and waking for the
+    /// requests themselves, at its CPU share. It does not shrink when the
+    /// model is spread over more servers: each still gets every worker's
+    /// requests. `None` for containers that never served: estimated like
+    /// the compute cost; 0 when no server measured it.
+    #[serde(default)]
+    pub server_secs_per_mini_batch: Option<f64>,
     /// Input blocks held now.
     #[serde(default)]
     pub input_blocks: u32,
@@ -257,6 +266,9 @@ impl Snapshot {
             }
             if let Some(v) = c.server_secs_per_byte {
                 non_negative(&format!("containers[{i}].server_secs_per_byte"), v)?;
+            }
+            if let Some(v) = c.server_secs_per_mini_batch {
+                non_negative(&format!("containers[{i}].server_secs_per_mini_batch"), v)?;
             }
             if c.input_blocks > 0 && c.role != Role::Worker {
                 return Err(OptimizerError::invalid(

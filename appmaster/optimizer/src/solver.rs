@@ -59,6 +59,10 @@ pub struct Uniform {
     /// A worker's seconds per mini-batch per server it talks to.
     #[serde(default)]
     pub request_secs_per_server: f64,
+    /// A server's seconds per mini-batch of each worker beyond its work per
+    /// byte ([`crate::snapshot::ContainerMetrics::server_secs_per_mini_batch`]).
+    #[serde(default)]
+    pub server_secs_per_mini_batch: f64,
 }
 
 /// One split of a homogeneous cluster and its predicted epoch time.
@@ -124,8 +128,10 @@ pub fn solve_homogeneous(
         let price = |servers: usize| {
             let s = servers.min(l_total);
             let l = l_total.div_ceil(s) as f64;
-            let server_bound = w as f64 * l / l_total as f64
-                * (link_bytes * per_byte).max(m_bytes * u.server_secs_per_byte);
+            let share = l / l_total as f64;
+            let server_bound = w as f64
+                * (share * link_bytes * per_byte)
+                    .max(share * m_bytes * u.server_secs_per_byte + u.server_secs_per_mini_batch);
             let worker_bound = link_bytes * per_byte;
             let comp =
                 u.compute_secs_per_record * records + nb * s as f64 * u.request_secs_per_server;
@@ -182,18 +188,21 @@ impl CostModel {
         let b = mean(&|i| self.bandwidth(i));
         let p = mean(&|i| self.server_secs_per_byte(i));
         let q = mean(&|i| self.request_secs_per_server(i));
+        let r = mean(&|i| self.server_secs_per_mini_batch(i));
         let close = |v: f64, m: f64| (v - m).abs() <= tolerance * m.abs().max(f64::MIN_POSITIVE);
         let alike = (0..n).all(|i| {
             close(self.compute_secs_per_record(i), c)
                 && close(self.bandwidth(i), b)
                 && (close(self.server_secs_per_byte(i), p) || p == 0.0)
                 && (close(self.request_secs_per_server(i), q) || q == 0.0)
+                && (close(self.server_secs_per_mini_batch(i), r) || r == 0.0)
         });
         alike.then_some(Uniform {
             compute_secs_per_record: c,
             bandwidth_bytes_per_sec: b,
             server_secs_per_byte: p,
             request_secs_per_server: q,
+            server_secs_per_mini_batch: r,
         })
     }
 }
@@ -972,6 +981,7 @@ mod tests {
                 bandwidth_bytes_per_sec: u.bandwidth_bytes_per_sec,
                 server_secs_per_byte: Some(u.server_secs_per_byte),
                 request_secs_per_server: Some(u.request_secs_per_server),
+                server_secs_per_mini_batch: Some(u.server_secs_per_mini_batch),
                 input_blocks: 0,
                 model_blocks: 0,
                 mini_batches: 0,
@@ -997,6 +1007,7 @@ mod tests {
             bandwidth_bytes_per_sec: 1000.0,
             server_secs_per_byte: 0.0,
             request_secs_per_server: 0.0,
+            server_secs_per_mini_batch: 0.0,
         };
         let h = solve_homogeneous(&job(1200, 100, 1000.0, 12, 6), 4, &u).unwrap();
         let t: Vec<f64> = h.splits.iter().map(|s| s.epoch_secs).collect();
@@ -1011,6 +1022,7 @@ mod tests {
         // W=3 4·1 = 4 → 16.4: fewer servers win.
         let u = Uniform {
             request_secs_per_server: 1.0,
+            server_secs_per_mini_batch: 0.0,
             ..u
         };
         let h = solve_homogeneous(&job(1200, 100, 1000.0, 12, 6), 4, &u).unwrap();
@@ -1029,6 +1041,7 @@ mod tests {
             bandwidth_bytes_per_sec: 1.0e6,
             server_secs_per_byte: 3e-8,
             request_secs_per_server: 3e-3,
+            server_secs_per_mini_batch: 0.0,
         };
         let j = job(10_007, 64, 2.0e5, 37, 11);
         let n = 9;
@@ -1062,6 +1075,7 @@ mod tests {
             bandwidth_bytes_per_sec: 1.0,
             server_secs_per_byte: 0.0,
             request_secs_per_server: 0.0,
+            server_secs_per_mini_batch: 0.0,
         };
         assert!(matches!(
             solve_homogeneous(&job(10, 1, 1.0, 1, 1), 1, &u),
@@ -1081,6 +1095,7 @@ mod tests {
             bandwidth_bytes_per_sec: b,
             server_secs_per_byte: Some(0.0),
             request_secs_per_server: None,
+            server_secs_per_mini_batch: None,
             input_blocks: 0,
             model_blocks: 0,
             mini_batches: 0,

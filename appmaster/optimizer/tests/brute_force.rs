@@ -70,6 +70,7 @@ proptest! {
 fn regression_nine_containers() {
     let inst = Inst {
         q: Vec::new(),
+        fixed: Vec::new(),
         f: 1.0,
         lat: 0.0,
         d: 231,
@@ -124,6 +125,7 @@ fn regression_nine_containers() {
 fn regression_three_containers_one_block() {
     let inst = Inst {
         q: Vec::new(),
+        fixed: Vec::new(),
         f: 1.0,
         lat: 0.0,
         d: 10,
@@ -204,6 +206,7 @@ fn local_search_quality() {
 fn regression_ten_containers() {
     let inst = Inst {
         q: Vec::new(),
+        fixed: Vec::new(),
         f: 1.0,
         lat: 0.0,
         d: 231,
@@ -264,6 +267,7 @@ fn regression_ten_containers() {
 fn regression_six_containers_four_model_blocks() {
     let inst = Inst {
         q: Vec::new(),
+        fixed: Vec::new(),
         f: 1.0,
         lat: 0.0,
         d: 510,

@@ -8,7 +8,8 @@
 //! min T
 //! r_i + s_i ≤ 1,  Σ r_i = W,  Σ_t z_it = r_i,  Σ_i Σ_t t·z_it = K
 //! l_j ≤ L·s_j,  l_j ≤ L·a_j,  a_j ≤ s_j,  Σ l_j = L     (binary a_j: j holds blocks)
-//! g_i ≥ W·(l_j/L)·max(M'/b_j, M·p_j)           for all j   (server-bound)
+//! g_i ≥ W·(l_j/L)·M'/b_j                        for all j   (server-bound: link)
+//! g_i ≥ W·((l_j/L)·M·p_j + r_j·a_j)             for all j   (server-bound: CPU)
 //! g_i ≥ M'·Σ_j (l_j/L)/b_i                                (worker-bound)
 //! with n_t = ⌈D·t/(K·B)⌉, C_it = c_i·D·t/K + n_t·q_i·Σ_j a_j and
 //! Q_it = n_t·(g_i + λ), for all t:
@@ -19,7 +20,8 @@
 //! which is exactly the cost model with whole blocks (idle containers allowed): a
 //! worker's epoch `max(C, Q) + f·min(C, Q)` is the larger of the two right-hand sides
 //! (serial fraction `f`, latency `λ`, `q_i` the worker's cost per server holding
-//! blocks, which minimising keeps `a_j` at 0 for a server without; `f = 1` gives
+//! blocks and `r_j` the server's per worker's mini-batch, which minimising keeps
+//! `a_j` at 0 for a server without; `f = 1` gives
 //! Cruise's `C + Q`); where a link was
 //! measured and is slower, its bandwidth `b_ij` replaces `b_i` and `b_j`.
 
@@ -73,11 +75,15 @@ fn milp_for_w(inst: &Inst, w: usize) -> Option<f64> {
         let mut gmax = 0.0f64;
         let mut own_max = 0.0;
         for j in 0..n {
-            let a = (inst.ml * inv_s(i, j)).max(inst.m * inst.p[j]);
-            let coef = w as f64 * a / l;
-            model = model.with(constraint!(g[i] >= coef * lj[j]));
+            let link = inst.ml * inv_s(i, j);
+            let cpu = inst.m * inst.p[j];
+            let fixed = w as f64 * inst.fixed(j);
+            model = model.with(constraint!(g[i] >= (w as f64 * link / l) * lj[j]));
+            model = model.with(constraint!(
+                g[i] >= (w as f64 * cpu / l) * lj[j] + fixed * a[j]
+            ));
             own += (inst.ml * inv_w(i, j) / l) * lj[j];
-            gmax = gmax.max(w as f64 * a);
+            gmax = gmax.max(w as f64 * link.max(cpu) + fixed);
             own_max += inst.ml * inv_w(i, j);
         }
         model = model.with(constraint!(g[i] >= own));

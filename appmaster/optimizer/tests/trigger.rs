@@ -58,6 +58,7 @@ fn snapshot(job: &Job, specs: &[Spec], config: &Configuration, batches: u32) -> 
                 bandwidth_bytes_per_sec: s.b,
                 server_secs_per_byte: Some(s.p),
                 request_secs_per_server: None,
+                server_secs_per_mini_batch: None,
                 input_blocks: h.input.len() as u32,
                 model_blocks: h.model.len() as u32,
                 mini_batches: batches,
@@ -190,6 +191,7 @@ fn homogeneous_optimum_never_reconfigures() {
         compute_secs_per_record: 2e-3,
         bandwidth_bytes_per_sec: 1e7,
         request_secs_per_server: 0.0,
+        server_secs_per_mini_batch: 0.0,
         server_secs_per_byte: 1e-9,
     };
     let best = solve_homogeneous(&j, n, &u).unwrap().best;

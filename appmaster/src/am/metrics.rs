@@ -96,8 +96,15 @@ pub struct EvalMetrics {
     /// Of that, seconds off the worker's loop thread per mini-batch
     /// (`cruise_container::ps::io_secs`): its requests to the servers.
     pub io_secs_per_batch: Window,
-    /// Server busy seconds per byte served.
+    /// Server seconds per byte served (the part of its work that grows
+    /// with the bytes, at its CPU share).
     pub server_secs_per_byte: Window,
+    /// Server seconds per mini-batch of each worker beyond its work per
+    /// byte: what the requests themselves cost it.
+    pub server_secs_per_mini_batch: Window,
+    /// The job's worker mini-batches counted when this server last
+    /// reported ([`Metrics::server`]).
+    pub batches_at_report: Option<u64>,
     /// Mini-batches counted since the last reset.
     pub batches: u32,
     /// Mini-batches still to skip (warm-up, or after a reconfiguration).
@@ -126,6 +133,8 @@ pub struct Metrics {
     bulk: BTreeMap<(EvaluatorId, EvaluatorId), Window>,
     /// Bytes and seconds of input loads (for the reload-or-move choice).
     load_bytes_per_sec: Window,
+    /// Mini-batches all workers have reported, warm-up included.
+    worker_batches: u64,
 }
 
 /// A JSON view of the measurements (status endpoint, snapshot files).
@@ -185,6 +194,7 @@ impl Metrics {
             links: BTreeMap::new(),
             bulk: BTreeMap::new(),
             load_bytes_per_sec: Window::new(window),
+            worker_batches: 0,
         }
     }
 
@@ -201,6 +211,8 @@ impl Metrics {
             own_secs_per_batch: Window::new(w),
             io_secs_per_batch: Window::new(w),
             server_secs_per_byte: Window::new(w),
+            server_secs_per_mini_batch: Window::new(w),
+            batches_at_report: None,
             batches: 0,
             skip: warmup,
             cpu_speed: None,
@@ -221,6 +233,7 @@ impl Metrics {
 
     /// Records a worker's report of one or more mini-batches (their totals).
     pub fn mini_batch(&mut self, id: EvaluatorId, r: &MiniBatchReport, links: &[LinkSample]) {
+        self.worker_batches += u64::from(r.mini_batches);
         let e = self.eval(id);
         let n = r.mini_batches.max(1);
         if e.skip > 0 {
@@ -297,24 +310,40 @@ impl Metrics {
         (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
     }
 
-    /// Records a server's report: its seconds per byte served are all of
-    /// its CPU over the period at its CPU share (`own_secs`), not only the
-    /// time spent applying and reading values (`busy_secs`, the fallback
-    /// when no CPU time was reported). The values were a tenth or less of
-    /// a server's work for models of 1,000 to 10,000 features: the framing,
-    /// system calls and wake-ups around each request are the rest, and a
-    /// server at a twentieth of a core pays twenty wall seconds for each
-    /// of its CPU seconds. Priced by its values alone, a slow server
-    /// looked as good as a fast one of the same link.
+    /// Records a server's report. Its work is all of its CPU over the
+    /// period at its CPU share (`own_secs`), in two parts: what grows with
+    /// the bytes (`values_secs`: applying, reading, encoding and decoding
+    /// the values), priced per byte, and the rest (reading, answering and
+    /// waking for the requests), priced per mini-batch of the workers,
+    /// counted over the same period, since every worker's mini-batch asks
+    /// every server holding its keys whatever they hold. Without a CPU
+    /// figure (an older evaluator) the values' time (`busy_secs`) is its
+    /// cost per byte.
+    ///
+    /// Priced by the values alone a 0.05-CPU server looked as good as a fast
+    /// one with the same link; priced all per byte, a server measured
+    /// holding a fifth of a 4 KB model for one worker looked three times as
+    /// costly holding all of it for five (MLR 100 features: 0.47 s epochs
+    /// predicted, 0.16 s measured), the requests' cost being most of it.
     pub fn server(&mut self, id: EvaluatorId, r: &ServerReport) {
+        let all = self.worker_batches;
         let bytes = r.bytes_in + r.bytes_out;
-        let secs = if r.own_secs > 0.0 {
-            r.own_secs
-        } else {
-            r.busy_secs
-        };
-        if bytes > 0 && secs > 0.0 {
-            self.eval(id).server_secs_per_byte.push(secs / bytes as f64);
+        let e = self.eval(id);
+        let since = e
+            .batches_at_report
+            .replace(all)
+            .map(|b| all.saturating_sub(b));
+        if bytes == 0 {
+            return;
+        }
+        if r.own_secs > 0.0 {
+            e.server_secs_per_byte.push(r.values_secs / bytes as f64);
+            if let Some(n) = since.filter(|n| *n > 0) {
+                e.server_secs_per_mini_batch
+                    .push((r.own_secs - r.values_secs).max(0.0) / n as f64);
+            }
+        } else if r.busy_secs > 0.0 {
+            e.server_secs_per_byte.push(r.busy_secs / bytes as f64);
         }
     }
 
@@ -512,25 +541,43 @@ mod tests {
         assert!((e.comp_secs_per_batch.mean().unwrap() - 0.1).abs() < 1e-12);
     }
 
-    // A server that spent 1 ms applying values and 20 ms of wall time on
-    // all its work (its CPU at its share) for 10 kB is priced 2 µs a byte;
-    // without a CPU figure, by its values: 0.1 µs.
+    // A server that spent 20 ms of wall time on all its work (its CPU at its
+    // share), 4 ms of it on the values, for 10 kB while the workers ran 40
+    // mini-batches is priced 0.4 µs a byte and 0.4 ms a mini-batch; without
+    // a CPU figure, by its values' time alone: 0.1 µs a byte.
     #[test]
     fn a_servers_cost_is_all_its_work_at_its_share() {
-        let report = |own_secs| ServerReport {
+        let report = |own_secs, values_secs| ServerReport {
             period_secs: 0.5,
-            requests: 40,
+            requests: 80,
             busy_secs: 0.001,
             bytes_in: 4_000,
             bytes_out: 6_000,
             own_secs,
+            values_secs,
         };
         let mut m = Metrics::new(4, 0);
-        m.server(1, &report(0.02));
-        m.server(2, &report(0.0));
-        let per_byte = |m: &Metrics, id| m.get(id).unwrap().server_secs_per_byte.mean().unwrap();
-        assert!((per_byte(&m, 1) - 2e-6).abs() < 1e-15);
-        assert!((per_byte(&m, 2) - 1e-7).abs() < 1e-15);
+        let batches = |m: &mut Metrics, n: u32| {
+            let r = MiniBatchReport {
+                mini_batches: n,
+                ..MiniBatchReport::default()
+            };
+            m.mini_batch(9, &r, &[]);
+        };
+        // The first report only marks where the count starts.
+        m.server(1, &report(0.02, 0.004));
+        m.server(2, &report(0.0, 0.0));
+        batches(&mut m, 40);
+        m.server(1, &report(0.02, 0.004));
+        m.server(2, &report(0.0, 0.0));
+        let w = |m: &Metrics, id, f: fn(&EvalMetrics) -> &Window| f(m.get(id).unwrap()).mean();
+        let close = |a: Option<f64>, b: f64| {
+            assert!(a.is_some_and(|a| (a - b).abs() < 1e-12), "{a:?} != {b}")
+        };
+        close(w(&m, 1, |e| &e.server_secs_per_byte), 4e-7);
+        close(w(&m, 1, |e| &e.server_secs_per_mini_batch), 0.016 / 40.0);
+        close(w(&m, 2, |e| &e.server_secs_per_byte), 1e-7);
+        assert!(w(&m, 2, |e| &e.server_secs_per_mini_batch).is_none());
     }
 
     #[test]

@@ -224,6 +224,14 @@ pub fn build_snapshot(
         .map(|e| m.get(e.id).and_then(|x| x.server_secs_per_byte.mean()))
         .collect();
     snap(&mut serve, tol);
+    let mut serve_fixed: Vec<Option<f64>> = evals
+        .iter()
+        .map(|e| {
+            m.get(e.id)
+                .and_then(|x| x.server_secs_per_mini_batch.mean())
+        })
+        .collect();
+    snap(&mut serve_fixed, tol);
     // Latency: the communication time the cost model does not explain for
     // the running configuration (request round trips, which do not shrink
     // when the model is spread over more servers), per mini-batch. A serial
@@ -242,6 +250,7 @@ pub fn build_snapshot(
         speed: &speed,
         bw: &bw,
         serve: &serve,
+        serve_fixed: &serve_fixed,
     };
     let (mut snapshot, config) = assemble(&job, evals, m, per_container, mean_bw, bytes);
     let mut per_worker = Vec::new();
@@ -358,6 +367,7 @@ struct PerContainer<'a> {
     speed: &'a [Option<f64>],
     bw: &'a [Option<f64>],
     serve: &'a [Option<f64>],
+    serve_fixed: &'a [Option<f64>],
 }
 
 fn assemble(
@@ -374,6 +384,7 @@ fn assemble(
         speed,
         bw,
         serve,
+        serve_fixed,
     } = per;
     let speeds: Vec<f64> = speed.iter().flatten().copied().collect();
     let mean_speed = (!speeds.is_empty()).then(|| speeds.iter().sum::<f64>() / speeds.len() as f64);
@@ -389,6 +400,7 @@ fn assemble(
             bandwidth_bytes_per_sec: bw[i].unwrap_or(mean_bw),
             server_secs_per_byte: serve[i],
             request_secs_per_server: requests[i],
+            server_secs_per_mini_batch: serve_fixed[i],
             input_blocks: e.input.len() as u32,
             model_blocks: e.model.len() as u32,
             mini_batches: em.map_or(0, |x| x.batches),
@@ -412,6 +424,7 @@ fn assemble(
             bandwidth_bytes_per_sec: mean_bw,
             server_secs_per_byte: None,
             request_secs_per_server: None,
+            server_secs_per_mini_batch: None,
             input_blocks: 0,
             model_blocks: 0,
             mini_batches: 0,

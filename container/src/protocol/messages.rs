@@ -504,7 +504,7 @@ pub struct ServerReport {
     pub period_secs: f64,
     /// Requests served.
     pub requests: u64,
-    /// Seconds spent applying and reading values.
+    /// CPU seconds spent applying and reading values.
     pub busy_secs: f64,
     /// Bytes received in requests.
     pub bytes_in: u64,
@@ -517,6 +517,11 @@ pub struct ServerReport {
     /// quota` under a CPU quota) it is the wall time serving takes at
     /// this container's CPU share.
     pub own_secs: f64,
+    /// Of that, the part that grows with the bytes served, at the same
+    /// price: applying and reading the values (`busy_secs`) and encoding
+    /// and decoding them (`ps::codec_cpu_per_byte`). The rest is the
+    /// requests' own cost, which spreading the model does not shrink.
+    pub values_secs: f64,
 }
 
 // ---------------------------------------------------------------------------

@@ -632,6 +632,7 @@ mod tests {
                                 bandwidth_bytes_per_sec: b,
                                 server_secs_per_byte: Some(p),
                                 request_secs_per_server: Some(q),
+                                server_secs_per_mini_batch: Some(0.0),
                                 input_blocks: 0,
                                 model_blocks: 0,
                                 mini_batches: 0,

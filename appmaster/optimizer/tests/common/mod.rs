@@ -39,6 +39,9 @@ pub struct Inst {
     pub p: Vec<f64>,
     /// A worker's seconds per mini-batch per server holding blocks (empty: 0).
     pub q: Vec<f64>,
+    /// A server's seconds per mini-batch of each worker beyond its work per
+    /// byte (empty: 0).
+    pub fixed: Vec<f64>,
     /// Measured links `(i, j, bytes/s)`.
     pub links: Vec<(usize, usize, f64)>,
     /// Serial fraction `f` (1: computation and communication add up).
@@ -55,6 +58,11 @@ impl Inst {
     /// Worker `i`'s seconds per mini-batch per server.
     pub fn q(&self, i: usize) -> f64 {
         self.q.get(i).copied().unwrap_or(0.0)
+    }
+
+    /// Server `j`'s seconds per mini-batch of each worker beyond its work per byte.
+    pub fn fixed(&self, j: usize) -> f64 {
+        self.fixed.get(j).copied().unwrap_or(0.0)
     }
 
     /// The measured bandwidth between `i` and `j` (the slowest measurement), if any.
@@ -90,6 +98,7 @@ impl Inst {
                 bandwidth_bytes_per_sec: self.bw[i],
                 server_secs_per_byte: Some(self.p[i]),
                 request_secs_per_server: Some(self.q(i)),
+                server_secs_per_mini_batch: Some(self.fixed(i)),
                 input_blocks: 0,
                 model_blocks: 0,
                 mini_batches: 0,
@@ -142,7 +151,9 @@ impl Inst {
                     continue;
                 }
                 let share = ll[j] as f64 / self.l as f64;
-                sb = sb.max(w * share * (self.ml / self.link_s(i, j)).max(self.m * self.p[j]));
+                let link = share * self.ml / self.link_s(i, j);
+                let cpu = share * self.m * self.p[j] + self.fixed(j);
+                sb = sb.max(w * link.max(cpu));
                 wb += share * self.ml / self.link_w(i, j);
             }
             let recs = self.d as f64 * kk[i] as f64 / self.k as f64;
@@ -228,7 +239,8 @@ pub fn brute_force(inst: &Inst) -> f64 {
 /// blocks, sometimes measured links, a serial fraction that is 1 (Cruise's
 /// serial worker), 0 (full overlap) or in between, with or without latency, and
 /// half of them with a cost per server on the workers (up to about a mini-batch's
-/// computation).
+/// computation), and half with a cost per worker's mini-batch on the servers (up to
+/// about the time a slow link takes for the whole model).
 pub fn instances(
     ns: std::ops::RangeInclusive<usize>,
     kmax: u32,
@@ -249,11 +261,30 @@ pub fn instances(
         0.5f64..=1.0,
         overlap,
         any::<bool>(),
+        any::<bool>(),
     )
         .prop_flat_map(
-            move |(n, k, l, recs_per_block, b, with_links, link_share, (f, lat), requests)| {
+            move |(
+                n,
+                k,
+                l,
+                recs_per_block,
+                b,
+                with_links,
+                link_share,
+                (f, lat),
+                requests,
+                fixed,
+            )| {
                 let q_max = if requests { 0.1 } else { 0.0 };
-                let per = (1e-3f64..1e-2, 1e6f64..1e7, 0.0f64..1e-7, 0.0f64..=q_max);
+                let r_max = if fixed { 0.5 } else { 0.0 };
+                let per = (
+                    1e-3f64..1e-2,
+                    1e6f64..1e7,
+                    0.0f64..1e-7,
+                    0.0f64..=q_max,
+                    0.0f64..=r_max,
+                );
                 (
                     Just((n, k, l, recs_per_block, b, link_share, f, lat)),
                     proptest::collection::vec(per, n),
@@ -275,6 +306,7 @@ pub fn instances(
                             bw: per.iter().map(|x| x.1).collect(),
                             p: per.iter().map(|x| x.2).collect(),
                             q: per.iter().map(|x| x.3).collect(),
+                            fixed: per.iter().map(|x| x.4).collect(),
                             links: links.into_iter().filter(|(a, b, _)| a != b).collect(),
                             f,
                             lat,
