@@ -192,9 +192,8 @@ impl Grid {
             .iter()
             .map(|r| {
                 Ok(GridRun {
-                    measured: r["measured"]
-                        .as_f64()
-                        .context("a run without \"measured\"")?,
+                    // null: the run failed.
+                    measured: r["measured"].as_f64().unwrap_or(f64::NAN),
                     snapshot: r["snapshot"].as_str().map(|f| dir.join(f)),
                     by_shape: r["by_shape"]
                         .as_array()
@@ -289,7 +288,22 @@ struct Fidelity {
 /// A named source of predictions and how good they were.
 type Source = (String, Fidelity);
 
+/// Fidelity over the configurations that were measured (a failed run
+/// leaves its configuration out).
 fn fidelity(predicted: &[f64], measured: &[f64]) -> Fidelity {
+    let kept: Vec<usize> = (0..measured.len())
+        .filter(|&k| measured[k].is_finite() && predicted[k].is_finite())
+        .collect();
+    let p: Vec<f64> = kept.iter().map(|&k| predicted[k]).collect();
+    let m: Vec<f64> = kept.iter().map(|&k| measured[k]).collect();
+    let f = fidelity_of(&p, &m);
+    Fidelity {
+        predicted_best: kept.get(f.predicted_best).copied().unwrap_or(0),
+        ..f
+    }
+}
+
+fn fidelity_of(predicted: &[f64], measured: &[f64]) -> Fidelity {
     let argmin = |v: &[f64]| {
         v.iter()
             .enumerate()
@@ -525,7 +539,30 @@ fn measure(
                         format!("optimizer.snapshot_file={}", snap.display()),
                     ],
                 },
-            )?;
+            );
+            // A failed run leaves its configuration out, said in the output,
+            // rather than the whole benchmark.
+            let r = match r {
+                Ok(r) => r,
+                Err(e) => {
+                    let text = format!("{e:#}");
+                    // The command, and the job's own error line.
+                    let why: Vec<&str> = text
+                        .lines()
+                        .filter(|l| l.starts_with("cruise run") || l.starts_with("error"))
+                        .collect();
+                    println!(
+                        "- run failed, its configuration left out: {}",
+                        why.join(" ")
+                    );
+                    grid.push(GridRun {
+                        measured: f64::NAN,
+                        snapshot: None,
+                        by_shape: grid.last().map(|g| g.by_shape.clone()).unwrap_or_default(),
+                    });
+                    continue;
+                }
+            };
             mechanism.get_or_insert_with(|| r.emulation.clone());
             // Start position k of a reversed run holds listed shape n-1-k.
             let mut by_shape = r.start_order.clone();
@@ -663,5 +700,9 @@ mod tests {
         assert!((f.regret - 1.1).abs() < 1e-12);
         // Errors 100%, 55%, 17%: median 55%.
         assert!((f.error - (1.0 - 0.5 / 1.1)).abs() < 1e-12, "{}", f.error);
+        // A configuration whose run failed is left out.
+        let f = fidelity(&[2.0, 0.1, 0.5, 1.0], &[1.0, f64::NAN, 1.1, 1.2]);
+        assert_eq!(f.predicted_best, 2);
+        assert!((f.regret - 1.1).abs() < 1e-12);
     }
 }
