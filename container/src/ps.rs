@@ -1104,7 +1104,11 @@ pub async fn run_server(
     let mut last = dp.serve_totals();
     let mut last_t = Instant::now();
     let mut last_cpu = crate::os::process_cpu_secs();
-    let codec_per_byte = codec_cpu_per_byte(dp.frame_options());
+    // Off the runtime's thread, where the serving and the control channel run.
+    let opts = dp.frame_options();
+    let codec_per_byte = tokio::task::spawn_blocking(move || codec_cpu_per_byte(opts))
+        .await
+        .unwrap_or(0.0);
     let mut tick = tokio::time::interval(period);
     tick.tick().await;
     loop {

@@ -34,12 +34,11 @@ pub struct Case {
 
 /// Each case must train long enough for a plan to pay: the optimizer
 /// looks every 500 ms and a plan takes about a second, so a job of a few
-/// seconds rightly stays where it started. The small case had 100k
-/// samples until 2026-11-25, when faster workers had cut its best epoch to
-/// 30 ms and its whole training to 2 s: its 7W+1S start then stayed put
-/// (predicted gain 73%, 2.4 epochs left) and measured 1.45-1.63x the
-/// grid's best. 400k samples and 40 epochs keep its compute/communication
-/// ratio (epoch times scale with the samples) and give a plan time to pay.
+/// seconds rightly stays where it started. The small case's 400k samples
+/// and 40 epochs give a plan time to pay at a compute/communication ratio
+/// that 100k samples had (epoch times scale with the samples); with 100k
+/// its whole training took 2 s once workers got faster (BENCHMARKS.md,
+/// issue #3).
 pub const CASES: [Case; 3] = [
     Case {
         name: "small",

@@ -270,3 +270,67 @@ async fn capacity_schedule_grows_and_shrinks_the_job() {
         job.stderr()
     );
 }
+
+/// With `optimizer.advise_only` a job at the bad split measures and
+/// decides but does not move; its snapshot, read back by the real `cruise
+/// plan --splits`, predicts the measured split within a factor of two and
+/// puts more workers ahead of it (the plan the job did not run).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn advise_only_decides_without_moving_and_its_snapshot_predicts_the_splits() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    // 30 epochs: long enough that the same job without advise_only
+    // reconfigures (twice, when this test was written), so a plan here
+    // would be the flag ignored.
+    let mut c = job(dir.path(), 1, 30, 20);
+    c.args(["--set", "optimizer.advise_only=true"]);
+    let s = finish(c).await;
+    assert!(
+        s["reconfigurations"].as_array().unwrap().is_empty(),
+        "advise_only ran a plan: {s}"
+    );
+    let e = epochs(&s);
+    assert!(e.iter().all(|x| (x.0, x.1) == (1, 3)), "{e:?}");
+    let measured = median(e.iter().skip(1).map(|x| x.2).collect());
+
+    // The evaluators in container start order: the order roles were dealt.
+    let mut evals: Vec<(String, u64)> = s["evaluators"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| {
+            (
+                v["container"].as_str().unwrap().to_string(),
+                v["id"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    evals.sort();
+    let order: Vec<String> = evals.iter().map(|(_, id)| format!("e{id}")).collect();
+    let out = cruise()
+        .arg("plan")
+        .arg(dir.path().join("snap.json"))
+        .args(["--splits", &order.join(","), "--json"])
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let splits: Vec<f64> = v["splits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x["epoch_secs"].as_f64().unwrap())
+        .collect();
+    assert_eq!(splits.len(), 3, "{v}");
+    let one_worker = splits[0];
+    assert!(
+        one_worker > measured / 2.0 && one_worker < measured * 2.0,
+        "1W+3S predicted {one_worker:.3} s, measured {measured:.3} s"
+    );
+    assert!(splits[2] < one_worker, "3W+1S not ahead: {v}");
+}

@@ -769,6 +769,33 @@ mod tests {
         (model, target)
     }
 
+    /// The two-by-two case as an idle snapshot with its resolved costs,
+    /// each container then edited by `edit(index, container)`, and its target.
+    fn two_by_two_snapshot(edit: impl Fn(usize, &mut ContainerMetrics)) -> (Snapshot, Target) {
+        let (model, target) = two_by_two(vec![]);
+        let snap = Snapshot {
+            policy: None,
+            job: model.job().clone(),
+            containers: ["w1", "w2", "s1", "s2"]
+                .iter()
+                .enumerate()
+                .map(|(i, id)| {
+                    let mut c = container(
+                        id,
+                        Role::Idle,
+                        Some(model.compute_secs_per_record(i)),
+                        model.bandwidth(i),
+                        Some(model.server_secs_per_byte(i)),
+                    );
+                    edit(i, &mut c);
+                    c
+                })
+                .collect(),
+            links: vec![],
+        };
+        (snap, target)
+    }
+
     /// A target from `(id, role, input blocks, model blocks)`.
     fn target(placements: &[(&str, Role, u32, u32)]) -> Target {
         placements
@@ -816,27 +843,9 @@ mod tests {
     // Without w2's measurement it gets the measured mean (same CPU speed): 0.25.
     #[test]
     fn requests_per_server_hand_computed() {
-        let (model, target) = two_by_two(vec![]);
-        let mut snap = Snapshot {
-            policy: None,
-            job: model.job().clone(),
-            containers: ["w1", "w2", "s1", "s2"]
-                .iter()
-                .enumerate()
-                .map(|(i, id)| {
-                    let mut c = container(
-                        id,
-                        Role::Idle,
-                        Some(model.compute_secs_per_record(i)),
-                        model.bandwidth(i),
-                        Some(model.server_secs_per_byte(i)),
-                    );
-                    c.request_secs_per_server = [Some(0.25), Some(0.5), None, None][i];
-                    c
-                })
-                .collect(),
-            links: vec![],
-        };
+        let (mut snap, target) = two_by_two_snapshot(|i, c| {
+            c.request_secs_per_server = [Some(0.25), Some(0.5), None, None][i];
+        });
         let m = CostModel::new(&snap).unwrap();
         let b = m.evaluate(&target).unwrap();
         close(b.workers[0].comp_secs, 9.0);
@@ -897,27 +906,9 @@ mod tests {
     // 0.5) = 3.0 for both.
     #[test]
     fn a_servers_cost_per_mini_batch_does_not_shrink_with_its_share() {
-        let (model, target) = two_by_two(vec![]);
-        let mut snap = Snapshot {
-            policy: None,
-            job: model.job().clone(),
-            containers: ["w1", "w2", "s1", "s2"]
-                .iter()
-                .enumerate()
-                .map(|(i, id)| {
-                    let mut c = container(
-                        id,
-                        Role::Idle,
-                        Some(model.compute_secs_per_record(i)),
-                        model.bandwidth(i),
-                        Some(model.server_secs_per_byte(i)),
-                    );
-                    c.server_secs_per_mini_batch = Some(if i == 2 { 0.5 } else { 0.0 });
-                    c
-                })
-                .collect(),
-            links: vec![],
-        };
+        let (mut snap, target) = two_by_two_snapshot(|i, c| {
+            c.server_secs_per_mini_batch = Some(if i == 2 { 0.5 } else { 0.0 });
+        });
         let m = CostModel::new(&snap).unwrap();
         let b = m.evaluate(&target).unwrap();
         close(b.workers[0].comm_secs, 9.0);
