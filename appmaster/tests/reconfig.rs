@@ -251,8 +251,10 @@ async fn the_optimizer_sees_the_mini_batch_the_workers_run() {
 
 /// A plan that waits on evaluators says so while it waits: on a slow
 /// network (every data-plane frame delayed 50 ms) the moves off the
-/// container given back take longer than the AM's tick, and the plan is
-/// reported with what it waits for; then it finishes and training goes on.
+/// container given back wait at least one delayed frame (50 ms), the AM
+/// checks for slow plans every 10 ms (the report period asked for), and
+/// the plan is reported with what it waits for; then it finishes and
+/// training goes on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_plan_reports_what_it_waits_for() {
     let dir = tempfile::tempdir().unwrap();
@@ -262,9 +264,7 @@ async fn a_slow_plan_reports_what_it_waits_for() {
     // Only the forced plan: a voluntary one that gave a container back first
     // (in-process evaluators share one process, so their CPU-based own times
     // are the test binary's, and a loaded run can make 1 worker + 1 server
-    // look better) would leave nothing for the capacity drop to force. Once
-    // in a full workspace run the slow plan was never reported; this is the
-    // likely cause (not confirmed).
+    // look better) would leave nothing for the capacity drop to force.
     c.optimizer.min_gain = 0.99;
     let mut cluster = Cluster::start_with(
         c,

@@ -263,7 +263,11 @@ impl Driver {
             })
             .await?;
         let hb = Duration::from_millis(self.config.channel.heartbeat_interval_ms);
-        let mut tick = tokio::time::interval(hb.min(Duration::from_millis(250)));
+        // The tick also checks for slow plans: a report period shorter than
+        // the tick is honoured (down to 10 ms).
+        let slow_plan = Duration::from_secs_f64(self.config.optimizer.slow_plan_report_secs)
+            .max(Duration::from_millis(10));
+        let mut tick = tokio::time::interval(hb.min(Duration::from_millis(250)).min(slow_plan));
         let mut last_hb_sent = Instant::now();
         loop {
             tokio::select! {
