@@ -43,6 +43,9 @@ use crate::snapshot::{Job, Role};
 /// rules can never cost more than that.
 const REL_EPS: f64 = 1e-10;
 
+/// Default [`SearchOptions::node_budget`].
+const NODE_BUDGET: usize = 500_000;
+
 fn better(a: f64, b: f64) -> bool {
     a < b * (1.0 - REL_EPS)
 }
@@ -216,6 +219,11 @@ pub struct Solution {
     pub epoch_secs: f64,
     /// Role assignments evaluated by the search (1 for fixed roles).
     pub evaluations: usize,
+    /// Whether the search proved this the best configuration of the cost model: false
+    /// above [`SearchOptions::exhaustive_up_to`] containers, and when the search ran out
+    /// of [`SearchOptions::node_budget`] (it then keeps the best found so far).
+    #[serde(default)]
+    pub exact: bool,
 }
 
 /// Relative tolerance under which [`solve`] treats containers as identical.
@@ -249,7 +257,7 @@ pub fn solve(model: &CostModel) -> Result<Solution, OptimizerError> {
             for &i in &order[n - s..] {
                 roles[i] = Role::Server;
             }
-            let search = Search::new(model);
+            let search = Search::new(model, 0);
             let part = search.partition(&roles).ok_or_else(|| {
                 OptimizerError::Infeasible(format!(
                     "{w} workers and {s} servers cannot hold the blocks"
@@ -258,7 +266,7 @@ pub fn solve(model: &CostModel) -> Result<Solution, OptimizerError> {
             // Alike containers: the proportional split is the most even one, which is
             // exact (every worker sees the same costs), so no refinement is needed.
             let bar = part.t * (1.0 + REL_EPS);
-            finish(model, &search, &roles, part, bar, h.splits.len())
+            finish(model, &search, &roles, part, bar, h.splits.len(), true)
         }
         None => solve_heterogeneous(model),
     }
@@ -266,8 +274,9 @@ pub fn solve(model: &CostModel) -> Result<Solution, OptimizerError> {
 
 /// The best whole-block partitioning for fixed roles (`roles` aligned with
 /// [`CostModel::ids`]); a server may be left without blocks (it is then idle). Exact up
-/// to [`SearchOptions::exhaustive_up_to`] containers (default options). Fails when
-/// there is no worker or no server, or more workers than input blocks.
+/// to [`SearchOptions::exhaustive_up_to`] containers within
+/// [`SearchOptions::node_budget`] (default options). Fails when there is no worker or
+/// no server, or more workers than input blocks.
 pub fn solve_for_roles(model: &CostModel, roles: &[Role]) -> Result<Solution, OptimizerError> {
     if roles.len() != model.len() {
         return Err(OptimizerError::invalid(
@@ -275,20 +284,19 @@ pub fn solve_for_roles(model: &CostModel, roles: &[Role]) -> Result<Solution, Op
             format!("{} roles for {} containers", roles.len(), model.len()),
         ));
     }
-    let search = Search::new(model);
+    let options = SearchOptions::default();
+    let search = Search::new(model, options.node_budget);
     let part = search.partition(roles).ok_or_else(|| {
         OptimizerError::Infeasible(format!(
             "roles need at least one worker, one server, and at most {} workers",
             model.job().input_blocks
         ))
     })?;
-    let part = search.refine(
-        roles,
-        part,
-        SearchOptions::default().budget_for(model.len()),
-    );
+    let exhaustive = model.len() <= options.exhaustive_up_to;
+    let part = search.refine(roles, part, options.budget_for(model.len()));
+    let exact = exhaustive && search.nodes.get() > 0;
     let bar = part.t * (1.0 + REL_EPS);
-    finish(model, &search, roles, part, bar, 1)
+    finish(model, &search, roles, part, bar, 1, exact)
 }
 
 /// Settings of the heterogeneous search.
@@ -301,6 +309,18 @@ pub struct SearchOptions {
     /// Above `exhaustive_up_to` containers, the most nodes the model-split branch and
     /// bound visits for the chosen roles before it keeps the best split found.
     pub split_node_budget: usize,
+    /// The most model-split nodes one solve visits in all. It bounds a decision's time
+    /// (a node prices a partial split for every worker: about a microsecond for a few
+    /// workers on this project's machines); past it the solve keeps the best
+    /// configuration found so far. The exact search looks at the most promising role
+    /// assignments first and starts from a good heuristic one, so what it gives up is
+    /// the proof more often than the answer; [`Solution::exact`] says which.
+    #[serde(default = "default_node_budget")]
+    pub node_budget: usize,
+}
+
+fn default_node_budget() -> usize {
+    SearchOptions::default().node_budget
 }
 
 impl SearchOptions {
@@ -319,6 +339,7 @@ impl Default for SearchOptions {
         SearchOptions {
             exhaustive_up_to: 10,
             split_node_budget: 5_000,
+            node_budget: NODE_BUDGET,
         }
     }
 }
@@ -340,7 +361,7 @@ pub fn solve_heterogeneous_with(
             "{n} usable container(s): need at least one worker and one server"
         )));
     }
-    let mut search = Search::new(model);
+    let mut search = Search::new(model, options.node_budget);
     let current: Vec<Role> = model.current_placements().iter().map(|p| p.role).collect();
     if n <= options.exhaustive_up_to {
         return exhaustive(model, &search, &current);
@@ -452,7 +473,7 @@ pub fn solve_heterogeneous_with(
     let part = search.refine(&roles, part, options.budget_for(n));
     let evaluations = search.cache.len();
     let bar = part.t * (1.0 + REL_EPS);
-    finish(model, &search, &roles, part, bar, evaluations)
+    finish(model, &search, &roles, part, bar, evaluations, false)
 }
 
 /// The exact optimum over all `3^N` role assignments, by branch and bound.
@@ -528,7 +549,7 @@ fn exhaustive(
         }
     }
     for &(lb, code) in &bounded {
-        if lb > bar {
+        if lb > bar || search.nodes.get() == 0 {
             break;
         }
         let roles = roles_of(code);
@@ -537,6 +558,7 @@ fn exhaustive(
             best = Some((part, roles));
         }
     }
+    let exact = search.nodes.get() > 0;
     let (part, roles) = best.ok_or_else(|| {
         OptimizerError::Infeasible("no role assignment has a worker and a server".into())
     })?;
@@ -555,7 +577,7 @@ fn exhaustive(
         .into_iter()
         .find_map(|(_, r)| search.exact(&r, 1, window).map(|p| (p, r)))
         .unwrap_or((part, roles));
-    finish(model, search, &roles, part, window, total as usize)
+    finish(model, search, &roles, part, window, total as usize, exact)
 }
 
 fn distance(a: &[Role], b: &[Role]) -> usize {
@@ -571,6 +593,7 @@ fn finish(
     part: Part,
     bar: f64,
     evaluations: usize,
+    exact: bool,
 ) -> Result<Solution, OptimizerError> {
     let part = search.align(roles, part, bar);
     let mut target = Target::new();
@@ -595,6 +618,7 @@ fn finish(
         target,
         epoch_secs,
         evaluations,
+        exact,
     })
 }
 
@@ -623,14 +647,32 @@ struct Part {
 struct Search<'a> {
     m: &'a CostModel,
     cache: HashMap<Vec<Role>, Option<f64>>,
+    /// Model-split nodes left for this solve ([`SearchOptions::node_budget`]).
+    nodes: std::cell::Cell<usize>,
 }
 
 impl<'a> Search<'a> {
-    fn new(m: &'a CostModel) -> Self {
+    fn new(m: &'a CostModel, node_budget: usize) -> Self {
         Search {
             m,
             cache: HashMap::new(),
+            nodes: std::cell::Cell::new(node_budget),
         }
+    }
+
+    /// The model-split branch and bound of `fixed` within the nodes left.
+    fn best_split(
+        &self,
+        fixed: &split::Fixed,
+        bar: f64,
+        most: usize,
+        hint: &[u32],
+    ) -> Option<(f64, Vec<u32>)> {
+        let left = self.nodes.get();
+        let mut budget = left.min(most);
+        let found = fixed.best_split(self.m, bar, &mut budget, hint);
+        self.nodes.set(left - (left.min(most) - budget));
+        found
     }
 
     /// Memoised epoch time of the fast partition for `roles`.
@@ -730,7 +772,7 @@ impl<'a> Search<'a> {
         let bar = best
             .as_ref()
             .map_or(bar, |p| p.t * (1.0 - split::SEARCH_EPS));
-        if let Some((_, l)) = fixed.best_split(self.m, bar, usize::MAX, &hint) {
+        if let Some((_, l)) = self.best_split(&fixed, bar, usize::MAX, &hint) {
             best = Some(self.data(&workers, &servers, l));
         }
         best
@@ -747,7 +789,7 @@ impl<'a> Search<'a> {
             return part;
         };
         let bar = part.t * (1.0 - split::SEARCH_EPS);
-        match fixed.best_split(self.m, bar, budget, &part.l) {
+        match self.best_split(&fixed, bar, budget, &part.l) {
             Some((_, l)) => self.data(&workers, &servers, l),
             None => part,
         }

@@ -304,3 +304,52 @@ fn regression_six_containers_four_model_blocks() {
     };
     check(&inst).unwrap();
 }
+
+/// The node budget bounds the exact search without making it worse than its
+/// start: with no nodes the answer is the heuristic one and marked inexact;
+/// every larger budget gives an epoch time no worse; an unbounded one is
+/// exact and equals enumeration.
+#[test]
+fn node_budget_trades_the_proof_not_feasibility() {
+    use cruise_optimizer::{SearchOptions, solve_heterogeneous_with};
+    use proptest::strategy::ValueTree;
+    use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
+    let mut runner = TestRunner::new_with_rng(
+        Config::default(),
+        TestRng::from_seed(RngAlgorithm::ChaCha, &[11u8; 32]),
+    );
+    let strategy = instances(3..=7, 6, 5);
+    let mut cut = 0;
+    for _ in 0..60 {
+        let inst = strategy.new_tree(&mut runner).unwrap().current();
+        let model = CostModel::new(&inst.snapshot()).unwrap();
+        let best = brute_force(&inst);
+        let mut last = f64::INFINITY;
+        for node_budget in [0, 3, 30, 300, usize::MAX] {
+            let opts = SearchOptions {
+                node_budget,
+                ..SearchOptions::default()
+            };
+            let sol = solve_heterogeneous_with(&model, opts).unwrap();
+            assert!(
+                sol.epoch_secs >= best * (1.0 - 1e-9),
+                "budget {node_budget}: {} below the optimum {best}",
+                sol.epoch_secs
+            );
+            assert!(
+                sol.epoch_secs <= last * (1.0 + 1e-9),
+                "budget {node_budget}: {} worse than a smaller budget's {last}",
+                sol.epoch_secs
+            );
+            if node_budget == usize::MAX {
+                assert!(sol.exact);
+                assert!((sol.epoch_secs - best).abs() <= 1e-9 * best);
+            } else if !sol.exact {
+                cut += 1;
+            }
+            last = sol.epoch_secs;
+        }
+    }
+    // Small budgets do stop searches here (else the test would check nothing).
+    assert!(cut > 0);
+}

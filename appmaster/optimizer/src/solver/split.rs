@@ -195,15 +195,16 @@ impl Fixed {
     }
 
     /// The model split (per container, model order) with the smallest epoch time not
-    /// above `bar`, with that time; `None` when no split reaches `bar`. Stops after
-    /// `budget` search nodes with the best split found so far. Each server's counts are
-    /// tried outwards from its count in `hint` (model order), so a budgeted search
-    /// looks around a known good split first.
+    /// above `bar`, with that time; `None` when no split reaches `bar`. Visits at most
+    /// `budget` search nodes (less what it visits is left there) and then keeps the
+    /// best split found so far; the answer is exact when some budget is left. Each
+    /// server's counts are tried outwards from its count in `hint` (model order), so a
+    /// budgeted search looks around a known good split first.
     pub(super) fn best_split(
         &self,
         m: &CostModel,
         bar: f64,
-        budget: usize,
+        budget: &mut usize,
         hint: &[u32],
     ) -> Option<(f64, Vec<u32>)> {
         let (w, s) = (self.workers.len(), self.servers.len());
@@ -213,7 +214,7 @@ impl Fixed {
             hint,
             bar,
             best: None,
-            nodes: budget,
+            nodes: *budget,
             sb: vec![0.0; (s + 1) * w],
             wb: vec![0.0; (s + 1) * w],
             l: vec![0; m.len()],
@@ -222,6 +223,7 @@ impl Fixed {
             srv: Vec::with_capacity(s),
         };
         dfs.visit(0, m.job().model_blocks);
+        *budget = dfs.nodes;
         dfs.best
     }
 }
@@ -770,7 +772,7 @@ mod tests {
                 }
             }
             let hint = vec![0; n];
-            let found = f.best_split(&m, f64::INFINITY, usize::MAX, &hint).map(|b| b.0);
+            let found = f.best_split(&m, f64::INFINITY, &mut { usize::MAX }, &hint).map(|b| b.0);
             prop_assert_eq!(found.is_some(), !all.is_empty());
             if let Some(t) = found {
                 prop_assert!((t - best).abs() <= 1e-12 * best, "search {t} vs enumeration {best}");
@@ -805,7 +807,7 @@ mod tests {
                 return Ok(());
             };
             let lb = RoleBounds::new(&m).bound(&workers, &servers).unwrap();
-            let best = f.best_split(&m, f64::INFINITY, usize::MAX, &vec![0; n]).unwrap().0;
+            let best = f.best_split(&m, f64::INFINITY, &mut { usize::MAX }, &vec![0; n]).unwrap().0;
             prop_assert!(lb <= best * (1.0 + 1e-12), "bound {lb} > best {best}");
         }
     }
