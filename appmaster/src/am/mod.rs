@@ -294,6 +294,11 @@ pub enum Event {
             Result<cruise_optimizer::OpReport, cruise_optimizer::OpError>,
         >,
     },
+    /// The optimizer decided (off the loop) what to do with the job.
+    Decided {
+        /// The snapshot it decided on and its decision, or why there is none.
+        decided: Result<(Box<cruise_optimizer::Snapshot>, cruise_optimizer::Decision), String>,
+    },
     /// The plan executor finished (or could not run the plan).
     PlanDone {
         /// The outcome of every operation.

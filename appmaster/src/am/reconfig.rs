@@ -47,7 +47,7 @@ pub fn is_new_name(name: &str) -> bool {
 }
 
 /// What the snapshot needs to know about one evaluator.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EvalFacts {
     /// Id.
     pub id: EvaluatorId,

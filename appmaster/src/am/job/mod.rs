@@ -285,7 +285,7 @@ impl Driver {
                     self.expire_start_probes().await?;
                     self.expire_adds();
                     self.report_slow_plan();
-                    self.maybe_reconfigure().await;
+                    self.maybe_reconfigure();
                     self.publish_status(None);
                 }
             }
@@ -449,6 +449,7 @@ impl Driver {
             Event::Message { eval, msg } => self.on_message(eval, msg).await?,
             Event::PlanOp { op, reply } => self.on_plan_op(op, reply).await,
             Event::PlanDone { result } => self.on_plan_done(result).await?,
+            Event::Decided { decided } => self.on_decided(decided),
         }
         Ok(())
     }

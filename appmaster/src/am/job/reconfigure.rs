@@ -30,8 +30,8 @@ use cruise_container::protocol::{
 };
 use cruise_optimizer::{
     Decision, ExecutionReport, ExecutorConfig, Job, OpCost, OpError, OpKind, OpOutcome, OpReport,
-    Operation, Plan, PlanExecutor, ReconfigCostModel, Role as ORole, Table, TriggerConfig,
-    TriggerPolicy,
+    Operation, Plan, PlanExecutor, ReconfigCostModel, Role as ORole, Snapshot, Table,
+    TriggerConfig, TriggerPolicy,
 };
 use cruise_rm::{ContainerId, ContainerRequest};
 
@@ -164,6 +164,9 @@ pub(super) struct Reconfig {
     interval: Duration,
     last_check: Instant,
     plan: Option<RunningPlan>,
+    /// The optimizer is deciding (off the loop) on a job whose members were
+    /// these.
+    deciding: Option<Vec<EvalFacts>>,
     moves: HashMap<u64, MoveOp>,
     next_move: u64,
     reloads: Vec<ReloadOp>,
@@ -212,6 +215,7 @@ impl Reconfig {
             interval: Duration::from_millis(o.interval_ms),
             last_check: Instant::now(),
             plan: None,
+            deciding: None,
             moves: HashMap::new(),
             next_move: 1,
             reloads: Vec::new(),
@@ -517,36 +521,23 @@ impl Driver {
     // ------------------------------------------------------------------
 
     /// On the loop's tick: looks at the metrics and starts a plan if one pays.
-    pub(super) async fn maybe_reconfigure(&mut self) {
+    pub(super) fn maybe_reconfigure(&mut self) {
         let rc = &self.rc;
         if !rc.enabled
             || self.phase != Phase::Training
             || rc.plan.is_some()
+            || rc.deciding.is_some()
             || rc.stop_after_plan
             || (rc.reclaim.is_none() && rc.last_check.elapsed() < rc.interval)
         {
             return;
         }
         self.rc.last_check = Instant::now();
-        let members: Vec<EvaluatorId> = self.members().collect();
-        let reclaim = self.rc.reclaim.map_or(0, |r| r.0) as usize;
-        // Give back the newest containers: the resource manager preempts those first.
-        let reclaimed: BTreeSet<EvaluatorId> =
-            members.iter().rev().take(reclaim).copied().collect();
-        let evals: Vec<EvalFacts> = members
-            .iter()
-            .map(|&id| EvalFacts {
-                id,
-                role: self.evaluators[&id].role,
-                input: self.owned(INPUT_TABLE, id),
-                model: self.owned(MODEL_TABLE, id),
-                reclaimed: reclaimed.contains(&id),
-            })
-            .collect();
+        let evals = self.eval_facts();
         // A server that has not reported what serving costs it would be
         // priced at the others' cost per unit of CPU speed, or at nothing
         // when none has: wait for it (forced plans do not).
-        if reclaim == 0
+        if !evals.iter().any(|e| e.reclaimed)
             && let Some(e) = evals.iter().find(|e| {
                 !e.model.is_empty()
                     && self
@@ -564,7 +555,7 @@ impl Driver {
             return;
         }
         let done = self.records_done as f64 / self.records_per_epoch.max(1) as f64;
-        let held = members.len() as u32 + self.rc.adds.len() as u32;
+        let held = evals.len() as u32 + self.rc.adds.len() as u32;
         let facts = JobFacts {
             records: self.records_per_epoch,
             // The mean mini-batch the workers run: blocks are cut into
@@ -599,11 +590,66 @@ impl Driver {
         };
         let (mut snapshot, current) = build_snapshot(facts, &evals, &self.rc.metrics);
         snapshot.policy = Some(self.rc.policy.state());
-        let file = self.config.optimizer.snapshot_file.clone();
+        let file = &self.config.optimizer.snapshot_file;
         if !file.is_empty() {
-            write_snapshot(std::path::Path::new(&file), &snapshot);
+            write_snapshot(std::path::Path::new(file), &snapshot);
         }
-        let decision = match self.rc.policy.decide(&snapshot, &current) {
+        // The search can take a while (bounded by the solver's node budget):
+        // off the loop, which goes on answering evaluators meanwhile.
+        let policy = self.rc.policy.clone();
+        let events = self.events.clone();
+        self.rc.deciding = Some(evals);
+        self.tracker.spawn(async move {
+            let decided = tokio::task::spawn_blocking(move || {
+                policy
+                    .decide(&snapshot, &current)
+                    .map(|d| (Box::new(snapshot), d))
+                    .map_err(|e| e.to_string())
+            })
+            .await
+            .unwrap_or_else(|e| Err(format!("the optimizer's search failed: {e}")));
+            let _ = events.send(Event::Decided { decided }).await;
+        });
+    }
+
+    /// What the optimizer is told about each member, the reclaimed ones marked.
+    fn eval_facts(&self) -> Vec<EvalFacts> {
+        let members: Vec<EvaluatorId> = self.members().collect();
+        let reclaim = self.rc.reclaim.map_or(0, |r| r.0) as usize;
+        // Give back the newest containers: the resource manager preempts those first.
+        let reclaimed: BTreeSet<EvaluatorId> =
+            members.iter().rev().take(reclaim).copied().collect();
+        members
+            .iter()
+            .map(|&id| EvalFacts {
+                id,
+                role: self.evaluators[&id].role,
+                input: self.owned(INPUT_TABLE, id),
+                model: self.owned(MODEL_TABLE, id),
+                reclaimed: reclaimed.contains(&id),
+            })
+            .collect()
+    }
+
+    /// The optimizer decided on `snapshot`. The decision stands if the job
+    /// is as it was then (same members, roles, blocks and containers
+    /// reclaimed, no plan started); otherwise the job is looked at again at
+    /// the next tick.
+    pub(super) fn on_decided(&mut self, decided: Result<(Box<Snapshot>, Decision), String>) {
+        let Some(asked) = self.rc.deciding.take() else {
+            return;
+        };
+        if self.phase != Phase::Training || self.rc.plan.is_some() || self.rc.stop_after_plan {
+            return;
+        }
+        if self.eval_facts() != asked {
+            tracing::debug!("the job changed while the optimizer decided; looking again");
+            self.rc.last_check = Instant::now()
+                .checked_sub(self.rc.interval)
+                .unwrap_or_else(Instant::now);
+            return;
+        }
+        let (snapshot, decision) = match decided {
             Ok(d) => d,
             Err(e) => {
                 self.note_decision(format!("not planning: {e}"));
@@ -673,10 +719,11 @@ impl Driver {
                 let _ = self
                     .progress
                     .send(crate::am::Progress::Phase(format!("reconfiguring: {summary}")));
+                let file = &self.config.optimizer.snapshot_file;
                 if !file.is_empty() {
                     // What the optimizer saw when it decided, for `cruise plan`.
                     let n = self.rc.history.len() + 1;
-                    write_snapshot(&plan_snapshot_path(std::path::Path::new(&file), n), &snapshot);
+                    write_snapshot(&plan_snapshot_path(std::path::Path::new(file), n), &snapshot);
                 }
                 self.start_plan(p.plan, snapshot.job, summary);
             }
