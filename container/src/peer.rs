@@ -150,6 +150,10 @@ struct Inner {
     /// this evaluator's requests cost it besides building them (framing,
     /// writing, reading and decoding the answers).
     request_cpu_ns: Arc<AtomicU64>,
+    /// CPU nanoseconds the callers' threads spent handing requests to the
+    /// connections (a channel send and a wake-up per server a request goes
+    /// to).
+    forward_cpu_ns: AtomicU64,
     /// Outbound requests in flight, in issue order (all connections).
     inflight: Arc<Inflight>,
     faults: Faults,
@@ -199,6 +203,7 @@ impl DataPlane {
                 conns: Mutex::new(HashMap::new()),
                 counters: ServeCounters::default(),
                 request_cpu_ns: Arc::new(AtomicU64::new(0)),
+                forward_cpu_ns: AtomicU64::new(0),
                 inflight: Arc::new(Inflight::default()),
                 faults,
                 bulk_faults: Faults::default(),
@@ -247,6 +252,12 @@ impl DataPlane {
     /// taken so far (their tasks' polls, on the runtime's thread).
     pub fn request_cpu_secs(&self) -> f64 {
         self.inner.request_cpu_ns.load(Ordering::Relaxed) as f64 * 1e-9
+    }
+
+    /// CPU seconds the callers' threads have spent handing requests to the
+    /// outbound connections so far (see [`DataPlane::execute_traced`]).
+    pub fn forward_cpu_secs(&self) -> f64 {
+        self.inner.forward_cpu_ns.load(Ordering::Relaxed) as f64 * 1e-9
     }
 
     /// Totals of requests served so far.
@@ -372,6 +383,7 @@ impl DataPlane {
         let keys = sub.keys;
         let sent = Instant::now();
         // Forward now, synchronously, to keep arrival order.
+        let forward_start = crate::os::thread_cpu_secs();
         let mut waits = Vec::with_capacity(sub.parts.len());
         for part in sub.parts {
             let w: Wait = match part.pending {
@@ -389,6 +401,10 @@ impl DataPlane {
             };
             waits.push((part.positions, w));
         }
+        let forward_ns = ((crate::os::thread_cpu_secs() - forward_start).max(0.0) * 1e9) as u64;
+        self.inner
+            .forward_cpu_ns
+            .fetch_add(forward_ns, Ordering::Relaxed);
         let this = self.clone();
         async move {
             // Wait for every part at once. Each remote answer carries the
