@@ -138,6 +138,58 @@ impl<F: std::future::Future> std::future::Future for CpuTimed<F> {
     }
 }
 
+/// A sink whose calls are timed by the calling thread's CPU clock, the
+/// nanoseconds added to a shared counter (see [`CpuTimed`]): a connection's
+/// writer task, whose encoding and writing happen in them.
+pub struct CpuTimedSink<S> {
+    inner: S,
+    ns: std::sync::Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl<S> CpuTimedSink<S> {
+    /// Times `inner`'s calls into `ns`.
+    pub fn new(inner: S, ns: std::sync::Arc<std::sync::atomic::AtomicU64>) -> Self {
+        CpuTimedSink { inner, ns }
+    }
+
+    fn timed<R>(&mut self, f: impl FnOnce(&mut S) -> R) -> R {
+        let t0 = thread_cpu_secs();
+        let r = f(&mut self.inner);
+        let ns = ((thread_cpu_secs() - t0).max(0.0) * 1e9) as u64;
+        self.ns.fetch_add(ns, std::sync::atomic::Ordering::Relaxed);
+        r
+    }
+}
+
+impl<S: futures::Sink<M> + Unpin, M> futures::Sink<M> for CpuTimedSink<S> {
+    type Error = S::Error;
+
+    fn poll_ready(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), S::Error>> {
+        self.timed(|s| std::pin::Pin::new(s).poll_ready(cx))
+    }
+
+    fn start_send(mut self: std::pin::Pin<&mut Self>, item: M) -> Result<(), S::Error> {
+        self.timed(|s| std::pin::Pin::new(s).start_send(item))
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), S::Error>> {
+        self.timed(|s| std::pin::Pin::new(s).poll_flush(cx))
+    }
+
+    fn poll_close(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), S::Error>> {
+        self.timed(|s| std::pin::Pin::new(s).poll_close(cx))
+    }
+}
+
 /// This machine's host name.
 pub fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
@@ -281,5 +333,31 @@ mod tests {
         let secs = ns.load(std::sync::atomic::Ordering::Relaxed) as f64 * 1e-9;
         // 20 ms of spinning (less if the thread lost its core), not the 100 ms asleep.
         assert!(secs > 0.002 && secs < 0.08, "{secs}");
+    }
+
+    /// A timed sink counts the CPU its calls take, and only that.
+    #[test]
+    fn timed_sinks_count_the_cpu_of_their_calls() {
+        use futures::SinkExt;
+        fn burn(secs: f64) {
+            let t0 = super::thread_cpu_secs();
+            while super::thread_cpu_secs() - t0 < secs {
+                std::hint::black_box(0u64);
+            }
+        }
+        let ns = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let inner = futures::sink::drain::<u32>().with(|x: u32| {
+            burn(0.01);
+            futures::future::ready(Ok::<_, std::convert::Infallible>(x))
+        });
+        let mut sink = super::CpuTimedSink::new(inner, std::sync::Arc::clone(&ns));
+        futures::executor::block_on(async {
+            for i in 0..3 {
+                sink.send(i).await.unwrap();
+                burn(0.01); // between calls: not the sink's
+            }
+        });
+        let secs = ns.load(std::sync::atomic::Ordering::Relaxed) as f64 * 1e-9;
+        assert!((0.03..0.045).contains(&secs), "{secs}");
     }
 }

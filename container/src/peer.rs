@@ -114,6 +114,10 @@ pub struct PeerSettings {
 #[derive(Debug, Default)]
 pub struct ServeCounters {
     requests: AtomicU64,
+    /// CPU nanoseconds of the inbound connections' tasks (reading,
+    /// decoding, applying, encoding, writing), apart from the runtime's own
+    /// parking and waking.
+    cpu_ns: Arc<AtomicU64>,
     busy_ns: AtomicU64,
     bytes_in: AtomicU64,
     bytes_out: AtomicU64,
@@ -126,6 +130,10 @@ pub struct ServeTotals {
     pub requests: u64,
     /// CPU seconds spent applying them and reading the values.
     pub busy_secs: f64,
+    /// CPU seconds of the inbound connections' tasks: all the serving,
+    /// framing and system calls included, the runtime's waking between
+    /// requests not.
+    pub cpu_secs: f64,
     /// Bytes received.
     pub bytes_in: u64,
     /// Bytes answered.
@@ -266,6 +274,7 @@ impl DataPlane {
         ServeTotals {
             requests: c.requests.load(Ordering::Relaxed),
             busy_secs: c.busy_ns.load(Ordering::Relaxed) as f64 * 1e-9,
+            cpu_secs: c.cpu_ns.load(Ordering::Relaxed) as f64 * 1e-9,
             bytes_in: c.bytes_in.load(Ordering::Relaxed),
             bytes_out: c.bytes_out.load(Ordering::Relaxed),
         }
@@ -876,9 +885,11 @@ impl DataPlane {
             };
             let _ = stream.set_nodelay(true);
             let this = self.clone();
-            self.inner
-                .inbound
-                .spawn(async move { this.serve_connection(stream, remote).await });
+            let cpu = Arc::clone(&self.inner.counters.cpu_ns);
+            self.inner.inbound.spawn(crate::os::CpuTimed::new(
+                async move { this.serve_connection(stream, remote).await },
+                cpu,
+            ));
         }
     }
 
@@ -930,7 +941,7 @@ impl DataPlane {
         let (sink, mut stream) = framed.split();
         let conn_cancel = self.inner.cancel.child_token();
         let (tx, writer) = protocol::spawn_writer(
-            sink,
+            crate::os::CpuTimedSink::new(sink, Arc::clone(&self.inner.counters.cpu_ns)),
             1024,
             self.inner.faults.clone(),
             conn_cancel.clone(),

@@ -1169,7 +1169,6 @@ pub async fn run_server(
 ) -> Result<(), PsError> {
     let mut last = dp.serve_totals();
     let mut last_t = Instant::now();
-    let mut last_cpu = crate::os::process_cpu_secs();
     // Off the runtime's thread, where the serving and the control channel run.
     let opts = dp.frame_options();
     let codec_per_byte = tokio::task::spawn_blocking(move || codec_cpu_per_byte(opts))
@@ -1184,11 +1183,10 @@ pub async fn run_server(
         }
         let now = dp.serve_totals();
         let t = Instant::now();
-        let cpu = crate::os::process_cpu_secs();
         let wall_per_cpu = crate::os::wall_per_cpu();
         let bytes = (now.bytes_in - last.bytes_in) + (now.bytes_out - last.bytes_out);
         let values = (now.busy_secs - last.busy_secs).max(0.0) + codec_per_byte * bytes as f64;
-        let own = (cpu - last_cpu).max(0.0);
+        let own = (now.cpu_secs - last.cpu_secs).max(0.0);
         let report = ServerReport {
             own_secs: own * wall_per_cpu,
             values_secs: values.min(own) * wall_per_cpu,
@@ -1198,7 +1196,7 @@ pub async fn run_server(
             bytes_in: now.bytes_in - last.bytes_in,
             bytes_out: now.bytes_out - last.bytes_out,
         };
-        (last, last_t, last_cpu) = (now, t, cpu);
+        (last, last_t) = (now, t);
         if report.requests > 0 {
             to_am
                 .send(EvalToAm::ServerReport(report))
