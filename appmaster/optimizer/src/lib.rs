@@ -121,7 +121,7 @@ pub use plan::{Configuration, Holding, OpKind, Operation, Plan, PlannedOp, Table
 pub use snapshot::{ContainerMetrics, Job, Link, Role, Snapshot};
 pub use solver::{
     HomogeneousSolution, SearchOptions, Solution, Split, Uniform, solve, solve_for_roles,
-    solve_heterogeneous, solve_heterogeneous_with, solve_homogeneous,
+    solve_heterogeneous, solve_heterogeneous_with, solve_homogeneous, solve_input_for,
 };
 pub use trigger::{
     Decision, OpCost, OpCostEstimate, PolicyState, Proposal, ReconfigCostModel, STRAGGLER_FACTOR,

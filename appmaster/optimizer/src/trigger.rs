@@ -31,7 +31,7 @@ use crate::error::OptimizerError;
 use crate::executor::{ExecutionReport, OpOutcome};
 use crate::plan::{Configuration, OpKind, Operation, Plan, Table};
 use crate::snapshot::{Job, Role, Snapshot};
-use crate::solver::{solve, solve_for_roles};
+use crate::solver::{solve, solve_for_roles, solve_input_for};
 
 /// A worker behind on its mini-batches holds the look back only until the
 /// median active worker has reported this many times
@@ -452,10 +452,14 @@ impl TriggerPolicy {
                 .unwrap_or(f64::INFINITY)
         };
         // Asynchronous workers each go at their own pace whatever input
-        // they hold: today's roles are worth their best partition.
+        // they hold: today's configuration is worth its best input
+        // partition, its model split as it is (a better model split needs
+        // moves, which a plan pays for).
         let current_epoch = if snapshot.job.asynchronous {
-            let roles: Vec<Role> = now.current_placements().iter().map(|p| p.role).collect();
-            solve_for_roles(&now, &roles)
+            let placements = now.current_placements();
+            let roles: Vec<Role> = placements.iter().map(|p| p.role).collect();
+            let model_blocks: Vec<u32> = placements.iter().map(|p| p.model_blocks).collect();
+            solve_input_for(&now, &roles, &model_blocks)
                 .map(|s| s.epoch_secs)
                 .unwrap_or_else(|_| evaluated())
         } else {

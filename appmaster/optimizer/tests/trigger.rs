@@ -545,6 +545,36 @@ fn asynchronous_jobs_do_not_rebalance_for_nothing() {
     assert!(matches!(d, Decision::Stay { .. }), "{d:?}");
 }
 
+/// An asynchronous job is worth its best input partition, not its best
+/// model split: model blocks on a poorly linked server cost every worker
+/// until a plan moves them, so that plan is proposed.
+#[test]
+fn asynchronous_jobs_move_the_model_off_a_slow_server() {
+    let mut j = job(32, 8, 1000.0);
+    j.asynchronous = true;
+    let specs = vec![
+        spec("w", 1e-4, 1e9, 1e-9),
+        spec("fast", 10.0, 1e9, 1e-9),
+        spec("slow", 10.0, 1e6, 1e-9),
+    ];
+    let cfg = config(&j, &["w"], &["fast", "slow"], &[]);
+    let d = TriggerPolicy::default()
+        .decide(&snapshot(&j, &specs, &cfg, 50), &cfg)
+        .unwrap();
+    let Decision::Reconfigure(p) = d else {
+        panic!("half the model behind a 1 MB/s link is worth moving: {d:?}")
+    };
+    assert!(p.current_epoch_secs > 2.0 * p.predicted_epoch_secs, "{p:?}");
+    assert!(
+        p.plan.ops.iter().any(|o| matches!(
+            &o.op,
+            Operation::Move { from, table: Table::Model, .. } if from == "slow"
+        )),
+        "{:?}",
+        p.plan
+    );
+}
+
 /// A policy's state (what a snapshot carries for `cruise plan`) gives back
 /// a policy with the same threshold and the same cost predictions, learned
 /// ones included.
