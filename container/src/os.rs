@@ -103,6 +103,13 @@ fn clock_secs(clock: libc::clockid_t) -> f64 {
     t.tv_sec as f64 + t.tv_nsec as f64 * 1e-9
 }
 
+/// Adds the calling thread's CPU time since `t0` (a [`thread_cpu_secs`]
+/// reading) to `ns`, in nanoseconds.
+pub fn add_thread_cpu_since(t0: f64, ns: &std::sync::atomic::AtomicU64) {
+    let d = ((thread_cpu_secs() - t0).max(0.0) * 1e9) as u64;
+    ns.fetch_add(d, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// A future whose polls are timed by the polling thread's CPU clock, the
 /// nanoseconds added to a shared counter: on a single-threaded runtime, the
 /// CPU one task takes (its framing, encoding, decoding and system calls),
@@ -132,8 +139,43 @@ impl<F: std::future::Future> std::future::Future for CpuTimed<F> {
     ) -> std::task::Poll<F::Output> {
         let t0 = thread_cpu_secs();
         let r = self.inner.as_mut().poll(cx);
-        let ns = ((thread_cpu_secs() - t0).max(0.0) * 1e9) as u64;
-        self.ns.fetch_add(ns, std::sync::atomic::Ordering::Relaxed);
+        add_thread_cpu_since(t0, &self.ns);
+        r
+    }
+}
+
+/// The converse of [`CpuTimed`]: a future whose thread's CPU time between
+/// its polls is added to a counter. A future that runs alone on its thread
+/// (a worker's loop) spends that time parking and being woken.
+pub struct OffPollCpu<F> {
+    inner: std::pin::Pin<Box<F>>,
+    ns: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    last_end: Option<f64>,
+}
+
+impl<F: std::future::Future> OffPollCpu<F> {
+    /// Times what happens on the thread between `inner`'s polls into `ns`.
+    pub fn new(inner: F, ns: std::sync::Arc<std::sync::atomic::AtomicU64>) -> Self {
+        OffPollCpu {
+            inner: Box::pin(inner),
+            ns,
+            last_end: None,
+        }
+    }
+}
+
+impl<F: std::future::Future> std::future::Future for OffPollCpu<F> {
+    type Output = F::Output;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<F::Output> {
+        if let Some(end) = self.last_end {
+            add_thread_cpu_since(end, &self.ns);
+        }
+        let r = self.inner.as_mut().poll(cx);
+        self.last_end = Some(thread_cpu_secs());
         r
     }
 }
@@ -155,8 +197,7 @@ impl<S> CpuTimedSink<S> {
     fn timed<R>(&mut self, f: impl FnOnce(&mut S) -> R) -> R {
         let t0 = thread_cpu_secs();
         let r = f(&mut self.inner);
-        let ns = ((thread_cpu_secs() - t0).max(0.0) * 1e9) as u64;
-        self.ns.fetch_add(ns, std::sync::atomic::Ordering::Relaxed);
+        add_thread_cpu_since(t0, &self.ns);
         r
     }
 }
@@ -264,7 +305,15 @@ fn advise_huge_pages(start: usize, len: usize) {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
+    /// Spins until the calling thread has used `secs` of CPU.
+    pub(crate) fn burn_cpu(secs: f64) {
+        let t0 = super::thread_cpu_secs();
+        while super::thread_cpu_secs() - t0 < secs {
+            std::hint::black_box(0u64);
+        }
+    }
+
     #[test]
     fn cpu_clocks_count_work() {
         let (p0, t0) = (super::process_cpu_secs(), super::thread_cpu_secs());
@@ -339,12 +388,7 @@ mod tests {
     #[test]
     fn timed_sinks_count_the_cpu_of_their_calls() {
         use futures::SinkExt;
-        fn burn(secs: f64) {
-            let t0 = super::thread_cpu_secs();
-            while super::thread_cpu_secs() - t0 < secs {
-                std::hint::black_box(0u64);
-            }
-        }
+        let burn = burn_cpu;
         let ns = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
         let inner = futures::sink::drain::<u32>().with(|x: u32| {
             burn(0.01);
@@ -359,5 +403,39 @@ mod tests {
         });
         let secs = ns.load(std::sync::atomic::Ordering::Relaxed) as f64 * 1e-9;
         assert!((0.03..0.045).contains(&secs), "{secs}");
+    }
+
+    /// The thread's CPU between polls (parking, being woken) is counted;
+    /// its CPU inside polls is not.
+    #[test]
+    fn off_poll_cpu_counts_only_between_polls() {
+        use std::future::Future;
+        use std::sync::atomic::{AtomicU64, Ordering};
+        use std::task::{Context, Poll};
+        let burn = burn_cpu;
+        let mut polls = 0;
+        let inner = std::future::poll_fn(move |_| {
+            polls += 1;
+            burn(0.02);
+            if polls < 3 {
+                Poll::Pending
+            } else {
+                Poll::Ready(())
+            }
+        });
+        let ns = std::sync::Arc::new(AtomicU64::new(0));
+        let mut f = super::OffPollCpu::new(inner, std::sync::Arc::clone(&ns));
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        burn(0.02); // before the first poll: not the loop's waiting
+        loop {
+            if std::pin::Pin::new(&mut f).poll(&mut cx).is_ready() {
+                break;
+            }
+            burn(0.01); // between polls
+        }
+        let off = ns.load(Ordering::Relaxed) as f64 * 1e-9;
+        // 2 × 10 ms between polls; the 60 ms inside them and the 20 ms
+        // before the first are left out.
+        assert!((0.02..0.035).contains(&off), "{off}");
     }
 }

@@ -410,10 +410,7 @@ impl DataPlane {
             };
             waits.push((part.positions, w));
         }
-        let forward_ns = ((crate::os::thread_cpu_secs() - forward_start).max(0.0) * 1e9) as u64;
-        self.inner
-            .forward_cpu_ns
-            .fetch_add(forward_ns, Ordering::Relaxed);
+        crate::os::add_thread_cpu_since(forward_start, &self.inner.forward_cpu_ns);
         let this = self.clone();
         async move {
             // Wait for every part at once. Each remote answer carries the
@@ -1047,8 +1044,7 @@ impl DataPlane {
                 // counts the throttled wait of an operation that hit it.
                 let t0 = crate::os::thread_cpu_secs();
                 let fut = self.execute(op);
-                let ns = ((crate::os::thread_cpu_secs() - t0).max(0.0) * 1e9) as u64;
-                c.busy_ns.fetch_add(ns, Ordering::Relaxed);
+                crate::os::add_thread_cpu_since(t0, &c.busy_ns);
                 fut
             }
         }

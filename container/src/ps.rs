@@ -335,7 +335,7 @@ fn apply_own_pushes(
 
 /// CPU seconds used so far by the calling thread (the worker's loop), by
 /// the evaluator's outbound request connections ([`DataPlane::request_cpu_secs`]),
-/// and by the loop's thread on its requests ([`RequestCpu::loop_secs`]).
+/// and by the loop's thread on its requests ([`RequestCpu::on_loop`]).
 #[derive(Debug, Clone, Copy)]
 struct CpuMark {
     thread: f64,
@@ -360,36 +360,12 @@ impl CpuMark {
 #[derive(Debug, Clone, Copy, Default)]
 struct RequestCpu {
     connections: f64,
+    /// The loop thread's part: [`DataPlane::forward_cpu_secs`], and its CPU
+    /// between polls of the worker's loop ([`crate::os::OffPollCpu`]). The
+    /// loop waits only for answers (a pull, a push's acknowledgement), one
+    /// wake-up per server answer that arrives while it waits, which grows
+    /// with the servers a mini-batch talks to.
     on_loop: f64,
-}
-
-/// A future whose thread's CPU time between its polls is added to a
-/// counter. The worker's loop runs alone on its thread, so that time is the
-/// thread parking and being woken: it waits only for answers (a pull, a
-/// push's acknowledgement), one wake-up per server answer that arrives while
-/// it waits, which grows with the servers a mini-batch talks to.
-struct OffPollCpu<F> {
-    inner: std::pin::Pin<Box<F>>,
-    ns: Arc<std::sync::atomic::AtomicU64>,
-    last_end: Option<f64>,
-}
-
-impl<F: std::future::Future> std::future::Future for OffPollCpu<F> {
-    type Output = F::Output;
-
-    fn poll(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<F::Output> {
-        let start = crate::os::thread_cpu_secs();
-        if let Some(end) = self.last_end {
-            let ns = ((start - end).max(0.0) * 1e9) as u64;
-            self.ns.fetch_add(ns, std::sync::atomic::Ordering::Relaxed);
-        }
-        let r = self.inner.as_mut().poll(cx);
-        self.last_end = Some(crate::os::thread_cpu_secs());
-        r
-    }
 }
 
 /// Completes a mini-batch's report at its end, on the worker's loop thread:
@@ -797,11 +773,7 @@ async fn flush_pushes(
 pub async fn run_worker(ctx: WorkerContext) -> Result<(), PsError> {
     let rt = tokio::runtime::Handle::current();
     let waits = Arc::new(std::sync::atomic::AtomicU64::new(0));
-    let timed = OffPollCpu {
-        inner: Box::pin(worker_loop(ctx, Arc::clone(&waits))),
-        ns: waits,
-        last_end: None,
-    };
+    let timed = crate::os::OffPollCpu::new(worker_loop(ctx, Arc::clone(&waits)), waits);
     tokio::task::spawn_blocking(move || rt.block_on(timed))
         .await
         .map_err(|e| PsError::Remote {
@@ -1248,49 +1220,6 @@ mod tests {
         close(io_secs(0.2, 0.1, 4.0), 0.2);
         // A counter read out of order gives 0, not less.
         close(io_secs(3.0, -0.05, 1.0), 0.0);
-    }
-
-    /// The loop thread's CPU between polls (parking, being woken) is
-    /// counted; its CPU inside polls is not.
-    #[test]
-    fn off_poll_cpu_counts_only_between_polls() {
-        use std::future::Future;
-        use std::sync::atomic::{AtomicU64, Ordering};
-        use std::task::{Context, Poll};
-        fn burn(secs: f64) {
-            let t0 = crate::os::thread_cpu_secs();
-            while crate::os::thread_cpu_secs() - t0 < secs {
-                std::hint::black_box(0u64);
-            }
-        }
-        let mut polls = 0;
-        let inner = std::future::poll_fn(move |_| {
-            polls += 1;
-            burn(0.02);
-            if polls < 3 {
-                Poll::Pending
-            } else {
-                Poll::Ready(())
-            }
-        });
-        let ns = Arc::new(AtomicU64::new(0));
-        let mut f = OffPollCpu {
-            inner: Box::pin(inner),
-            ns: Arc::clone(&ns),
-            last_end: None,
-        };
-        let mut cx = Context::from_waker(std::task::Waker::noop());
-        burn(0.02); // before the first poll: not the loop's waiting
-        loop {
-            if std::pin::Pin::new(&mut f).poll(&mut cx).is_ready() {
-                break;
-            }
-            burn(0.01); // between polls
-        }
-        let off = ns.load(Ordering::Relaxed) as f64 * 1e-9;
-        // 2 × 10 ms between polls; the 60 ms inside them and the 20 ms
-        // before the first are left out.
-        assert!((0.02..0.035).contains(&off), "{off}");
     }
 
     /// Encoding and decoding values costs some CPU per byte, far less
