@@ -118,6 +118,10 @@ pub struct ServeCounters {
     /// decoding, applying, encoding, writing), apart from the runtime's own
     /// parking and waking.
     cpu_ns: Arc<AtomicU64>,
+    /// CPU nanoseconds of the inbound connections' polls that decoded no
+    /// frame and wrote nothing (woken by part of a frame; see
+    /// [`crate::os::CpuTimed::with_progress`]), not in `cpu_ns`.
+    idle_cpu_ns: Arc<AtomicU64>,
     busy_ns: AtomicU64,
     bytes_in: AtomicU64,
     bytes_out: AtomicU64,
@@ -132,8 +136,11 @@ pub struct ServeTotals {
     pub busy_secs: f64,
     /// CPU seconds of the inbound connections' tasks: all the serving,
     /// framing and system calls included, the runtime's waking between
-    /// requests not.
+    /// requests not, nor the polls that found only part of a frame.
     pub cpu_secs: f64,
+    /// CPU seconds of the inbound connections' polls that found only part
+    /// of a frame and had nothing to write.
+    pub idle_cpu_secs: f64,
     /// Bytes received.
     pub bytes_in: u64,
     /// Bytes answered.
@@ -158,6 +165,10 @@ struct Inner {
     /// this evaluator's requests cost it besides building them (framing,
     /// writing, reading and decoding the answers).
     request_cpu_ns: Arc<AtomicU64>,
+    /// CPU nanoseconds of those connections' polls that completed no
+    /// answer and wrote nothing (woken by part of an answer), not in
+    /// `request_cpu_ns`.
+    request_idle_cpu_ns: Arc<AtomicU64>,
     /// CPU nanoseconds the callers' threads spent handing requests to the
     /// connections (a channel send and a wake-up per server a request goes
     /// to).
@@ -211,6 +222,7 @@ impl DataPlane {
                 conns: Mutex::new(HashMap::new()),
                 counters: ServeCounters::default(),
                 request_cpu_ns: Arc::new(AtomicU64::new(0)),
+                request_idle_cpu_ns: Arc::new(AtomicU64::new(0)),
                 forward_cpu_ns: AtomicU64::new(0),
                 inflight: Arc::new(Inflight::default()),
                 faults,
@@ -262,6 +274,13 @@ impl DataPlane {
         self.inner.request_cpu_ns.load(Ordering::Relaxed) as f64 * 1e-9
     }
 
+    /// CPU seconds the outbound request connections have spent so far in
+    /// polls that completed no answer and wrote nothing: woken by part of
+    /// an answer. Not in [`DataPlane::request_cpu_secs`].
+    pub fn request_idle_cpu_secs(&self) -> f64 {
+        self.inner.request_idle_cpu_ns.load(Ordering::Relaxed) as f64 * 1e-9
+    }
+
     /// CPU seconds the callers' threads have spent handing requests to the
     /// outbound connections so far (see [`DataPlane::execute_traced`]).
     pub fn forward_cpu_secs(&self) -> f64 {
@@ -275,6 +294,7 @@ impl DataPlane {
             requests: c.requests.load(Ordering::Relaxed),
             busy_secs: c.busy_ns.load(Ordering::Relaxed) as f64 * 1e-9,
             cpu_secs: c.cpu_ns.load(Ordering::Relaxed) as f64 * 1e-9,
+            idle_cpu_secs: c.idle_cpu_ns.load(Ordering::Relaxed) as f64 * 1e-9,
             bytes_in: c.bytes_in.load(Ordering::Relaxed),
             bytes_out: c.bytes_out.load(Ordering::Relaxed),
         }
@@ -315,6 +335,11 @@ impl DataPlane {
         }
     }
 
+    /// This evaluator's id.
+    pub fn id(&self) -> EvaluatorId {
+        self.inner.me
+    }
+
     fn addr_of(&self, peer: EvaluatorId) -> Option<SocketAddr> {
         lock(&self.inner.directory).get(&peer).copied()
     }
@@ -340,10 +365,15 @@ impl DataPlane {
         conns.insert(peer, Arc::clone(&c));
         let this = self.clone();
         let conn = Arc::clone(&c);
-        let cpu = Arc::clone(&self.inner.request_cpu_ns);
-        self.inner.tasks.spawn(crate::os::CpuTimed::new(
-            async move { this.run_outbound(conn, rx).await },
-            cpu,
+        let progress = Arc::new(AtomicU64::new(0));
+        self.inner.tasks.spawn(crate::os::CpuTimed::with_progress(
+            {
+                let progress = Arc::clone(&progress);
+                async move { this.run_outbound(conn, rx, &progress).await }
+            },
+            Arc::clone(&self.inner.request_cpu_ns),
+            progress,
+            Arc::clone(&self.inner.request_idle_cpu_ns),
         ));
         c
     }
@@ -776,7 +806,14 @@ impl DataPlane {
     // Outbound request connections
     // ------------------------------------------------------------------
 
-    async fn run_outbound(&self, conn: Arc<OutConn>, mut rx: mpsc::UnboundedReceiver<ToOwner>) {
+    /// The outbound connection's task: writes what is queued on `rx`,
+    /// completes the answers; advances `progress` at each.
+    async fn run_outbound(
+        &self,
+        conn: Arc<OutConn>,
+        mut rx: mpsc::UnboundedReceiver<ToOwner>,
+        progress: &AtomicU64,
+    ) {
         let peer = conn.peer;
         let framed = match self.addr_of(peer) {
             None => Err(PeerError::UnknownPeer(peer)),
@@ -803,8 +840,12 @@ impl DataPlane {
                 _ = self.inner.cancel.cancelled() => break "the data plane is shutting down".to_string(),
                 _ = self.inner.faults.broken() => break "connection broken (injected fault)".to_string(),
                 frame = stream.next() => match frame {
-                    Some(Ok(ToClient::Response { id, result })) => conn.complete(id, result),
+                    Some(Ok(ToClient::Response { id, result })) => {
+                        progress.fetch_add(1, Ordering::Relaxed);
+                        conn.complete(id, result)
+                    }
                     Some(Ok(ToClient::GoAway)) => {
+                        progress.fetch_add(1, Ordering::Relaxed);
                         // Stop taking requests; flush what is queued, then acknowledge.
                         conn.closed.store(true, Ordering::SeqCst);
                         lock(&self.inner.conns).retain(|_, c| !Arc::ptr_eq(c, &conn));
@@ -829,6 +870,7 @@ impl DataPlane {
                     }
                 },
                 m = rx.recv(), if !said_goodbye => if let Some(m) = m {
+                    progress.fetch_add(1, Ordering::Relaxed);
                     let mut r = sink.feed(m).await;
                     while r.is_ok() {
                         match rx.try_recv() {
@@ -882,15 +924,23 @@ impl DataPlane {
             };
             let _ = stream.set_nodelay(true);
             let this = self.clone();
-            let cpu = Arc::clone(&self.inner.counters.cpu_ns);
-            self.inner.inbound.spawn(crate::os::CpuTimed::new(
-                async move { this.serve_connection(stream, remote).await },
-                cpu,
+            let c = &self.inner.counters;
+            let progress = Arc::new(AtomicU64::new(0));
+            self.inner.inbound.spawn(crate::os::CpuTimed::with_progress(
+                {
+                    let progress = Arc::clone(&progress);
+                    async move { this.serve_connection(stream, remote, &progress).await }
+                },
+                Arc::clone(&c.cpu_ns),
+                progress,
+                Arc::clone(&c.idle_cpu_ns),
             ));
         }
     }
 
-    async fn serve_connection(&self, stream: TcpStream, remote: SocketAddr) {
+    /// An inbound connection's task; advances `progress` at each frame it
+    /// decodes and each answer it hands to the writer.
+    async fn serve_connection(&self, stream: TcpStream, remote: SocketAddr, progress: &AtomicU64) {
         let s = &self.inner.settings;
         // Both kinds of connection share a handshake; the hello says which.
         let (id, framed) = match protocol::auth::accept::<_, ToClient, ToOwner>(
@@ -920,11 +970,11 @@ impl DataPlane {
             return;
         };
         match id.purpose {
-            Purpose::Requests => self.serve_requests(peer, framed).await,
+            Purpose::Requests => self.serve_requests(peer, framed, progress).await,
             Purpose::Bulk => {
                 let framed =
                     framed.map_codec(|c| FrameCodec::<BulkToSource, BulkToDest>::new(c.options()));
-                self.serve_bulk(peer, framed).await
+                self.serve_bulk(peer, framed, progress).await
             }
             Purpose::Control => {}
         }
@@ -934,6 +984,7 @@ impl DataPlane {
         &self,
         peer: EvaluatorId,
         framed: Framed<Stream, FrameCodec<ToClient, ToOwner>>,
+        progress: &AtomicU64,
     ) {
         let (sink, mut stream) = framed.split();
         let conn_cancel = self.inner.cancel.child_token();
@@ -958,6 +1009,7 @@ impl DataPlane {
                 _ = conn_cancel.cancelled() => return,
                 _ = self.inner.faults.broken() => return,
                 Some((id, result)) = in_flight.next(), if !in_flight.is_empty() => {
+                    progress.fetch_add(1, Ordering::Relaxed);
                     if let Ok(PeerResponse::Values(v)) = &result {
                         self.inner.counters.bytes_out.fetch_add(v.byte_len() as u64, Ordering::Relaxed);
                     }
@@ -967,16 +1019,21 @@ impl DataPlane {
                 }
                 _ = self.inner.leaving.cancelled(), if !sent_goaway => {
                     sent_goaway = true;
+                    progress.fetch_add(1, Ordering::Relaxed);
                     if tx.send(ToClient::GoAway).await.is_err() {
                         return;
                     }
                 }
                 frame = stream.next(), if !acked && in_flight.len() < MAX_IN_FLIGHT => match frame {
                     Some(Ok(ToOwner::Request { id, req })) => {
+                        progress.fetch_add(1, Ordering::Relaxed);
                         let fut = self.handle_request(peer, req);
                         in_flight.push(async move { (id, fut.await) }.boxed());
                     }
-                    Some(Ok(ToOwner::GoAwayAck)) => acked = true,
+                    Some(Ok(ToOwner::GoAwayAck)) => {
+                        progress.fetch_add(1, Ordering::Relaxed);
+                        acked = true
+                    }
                     Some(Err(e)) => {
                         tracing::warn!("data plane: closing connection from evaluator {peer}: {e}");
                         return;
@@ -1054,6 +1111,7 @@ impl DataPlane {
         &self,
         peer: EvaluatorId,
         framed: Framed<Stream, FrameCodec<BulkToSource, BulkToDest>>,
+        progress: &AtomicU64,
     ) {
         let (mut sink, mut stream) = framed.split();
         let mut current: Option<Arriving> = None;
@@ -1065,7 +1123,10 @@ impl DataPlane {
                 f = stream.next() => f,
             };
             let frame = match frame {
-                Some(Ok(f)) => f,
+                Some(Ok(f)) => {
+                    progress.fetch_add(1, Ordering::Relaxed);
+                    f
+                }
                 Some(Err(e)) => {
                     tracing::warn!("bulk transfer from evaluator {peer} failed: {e}");
                     return;

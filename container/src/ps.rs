@@ -368,12 +368,22 @@ struct RequestCpu {
     on_loop: f64,
 }
 
+/// What a worker's request CPU is told apart by (see [`io_secs`]).
+#[derive(Debug, Clone, Copy)]
+struct RequestPricing {
+    /// CPU seconds encoding and decoding take per byte of values
+    /// ([`codec_cpu_per_byte`]).
+    codec_per_byte: f64,
+    /// CPU seconds of one empty round trip ([`round_trip_cpu`]); infinite
+    /// when unknown.
+    round_trip: f64,
+}
+
 /// Completes a mini-batch's report at its end, on the worker's loop thread:
 /// its wall time since the previous one ended (`since`), its own time
-/// ([`own_secs`]) and the part of that spent on its requests off the loop
-/// thread ([`io_secs`]); `requests` is [`DataPlane::request_cpu_secs`] now
-/// and `codec_per_byte` what encoding and decoding take per byte of values
-/// ([`codec_cpu_per_byte`]).
+/// ([`own_secs`]) and the part of that spent on its requests that grows
+/// with the `servers` it talks to ([`io_secs`]); `requests` is what its
+/// requests have cost so far ([`RequestCpu`]).
 /// Returns this end, where the next mini-batch starts, so that the
 /// mini-batches tile the loop's time.
 ///
@@ -389,7 +399,8 @@ fn finish(
     r: &mut MiniBatchReport,
     since: BatchMark,
     requests: RequestCpu,
-    codec_per_byte: f64,
+    pricing: RequestPricing,
+    servers: usize,
 ) -> BatchMark {
     let end = BatchMark::now(requests);
     let loop_requests = (end.cpu.loop_requests - since.cpu.loop_requests).max(0.0);
@@ -404,13 +415,49 @@ fn finish(
         loop_cpu + request_cpu,
         wall_per_cpu,
     );
-    let codec = codec_per_byte * (r.pull_bytes + r.push_bytes) as f64;
-    r.io_secs = io_secs(
-        r.own_secs,
-        request_cpu - codec + loop_requests,
-        wall_per_cpu,
-    );
+    let codec = pricing.codec_per_byte * (r.pull_bytes + r.push_bytes) as f64;
+    let per_server = (request_cpu - codec + loop_requests)
+        .min(ROUND_TRIPS_PER_SERVER * pricing.round_trip * servers as f64);
+    r.io_secs = io_secs(r.own_secs, per_server, wall_per_cpu);
     end
+}
+
+/// Answers a worker waits for per server and mini-batch: its pull's and its
+/// push's.
+const ROUND_TRIPS_PER_SERVER: f64 = 2.0;
+
+/// Round trips [`round_trip_cpu`] times.
+const CALIBRATION_ROUND_TRIPS: u32 = 64;
+
+/// CPU seconds one request's round trip costs the calling worker beside its
+/// values: writing it, reading the answer, handing it over and being woken
+/// for it (the request connection's CPU and the calling thread's, its
+/// parking included, `waits` being the loop's [`crate::os::OffPollCpu`]).
+/// Measured with empty probes to this evaluator's own data-plane port,
+/// after one that opens the connection. `None` if they fail.
+///
+/// It bounds the part of a mini-batch's request CPU that is priced per
+/// server ([`finish`]): the rest grows with the bytes, not with who serves
+/// them. Measured beside 1 to 7 servers (MLR 1,000 features, 40 KB of
+/// values a way; 0.06- and 0.13-CPU containers; 2026-11-26), a worker's
+/// request connections took 44-127 µs of CPU a mini-batch with no trend in
+/// the servers, and the cost model, priced per server from the one-server
+/// split, predicted 2-7 times the epoch of a lone worker beside seven.
+/// With a 4 KB model the same request CPU grew by about 8 µs a server.
+async fn round_trip_cpu(dp: &DataPlane, waits: &std::sync::atomic::AtomicU64) -> Option<f64> {
+    use std::sync::atomic::Ordering::Relaxed;
+    let me = dp.id();
+    dp.probe(me, 0, 1).await.ok()?;
+    let (c0, t0, w0) = (
+        dp.request_cpu_secs(),
+        crate::os::thread_cpu_secs(),
+        waits.load(Relaxed),
+    );
+    dp.probe(me, 0, CALIBRATION_ROUND_TRIPS).await.ok()?;
+    let cpu = (dp.request_cpu_secs() - c0)
+        + (crate::os::thread_cpu_secs() - t0)
+        + waits.load(Relaxed).saturating_sub(w0) as f64 * 1e-9;
+    (cpu > 0.0).then(|| cpu / f64::from(CALIBRATION_ROUND_TRIPS))
 }
 
 /// Where a mini-batch ended (and the next began): the CPU clocks, then the
@@ -437,7 +484,8 @@ impl BatchMark {
 /// took beyond encoding and decoding the values (writing, reading, waking,
 /// completing; a pull and a push per server), plus what the loop's thread
 /// spent handing each request to its connection and being woken for the
-/// answers ([`RequestCpu`]). The values' part is as large whoever holds
+/// answers ([`RequestCpu`]), at most two empty round trips a server
+/// ([`round_trip_cpu`]). The values' part is as large whoever holds
 /// them, and stays in the own time (the cost model prices it per record).
 /// Left in the loop's own time, the wake-ups made a 0.09-CPU worker beside
 /// 7 servers (MLR 100 features) measure 5.1 µs of computing a record where
@@ -811,8 +859,12 @@ async fn worker_loop(
     let model = ctx.app.model();
     let mut reporter = Reporter::new(ctx.to_am.clone());
     let mut key_cache = KeyCache::default();
-    let codec_per_byte = codec_cpu_per_byte(ctx.dp.frame_options());
     let dp = ctx.dp.clone();
+    let pricing = RequestPricing {
+        codec_per_byte: codec_cpu_per_byte(dp.frame_options()),
+        round_trip: round_trip_cpu(&dp, &waits).await.unwrap_or(f64::INFINITY),
+    };
+    tracing::debug!(?pricing, "a worker's request CPU");
     let request_cpu = || RequestCpu {
         connections: dp.request_cpu_secs(),
         on_loop: dp.forward_cpu_secs()
@@ -866,7 +918,7 @@ async fn worker_loop(
             }
         }
         let mut last = BatchMark::now(request_cpu());
-        let codec = codec_per_byte;
+        let servers = || store.owner_count(MODEL_TABLE);
         while let Some(cur) = ahead.pop_front() {
             if ctx.stop.is_cancelled() {
                 break 'epochs;
@@ -950,7 +1002,7 @@ async fn worker_loop(
                 timed_pushes: u32::from(deltas.is_empty()),
             };
             if deltas.is_empty() {
-                last = finish(&mut report, last, request_cpu(), codec);
+                last = finish(&mut report, last, request_cpu(), pricing, servers());
                 reporter.add(report);
                 refill(&mut ahead, &mut cursor, depth.max(1), pushed);
             } else {
@@ -979,13 +1031,13 @@ async fn worker_loop(
                         recent.pop_front();
                     }
                     let mut p = push;
-                    last = finish(&mut p.report, last, request_cpu(), codec);
+                    last = finish(&mut p.report, last, request_cpu(), pricing, servers());
                     pushes.push_back(p);
                 } else {
                     let t = Instant::now();
                     let mut r = complete_push(push).await?;
                     r.wait_secs += t.elapsed().as_secs_f64();
-                    last = finish(&mut r, last, request_cpu(), codec);
+                    last = finish(&mut r, last, request_cpu(), pricing, servers());
                     reporter.add(r);
                     refill(&mut ahead, &mut cursor, 1, pushed);
                 }
@@ -997,6 +1049,15 @@ async fn worker_loop(
         flush_pushes(&mut reporter, &mut pushes).await?;
         recent.clear();
         clock += 1;
+        tracing::debug!(
+            clock,
+            loop_cpu = crate::os::thread_cpu_secs(),
+            connections = dp.request_cpu_secs(),
+            connections_idle = dp.request_idle_cpu_secs(),
+            forward = dp.forward_cpu_secs(),
+            waits = waits.load(std::sync::atomic::Ordering::Relaxed) as f64 * 1e-9,
+            "worker CPU so far, seconds"
+        );
         reporter.send(EvalToAm::ClockTick { clock }).await?;
     }
     // Stopping: flush the pushes in flight before saying so.
@@ -1240,6 +1301,74 @@ mod tests {
         assert_eq!(pipeline_depth(2, 3), 2);
     }
 
+    const UNPRICED: RequestPricing = RequestPricing {
+        codec_per_byte: 0.0,
+        round_trip: f64::INFINITY,
+    };
+
+    /// A mini-batch's request CPU is priced per server up to two round
+    /// trips a server; beyond, it stays in the own time (per record).
+    #[test]
+    fn request_cpu_per_server_is_at_most_two_round_trips_a_server() {
+        let io_of = |round_trip: f64, servers: usize| {
+            let since = BatchMark::now(RequestCpu::default());
+            std::thread::sleep(Duration::from_millis(50));
+            let mut r = MiniBatchReport::default();
+            let spent = RequestCpu {
+                connections: 0.01,
+                on_loop: 0.002,
+            };
+            let pricing = RequestPricing {
+                codec_per_byte: 0.0,
+                round_trip,
+            };
+            finish(&mut r, since, spent, pricing, servers);
+            (r.io_secs, r.own_secs)
+        };
+        let wpc = crate::os::wall_per_cpu();
+        let close = |(io, own): (f64, f64), cpu: f64| {
+            let want = (cpu * wpc).min(own);
+            assert!((io - want).abs() < 1e-12, "{io} != {want}");
+        };
+        // 12 ms of request CPU; round trips of 1 ms: 2 ms a server.
+        close(io_of(1e-3, 2), 4e-3);
+        close(io_of(1e-3, 5), 10e-3);
+        close(io_of(1e-3, 7), 12e-3);
+        // Unknown round trip: all of it.
+        close(io_of(f64::INFINITY, 1), 12e-3);
+    }
+
+    /// A round trip to the evaluator's own data-plane port costs its
+    /// caller some CPU, far less than a millisecond on a free core.
+    #[tokio::test]
+    async fn an_empty_round_trip_is_measured() {
+        use crate::protocol::auth::Secret;
+        let store = crate::store::Store::new(1);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let cancel = tokio_util::sync::CancellationToken::new();
+        let settings = crate::peer::PeerSettings {
+            job_id: "job_round_trip_0001".into(),
+            secret: Secret::generate(),
+            frames: crate::protocol::FrameOptions::default(),
+            connect_timeout: Duration::from_secs(5),
+            chunk_bytes: 1 << 16,
+            drain_timeout: Duration::from_secs(5),
+        };
+        let dp =
+            DataPlane::start(1, store, listener, settings, Default::default(), &cancel).unwrap();
+        let waits = std::sync::atomic::AtomicU64::new(0);
+        assert_eq!(
+            round_trip_cpu(&dp, &waits).await,
+            None,
+            "not in its directory yet"
+        );
+        dp.set_peers(&[(1, addr)]);
+        let cpu = round_trip_cpu(&dp, &waits).await.expect("measured");
+        assert!(cpu > 0.0 && cpu < 1e-3, "{cpu}");
+        dp.shutdown().await;
+    }
+
     /// Each mini-batch ends where the next begins: their wall times add up
     /// to the span of the loop, with nothing left between them.
     #[test]
@@ -1250,7 +1379,7 @@ mod tests {
         for _ in 0..3 {
             std::thread::sleep(Duration::from_millis(2));
             let mut r = MiniBatchReport::default();
-            mark = finish(&mut r, mark, RequestCpu::default(), 0.0);
+            mark = finish(&mut r, mark, RequestCpu::default(), UNPRICED, 1);
             assert!(r.batch_secs >= 0.002, "{}", r.batch_secs);
             sum += r.batch_secs;
         }

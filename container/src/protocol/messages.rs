@@ -456,11 +456,12 @@ pub struct MiniBatchReport {
     /// every answer came at once (`crate::ps` says how it is measured).
     /// At least `batch_secs - wait_secs`, at most `batch_secs`.
     pub own_secs: f64,
-    /// Of `own_secs`, the part spent outside the worker's loop thread: the
-    /// evaluator's runtime thread framing, sending and receiving the
-    /// requests to the servers (process CPU minus the loop thread's, at
-    /// the wall seconds a CPU second takes here). It grows with the
-    /// servers a mini-batch talks to, not with its records.
+    /// Of `own_secs`, the part that grows with the servers a mini-batch
+    /// talks to, not with its records: its requests' CPU beyond encoding
+    /// and decoding the values (the request connections' and the loop
+    /// thread's hand-offs and wake-ups), at most two empty round trips a
+    /// server, at the wall seconds a CPU second takes here (`crate::ps`
+    /// says how it is measured).
     pub io_secs: f64,
     /// Per-peer transfers of the pull and the push (local parts excluded),
     /// of the timed ones only.
