@@ -141,12 +141,9 @@ impl<F: std::future::Future> CpuTimed<F> {
     /// advanced `progress`: a frame decoded, a message written); the others
     /// go to `idle_ns`. Those are a connection woken by part of a frame,
     /// which a slow link delivers a few segments at a time. That CPU goes
-    /// on while its task waits for the rest, and is gone once the answers
-    /// wait in the socket for it (a worker running flat out). Measured per
-    /// worker (MLR 1,000 features, 0.06- and 0.13-CPU containers, 167
-    /// Mbit/s to 936 Mbit/s links, 2026-11-26): nothing beside 2 to 7
-    /// servers; 10-25% of the request connections' CPU for seven workers
-    /// behind one slow, saturated server.
+    /// on while its task waits for the rest, and is gone once the frames
+    /// wait in the socket for it (a worker or server running flat out), so
+    /// it is not part of what a request costs there.
     pub fn with_progress(
         inner: F,
         ns: std::sync::Arc<std::sync::atomic::AtomicU64>,

@@ -437,13 +437,9 @@ const CALIBRATION_ROUND_TRIPS: u32 = 64;
 /// after one that opens the connection. `None` if they fail.
 ///
 /// It bounds the part of a mini-batch's request CPU that is priced per
-/// server ([`finish`]): the rest grows with the bytes, not with who serves
-/// them. Measured beside 1 to 7 servers (MLR 1,000 features, 40 KB of
-/// values a way; 0.06- and 0.13-CPU containers; 2026-11-26), a worker's
-/// request connections took 44-127 µs of CPU a mini-batch with no trend in
-/// the servers, and the cost model, priced per server from the one-server
-/// split, predicted 2-7 times the epoch of a lone worker beside seven.
-/// With a 4 KB model the same request CPU grew by about 8 µs a server.
+/// server ([`finish`]): what grows with the servers is the cost of a
+/// request; the rest grows with the bytes, whoever serves them
+/// (BENCHMARKS.md, issue #16, third pass, has the measurements).
 async fn round_trip_cpu(dp: &DataPlane, waits: &std::sync::atomic::AtomicU64) -> Option<f64> {
     use std::sync::atomic::Ordering::Relaxed;
     let me = dp.id();
