@@ -21,6 +21,7 @@
 //! between several server addresses, bounded retries with backoff, and
 //! errors naming the endpoint and status.
 
+mod actor;
 pub mod emulation;
 pub mod http;
 pub mod local;

@@ -21,10 +21,10 @@ use async_trait::async_trait;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use tokio::sync::{mpsc, oneshot};
-use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::actor::{ActorHandle, Cmd, Reply};
 use crate::emulation::{Emulation, Placement};
 use crate::{
     Capacity, ContainerId, ContainerRequest, ExitStatus, LaunchSpec, ResourceManager, RmError,
@@ -52,13 +52,6 @@ pub struct LocalConfig {
     pub reclaim_deadline: Duration,
 }
 
-enum Cmd {
-    Request(ContainerRequest, oneshot::Sender<Result<(), RmError>>),
-    Release(ContainerId, oneshot::Sender<Result<(), RmError>>),
-    Capacity(oneshot::Sender<Capacity>),
-    Shutdown(oneshot::Sender<()>),
-}
-
 enum Internal {
     Exited {
         id: ContainerId,
@@ -75,8 +68,7 @@ enum Internal {
 
 /// The local resource manager (a handle to its actor).
 pub struct LocalRm {
-    cmd: mpsc::Sender<Cmd>,
-    actor: std::sync::Mutex<Option<JoinHandle<()>>>,
+    actor: ActorHandle,
     emulation: Option<String>,
 }
 
@@ -99,7 +91,6 @@ impl LocalRm {
         events: mpsc::UnboundedSender<RmEvent>,
         emulation: Option<Emulation>,
     ) -> LocalRm {
-        let (cmd_tx, cmd_rx) = mpsc::channel(64);
         let description = emulation.as_ref().map(Emulation::describe);
         let actor = Actor {
             config,
@@ -113,21 +104,10 @@ impl LocalRm {
             generation: 0,
             emulation,
         };
-        let handle = tokio::spawn(actor.run(cmd_rx));
         LocalRm {
-            cmd: cmd_tx,
-            actor: std::sync::Mutex::new(Some(handle)),
+            actor: ActorHandle::spawn("local", |cmds| actor.run(cmds)),
             emulation: description,
         }
-    }
-
-    async fn call<T>(&self, make: impl FnOnce(oneshot::Sender<T>) -> Cmd) -> Result<T, RmError> {
-        let (tx, rx) = oneshot::channel();
-        self.cmd
-            .send(make(tx))
-            .await
-            .map_err(|_| RmError::Stopped("local"))?;
-        rx.await.map_err(|_| RmError::Stopped("local"))
     }
 }
 
@@ -138,16 +118,15 @@ impl ResourceManager for LocalRm {
     }
 
     async fn request(&self, req: ContainerRequest) -> Result<(), RmError> {
-        self.call(|tx| Cmd::Request(req, tx)).await?
+        self.actor.request(req).await
     }
 
     async fn release(&self, container: &ContainerId) -> Result<(), RmError> {
-        let id = container.clone();
-        self.call(|tx| Cmd::Release(id, tx)).await?
+        self.actor.release(container).await
     }
 
     async fn capacity(&self) -> Result<Capacity, RmError> {
-        self.call(Cmd::Capacity).await
+        self.actor.capacity().await
     }
 
     fn emulation(&self) -> Option<String> {
@@ -155,15 +134,7 @@ impl ResourceManager for LocalRm {
     }
 
     async fn shutdown(&self) -> Result<(), RmError> {
-        let r = self.call(Cmd::Shutdown).await;
-        let handle = self.actor.lock().unwrap_or_else(|p| p.into_inner()).take();
-        if let Some(h) = handle {
-            let _ = h.await;
-        }
-        match r {
-            Ok(()) | Err(RmError::Stopped(_)) => Ok(()),
-            Err(e) => Err(e),
-        }
+        self.actor.shutdown().await
     }
 }
 
@@ -194,7 +165,7 @@ struct Actor {
 impl Actor {
     async fn run(mut self, mut cmds: mpsc::Receiver<Cmd>) {
         let (int_tx, mut int_rx) = mpsc::unbounded_channel::<Internal>();
-        let mut shutting_down: Option<oneshot::Sender<()>> = None;
+        let mut shutting_down: Option<Reply<()>> = None;
         if !self.config.capacity_schedule.is_empty() {
             let (steps, tx, cancel) = (
                 self.config.capacity_schedule.clone(),
@@ -228,10 +199,10 @@ impl Actor {
                         let _ = reply.send(self.release(&id, &int_tx));
                     }
                     Some(Cmd::Capacity(reply)) => {
-                        let _ = reply.send(Capacity {
+                        let _ = reply.send(Ok(Capacity {
                             max_containers: self.config.max_containers,
                             running: self.running.len() as u32,
-                        });
+                        }));
                     }
                     Some(Cmd::Shutdown(reply)) => {
                         self.timers.cancel();
@@ -283,7 +254,7 @@ impl Actor {
             e.shutdown();
         }
         if let Some(reply) = shutting_down {
-            let _ = reply.send(());
+            let _ = reply.send(Ok(()));
         }
     }
 

@@ -49,6 +49,7 @@ use serde_json::{Value, json};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
+use crate::actor::{ActorHandle, Cmd};
 use crate::http::HttpOptions;
 use crate::{
     Capacity, ContainerId, ContainerRequest, ExitStatus, LaunchSpec, ResourceManager, RmError,
@@ -98,13 +99,6 @@ pub struct MesosConfig {
     pub default_size: (u32, u32),
 }
 
-enum Cmd {
-    Request(ContainerRequest, oneshot::Sender<Result<(), RmError>>),
-    Release(ContainerId, oneshot::Sender<Result<(), RmError>>),
-    Capacity(oneshot::Sender<Result<Capacity, RmError>>),
-    Shutdown(oneshot::Sender<Result<(), RmError>>),
-}
-
 /// What the subscription and caller tasks tell the actor.
 enum Note {
     Subscribed {
@@ -130,8 +124,7 @@ enum Note {
 
 /// The Mesos resource manager (a handle to its actor).
 pub struct MesosRm {
-    cmd: mpsc::Sender<Cmd>,
-    actor: std::sync::Mutex<Option<JoinHandle<()>>>,
+    actor: ActorHandle,
     framework: Arc<Mutex<FrameworkIds>>,
 }
 
@@ -168,7 +161,6 @@ impl MesosRm {
             ids: Arc::clone(&ids),
             armed: false,
         };
-        let (cmd_tx, cmd_rx) = mpsc::channel(64);
         let (note_tx, note_rx) = mpsc::unbounded_channel();
         let (call_tx, call_rx) = mpsc::unbounded_channel();
         let caller = tokio::spawn(caller(Arc::clone(&client), call_rx, note_tx.clone()));
@@ -199,10 +191,8 @@ impl MesosRm {
             reported_capacity: None,
             guard,
         };
-        let handle = tokio::spawn(actor.run(cmd_rx, note_rx));
         Ok(MesosRm {
-            cmd: cmd_tx,
-            actor: std::sync::Mutex::new(Some(handle)),
+            actor: ActorHandle::spawn("mesos", |cmds| actor.run(cmds, note_rx)),
             framework: ids,
         })
     }
@@ -215,15 +205,6 @@ impl MesosRm {
             .framework_id
             .clone()
     }
-
-    async fn call<T>(&self, make: impl FnOnce(oneshot::Sender<T>) -> Cmd) -> Result<T, RmError> {
-        let (tx, rx) = oneshot::channel();
-        self.cmd
-            .send(make(tx))
-            .await
-            .map_err(|_| RmError::Stopped("mesos"))?;
-        rx.await.map_err(|_| RmError::Stopped("mesos"))
-    }
 }
 
 #[async_trait]
@@ -233,29 +214,19 @@ impl ResourceManager for MesosRm {
     }
 
     async fn request(&self, req: ContainerRequest) -> Result<(), RmError> {
-        self.call(|tx| Cmd::Request(req, tx)).await?
+        self.actor.request(req).await
     }
 
     async fn release(&self, container: &ContainerId) -> Result<(), RmError> {
-        let id = container.clone();
-        self.call(|tx| Cmd::Release(id, tx)).await?
+        self.actor.release(container).await
     }
 
     async fn capacity(&self) -> Result<Capacity, RmError> {
-        self.call(Cmd::Capacity).await?
+        self.actor.capacity().await
     }
 
     async fn shutdown(&self) -> Result<(), RmError> {
-        let r = self.call(Cmd::Shutdown).await;
-        let handle = self.actor.lock().unwrap_or_else(|p| p.into_inner()).take();
-        if let Some(h) = handle {
-            let _ = h.await;
-        }
-        match r {
-            Ok(r) => r,
-            Err(RmError::Stopped(_)) => Ok(()),
-            Err(e) => Err(e),
-        }
+        self.actor.shutdown().await
     }
 }
 

@@ -36,9 +36,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use tokio::sync::{mpsc, oneshot};
-use tokio::task::JoinHandle;
+use tokio::sync::mpsc;
 
+use crate::actor::{ActorHandle, Cmd};
 use crate::http::HttpOptions;
 use crate::{
     Capacity, ContainerId, ContainerRequest, ExitStatus, LaunchSpec, ResourceManager, RmError,
@@ -81,17 +81,9 @@ pub struct YarnConfig {
     pub default_size: (u32, u32),
 }
 
-enum Cmd {
-    Request(ContainerRequest, oneshot::Sender<Result<(), RmError>>),
-    Release(ContainerId, oneshot::Sender<Result<(), RmError>>),
-    Capacity(oneshot::Sender<Result<Capacity, RmError>>),
-    Shutdown(oneshot::Sender<Result<(), RmError>>),
-}
-
 /// The YARN resource manager (a handle to its actor).
 pub struct YarnRm {
-    cmd: mpsc::Sender<Cmd>,
-    actor: std::sync::Mutex<Option<JoinHandle<()>>>,
+    actor: ActorHandle,
     service: String,
 }
 
@@ -118,13 +110,10 @@ impl YarnRm {
         if launch.program.is_empty() {
             return Err(RmError::BadRequest("empty evaluator program".into()));
         }
-        let (cmd_tx, cmd_rx) = mpsc::channel(64);
         let service = config.service_name.clone();
         let actor = Actor::new(config, launch, events)?;
-        let handle = tokio::spawn(actor.run(cmd_rx));
         Ok(YarnRm {
-            cmd: cmd_tx,
-            actor: std::sync::Mutex::new(Some(handle)),
+            actor: ActorHandle::spawn("yarn", |cmds| actor.run(cmds)),
             service,
         })
     }
@@ -132,15 +121,6 @@ impl YarnRm {
     /// The service's name.
     pub fn service_name(&self) -> &str {
         &self.service
-    }
-
-    async fn call<T>(&self, make: impl FnOnce(oneshot::Sender<T>) -> Cmd) -> Result<T, RmError> {
-        let (tx, rx) = oneshot::channel();
-        self.cmd
-            .send(make(tx))
-            .await
-            .map_err(|_| RmError::Stopped("yarn"))?;
-        rx.await.map_err(|_| RmError::Stopped("yarn"))
     }
 }
 
@@ -151,29 +131,19 @@ impl ResourceManager for YarnRm {
     }
 
     async fn request(&self, req: ContainerRequest) -> Result<(), RmError> {
-        self.call(|tx| Cmd::Request(req, tx)).await?
+        self.actor.request(req).await
     }
 
     async fn release(&self, container: &ContainerId) -> Result<(), RmError> {
-        let id = container.clone();
-        self.call(|tx| Cmd::Release(id, tx)).await?
+        self.actor.release(container).await
     }
 
     async fn capacity(&self) -> Result<Capacity, RmError> {
-        self.call(Cmd::Capacity).await?
+        self.actor.capacity().await
     }
 
     async fn shutdown(&self) -> Result<(), RmError> {
-        let r = self.call(Cmd::Shutdown).await;
-        let handle = self.actor.lock().unwrap_or_else(|p| p.into_inner()).take();
-        if let Some(h) = handle {
-            let _ = h.await;
-        }
-        match r {
-            Ok(r) => r,
-            Err(RmError::Stopped(_)) => Ok(()),
-            Err(e) => Err(e),
-        }
+        self.actor.shutdown().await
     }
 }
 
