@@ -12,7 +12,7 @@ pub mod control;
 mod job;
 pub mod metrics;
 mod outputs;
-pub mod reconfig;
+pub mod snapshot;
 
 pub use job::{PlanRecord, plural, split_text};
 

@@ -39,6 +39,7 @@ use super::{
 };
 
 mod reconfigure;
+mod runner;
 
 pub use reconfigure::PlanRecord;
 use reconfigure::Reconfig;

@@ -35,9 +35,10 @@ use cruise_optimizer::{
 };
 use cruise_rm::{ContainerId, ContainerRequest};
 
+use super::runner::AmRunner;
 use super::{Driver, Phase, plural, split_text};
 use crate::am::metrics::Metrics;
-use crate::am::reconfig::{AmRunner, EvalFacts, JobFacts, build_snapshot, id_of};
+use crate::am::snapshot::{EvalFacts, JobFacts, build_snapshot, id_of};
 use crate::am::{AmError, Event, Role};
 
 type Reply = oneshot::Sender<Result<OpReport, OpError>>;
@@ -238,9 +239,9 @@ impl Reconfig {
     }
 
     /// Whether `name` is the optimizer's name for a container the job may
-    /// add ([`crate::am::reconfig::new_name`]) that no plan has added.
+    /// add ([`crate::am::snapshot::new_name`]) that no plan has added.
     fn unrealized_offer(&self, name: &str) -> bool {
-        crate::am::reconfig::is_new_name(name) && !self.names.contains_key(name)
+        crate::am::snapshot::is_new_name(name) && !self.names.contains_key(name)
     }
 
     /// Whether an evaluator is on its way out (its end is expected).
@@ -549,7 +550,7 @@ impl Driver {
         {
             let text = format!(
                 "waiting: server {} has not reported what serving costs it yet",
-                crate::am::reconfig::name_of(e.id)
+                crate::am::snapshot::name_of(e.id)
             );
             self.note_decision(text);
             return;

@@ -1,26 +1,17 @@
-//! Reconfiguration: the bridge between the optimizer library and the AM.
-//!
-//! - [`build_snapshot`] turns the AM's measurements and ownership into the
-//!   optimizer's [`Snapshot`] and [`Configuration`] (containers are named
-//!   `e<id>`; capacity the job may grow into appears as idle `new<k>`).
-//! - [`AmRunner`] is the plan executor's [`OperationRunner`]: each operation
-//!   becomes an [`Event::PlanOp`] carried out by the job's event loop (the
-//!   one owner of job state), which answers when the operation has taken
-//!   effect or failed. The executor itself runs in its own task and reports
-//!   with [`Event::PlanDone`].
+//! What the optimizer is told: [`build_snapshot`] turns the AM's
+//! measurements and ownership into the optimizer's [`Snapshot`] and
+//! [`Configuration`] (containers are named `e<id>`; capacity the job may
+//! grow into appears as idle `new<k>`).
 
 use std::collections::BTreeSet;
 
-use tokio::sync::{mpsc, oneshot};
-
 use cruise_container::protocol::EvaluatorId;
 use cruise_optimizer::{
-    Configuration, ContainerMetrics, CostModel, Holding, Job, OpError, OpReport, Operation,
-    OperationRunner, Role as ORole, Snapshot,
+    Configuration, ContainerMetrics, CostModel, Holding, Job, Role as ORole, Snapshot,
 };
 
+use super::Role;
 use super::metrics::Metrics;
-use super::{Event, Role};
 
 /// Bandwidth assumed when nothing has been measured yet (loopback-like).
 pub const UNMEASURED_BANDWIDTH: f64 = 1e9;
@@ -464,33 +455,6 @@ fn assemble(
         policy: None,
     };
     (snapshot, config)
-}
-
-/// The plan executor's runner: forwards each operation to the event loop.
-pub struct AmRunner {
-    events: mpsc::Sender<Event>,
-}
-
-impl AmRunner {
-    /// A runner that sends operations to the loop's event channel.
-    pub fn new(events: mpsc::Sender<Event>) -> Self {
-        AmRunner { events }
-    }
-}
-
-impl OperationRunner for AmRunner {
-    async fn execute(&self, op: &Operation) -> Result<OpReport, OpError> {
-        let (reply, rx) = oneshot::channel();
-        self.events
-            .send(Event::PlanOp {
-                op: op.clone(),
-                reply,
-            })
-            .await
-            .map_err(|_| OpError::new("the AM stopped"))?;
-        rx.await
-            .map_err(|_| OpError::new("the AM dropped the operation (job ending)"))?
-    }
 }
 
 #[cfg(test)]
