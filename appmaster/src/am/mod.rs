@@ -69,17 +69,9 @@ pub enum AmError {
     Cancelled,
 }
 
-/// The role of an evaluator.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Role {
-    /// Not assigned yet.
-    Idle,
-    /// Trains on input blocks.
-    Worker,
-    /// Serves model blocks.
-    Server,
-}
+/// The role of an evaluator: the optimizer's, so that a plan's roles are
+/// the AM's without translation.
+pub use cruise_optimizer::Role;
 
 /// One epoch of training, as the AM saw it.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]

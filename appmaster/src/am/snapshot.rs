@@ -6,9 +6,7 @@
 use std::collections::BTreeSet;
 
 use cruise_container::protocol::EvaluatorId;
-use cruise_optimizer::{
-    Configuration, ContainerMetrics, CostModel, Holding, Job, Role as ORole, Snapshot,
-};
+use cruise_optimizer::{Configuration, ContainerMetrics, CostModel, Holding, Job, Snapshot};
 
 use super::Role;
 use super::metrics::Metrics;
@@ -111,14 +109,6 @@ fn snap(values: &mut [Option<f64>], tol: f64) {
             values[i] = Some(mean);
         }
         start = end;
-    }
-}
-
-fn orole(r: Role) -> ORole {
-    match r {
-        Role::Worker => ORole::Worker,
-        Role::Server => ORole::Server,
-        Role::Idle => ORole::Idle,
     }
 }
 
@@ -385,7 +375,7 @@ fn assemble(
         let em = m.get(e.id);
         containers.push(ContainerMetrics {
             id: name_of(e.id),
-            role: orole(e.role),
+            role: e.role,
             compute_secs_per_record: comp[i],
             cpu_speed: speed[i],
             bandwidth_bytes_per_sec: bw[i].unwrap_or(mean_bw),
@@ -400,7 +390,7 @@ fn assemble(
         config.containers.insert(
             name_of(e.id),
             Holding {
-                role: orole(e.role),
+                role: e.role,
                 input: e.input.clone(),
                 model: e.model.clone(),
             },
@@ -409,7 +399,7 @@ fn assemble(
     for k in 0..job.spare {
         containers.push(ContainerMetrics {
             id: new_name(k),
-            role: ORole::Idle,
+            role: Role::Idle,
             compute_secs_per_record: None,
             cpu_speed: mean_speed,
             bandwidth_bytes_per_sec: mean_bw,
@@ -424,7 +414,7 @@ fn assemble(
         config.containers.insert(
             new_name(k),
             Holding {
-                role: ORole::Idle,
+                role: Role::Idle,
                 input: BTreeSet::new(),
                 model: BTreeSet::new(),
             },
@@ -618,7 +608,7 @@ mod tests {
         assert_eq!(s.containers.len(), 3);
         assert_eq!(c.containers.len(), 3);
         let new = &s.containers[2];
-        assert_eq!((new.id.as_str(), new.role), ("new0", ORole::Idle));
+        assert_eq!((new.id.as_str(), new.role), ("new0", Role::Idle));
         assert_eq!(
             new.cpu_speed,
             Some(3.0),

@@ -30,8 +30,8 @@ use cruise_container::protocol::{
 };
 use cruise_optimizer::{
     Decision, ExecutionReport, ExecutorConfig, Job, OpCost, OpError, OpKind, OpOutcome, OpReport,
-    Operation, Plan, PlanExecutor, ReconfigCostModel, Role as ORole, Snapshot, Table,
-    TriggerConfig, TriggerPolicy,
+    Operation, Plan, PlanExecutor, ReconfigCostModel, Snapshot, Table, TriggerConfig,
+    TriggerPolicy,
 };
 use cruise_rm::{ContainerId, ContainerRequest};
 
@@ -308,14 +308,6 @@ fn table_of(t: Table) -> TableId {
     match t {
         Table::Input => INPUT_TABLE,
         Table::Model => MODEL_TABLE,
-    }
-}
-
-fn role_of(r: ORole) -> Role {
-    match r {
-        ORole::Worker => Role::Worker,
-        ORole::Server => Role::Server,
-        ORole::Idle => Role::Idle,
     }
 }
 
@@ -674,8 +666,8 @@ impl Driver {
             )),
             Decision::Reconfigure(p) => {
                 let (w, s) = self.role_counts();
-                let tw = p.target.values().filter(|x| x.role == ORole::Worker).count() as u32;
-                let ts = p.target.values().filter(|x| x.role == ORole::Server).count() as u32;
+                let tw = p.target.values().filter(|x| x.role == Role::Worker).count() as u32;
+                let ts = p.target.values().filter(|x| x.role == Role::Server).count() as u32;
                 let seen = match self.rc.proposed {
                     Some((split, n)) if split == (tw, ts) => n + 1,
                     _ => 1,
@@ -979,12 +971,10 @@ impl Driver {
                 from,
                 to,
             } => self.start_move(table, blocks, &from, &to, reply).await,
-            Operation::Add { container, role } => {
-                self.start_add(container, role_of(role), reply).await
-            }
+            Operation::Add { container, role } => self.start_add(container, role, reply).await,
             Operation::Delete { container } => self.start_delete(&container, reply).await,
             Operation::Switch { container, to_role } => {
-                self.start_switch(&container, role_of(to_role), reply).await
+                self.start_switch(&container, to_role, reply).await
             }
         };
         if let Err((reply, e)) = r {
