@@ -100,8 +100,24 @@ struct Evaluator {
 
 #[derive(Default)]
 struct Container {
-    exit: Option<(ExitStatus, String, bool)>,
+    /// How its process ended, once the resource manager said.
+    ended: Option<Ended>,
     evaluator: Option<EvaluatorId>,
+}
+
+/// How a container's process ended, as its resource manager reported it.
+#[derive(Clone)]
+struct Ended {
+    exit: ExitStatus,
+    diagnostics: String,
+}
+
+/// An evaluator whose connection was lost, while the AM waits for its
+/// container's exit status to say why.
+struct PendingLoss {
+    eval: EvaluatorId,
+    reason: String,
+    since: Instant,
 }
 
 /// The owner of the job's state.
@@ -143,7 +159,7 @@ pub(super) struct Driver {
     outputs: Outputs,
     initial_split: (u32, u32),
     /// A lost evaluator whose exit status we are waiting for.
-    pending_loss: Option<(EvaluatorId, String, Instant)>,
+    pending_loss: Option<PendingLoss>,
     /// Measurements and live reconfiguration.
     rc: Reconfig,
     /// The emulated cluster, in words (from the resource manager).
@@ -330,12 +346,13 @@ impl Driver {
     }
 
     fn check_time(&mut self) -> Result<(), AmError> {
-        if let Some((id, reason, since)) = &self.pending_loss
-            && since.elapsed() >= EXIT_STATUS_WAIT
+        if let Some(loss) = &self.pending_loss
+            && loss.since.elapsed() >= EXIT_STATUS_WAIT
         {
             return Err(AmError::JobFailed(format!(
-                "{} lost: {reason}; the resource manager has not reported its exit status",
-                self.describe(*id)
+                "{} lost: {}; the resource manager has not reported its exit status",
+                self.describe(loss.eval),
+                loss.reason
             )));
         }
         let timeout = Duration::from_millis(self.config.channel.heartbeat_timeout_ms);
@@ -378,10 +395,12 @@ impl Driver {
                 container,
                 exit,
                 diagnostics,
-                released,
+                released: _,
             } => {
-                self.containers.entry(container.clone()).or_default().exit =
-                    Some((exit, diagnostics.clone(), released));
+                self.containers.entry(container.clone()).or_default().ended = Some(Ended {
+                    exit,
+                    diagnostics: diagnostics.clone(),
+                });
                 if self.phase == Phase::Finishing || self.on_container_ended(&container).await {
                     return Ok(());
                 }
@@ -391,7 +410,7 @@ impl Driver {
                     None => format!("container {container} (before its evaluator registered)"),
                 };
                 let reason = match self.pending_loss.take() {
-                    Some((_, r, _)) => format!("{r}; "),
+                    Some(loss) => format!("{}; ", loss.reason),
                     None => String::new(),
                 };
                 return Err(AmError::JobFailed(format!(
@@ -435,17 +454,24 @@ impl Driver {
                     return Ok(());
                 }
                 let container = e.container.clone();
-                if let Some((exit, diag, _)) =
-                    self.containers.get(&container).and_then(|c| c.exit.clone())
+                if let Some(ended) = self
+                    .containers
+                    .get(&container)
+                    .and_then(|c| c.ended.clone())
                 {
                     return Err(AmError::JobFailed(format!(
-                        "{} lost: {reason}; its process ended: {exit}{}",
+                        "{} lost: {reason}; its process ended: {}{}",
                         self.describe(eval),
-                        stderr_note(&diag)
+                        ended.exit,
+                        stderr_note(&ended.diagnostics)
                     )));
                 }
                 tracing::warn!("{} disconnected: {reason}", self.describe(eval));
-                self.pending_loss = Some((eval, reason, Instant::now()));
+                self.pending_loss = Some(PendingLoss {
+                    eval,
+                    reason,
+                    since: Instant::now(),
+                });
             }
             Event::Message { eval, msg } => self.on_message(eval, msg).await?,
             Event::PlanOp { op, reply } => self.on_plan_op(op, reply).await,
@@ -1050,7 +1076,7 @@ impl Driver {
         self.evaluators.values().all(|e| {
             self.containers
                 .get(&e.container)
-                .is_some_and(|c| c.exit.is_some())
+                .is_some_and(|c| c.ended.is_some())
         })
     }
 

@@ -135,6 +135,14 @@ pub struct PlanRecord {
     pub bytes_moved: u64,
 }
 
+/// A split the optimizer proposed, and in how many looks in a row.
+#[derive(Debug, Clone, Copy)]
+struct Proposal {
+    workers: u32,
+    servers: u32,
+    looks: u32,
+}
+
 /// The reconfiguration state of a job.
 /// The link measurements taken before training starts
 /// ([`Driver::probe_before_training`]).
@@ -189,7 +197,7 @@ pub(super) struct Reconfig {
     pub(super) stop_after_plan: bool,
     pub(super) last_decision: Option<String>,
     /// The split the last looks proposed, and how many looks in a row did.
-    proposed: Option<((u32, u32), u32)>,
+    proposed: Option<Proposal>,
     pub(super) history: Vec<PlanRecord>,
     /// Bytes of each input block (from loading), for the optimizer.
     pub(super) input_bytes: HashMap<BlockId, u64>,
@@ -669,10 +677,14 @@ impl Driver {
                 let tw = p.target.values().filter(|x| x.role == Role::Worker).count() as u32;
                 let ts = p.target.values().filter(|x| x.role == Role::Server).count() as u32;
                 let seen = match self.rc.proposed {
-                    Some((split, n)) if split == (tw, ts) => n + 1,
+                    Some(p) if (p.workers, p.servers) == (tw, ts) => p.looks + 1,
                     _ => 1,
                 };
-                self.rc.proposed = Some(((tw, ts), seen));
+                self.rc.proposed = Some(Proposal {
+                    workers: tw,
+                    servers: ts,
+                    looks: seen,
+                });
                 if !p.forced && seen < self.config.optimizer.confirmations {
                     self.note_decision(format!(
                         "considering {} (look {seen} of {}): predicted epoch {:.3} s → {:.3} s",
