@@ -80,7 +80,7 @@ pub fn hadoop_conf() -> Result<HadoopConf, AmError> {
     Ok(conf)
 }
 
-/// RM web addresses from a Hadoop configuration (`protocols.md` §6.2): the
+/// RM web addresses from a Hadoop configuration (`PROTOCOLS.md` §6.2): the
 /// per-id HA keys, else `yarn.resourcemanager.webapp.address`, else the RM
 /// host name with the default port (8088, or 8090 with `HTTPS_ONLY`).
 pub fn rm_addresses_from(conf: &HadoopConf) -> Result<Vec<String>, String> {

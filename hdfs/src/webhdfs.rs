@@ -1,4 +1,4 @@
-//! WebHDFS REST client (see `protocols.md` §4).
+//! WebHDFS REST client (see `PROTOCOLS.md` §4).
 //!
 //! Owns the HTTP conversation with namenodes and datanodes:
 //! - reads (`OPEN`) follow the namenode's 307 redirect to a datanode by hand,

@@ -3,9 +3,9 @@
 //! in-process benchmarks run on.
 //!
 //! Every benchmark measures its own reference in the same invocation and
-//! prints its figures as ratios to it: the machines are shared and noisy
-//! (see `../shared/MEASURING.md`), so absolute figures from different runs
-//! are not comparable, ratios taken seconds apart are.
+//! prints its figures as ratios to it: the machines are shared and noisy,
+//! so absolute figures from different runs are not comparable, ratios taken
+//! seconds apart are.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

@@ -24,9 +24,10 @@
 //! Compression is chosen per payload (`channel.compression`): `never`,
 //! `always` above `compress_min_bytes`, or `auto`, which compresses a sample of
 //! the body first and compresses the whole only if the sample shrinks to
-//! `compress_max_ratio` or less. Random model values do not compress and text
-//! compresses slower than loopback runs, so blind compression would cost more
-//! than it saves (see `../shared/MEASURING.md`).
+//! `compress_max_ratio` or less. Random model values do not compress (lz4
+//! ratio 1.00) and libsvm text compresses at about 0.33 GB/s, a sixth of
+//! one loopback TCP stream on this project's machines (about 2.2 GB/s), so
+//! blind compression would cost more than it saves.
 
 use std::marker::PhantomData;
 

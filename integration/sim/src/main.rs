@@ -1,7 +1,7 @@
 //! `cruise-sim`: protocol simulators for the pseudo-distributed sandbox.
 //!
 //! One binary, one subcommand per protocol. Each simulator binds to loopback,
-//! speaks the real wire format (see `../shared/protocols.md`), and really
+//! speaks the real wire format (see `PROTOCOLS.md` at the repository root), and really
 //! launches the processes it allocates.
 //!
 //! - `webhdfs` (module [`webhdfs`]): namenode and datanode endpoints over a local directory.

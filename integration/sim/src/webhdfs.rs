@@ -1,7 +1,7 @@
 //! The WebHDFS simulator: namenode and datanode endpoints over a local
 //! directory (`cruise-sim webhdfs --root DIR`).
 //!
-//! It speaks the wire format of a Hadoop 3 namenode as `protocols.md` §4
+//! It speaks the wire format of a Hadoop 3 namenode as `PROTOCOLS.md` §4
 //! records it, with real redirects: `OPEN`, `CREATE` and `APPEND` on the
 //! namenode answer 307 with a `Location` on a separate datanode listener (or
 //! 200 `{"Location":...}` with `noredirect=true`), carrying the original

@@ -1,5 +1,5 @@
 //! The HTTP side of the Mesos v1 scheduler API (`POST /api/v1/scheduler`,
-//! `protocols.md` §5): the SUBSCRIBE stream and the other calls.
+//! `PROTOCOLS.md` §5): the SUBSCRIBE stream and the other calls.
 //!
 //! - SUBSCRIBE keeps its connection open; the answer carries the
 //!   `Mesos-Stream-Id` header and a RecordIO body of JSON events, decoded by

@@ -1,5 +1,5 @@
 //! The Mesos resource manager: a framework speaking the v1 scheduler HTTP
-//! API (`protocols.md` §5); every evaluator is a command task.
+//! API (`PROTOCOLS.md` §5); every evaluator is a command task.
 //!
 //! One actor task owns the framework: its id (kept for failover), the
 //! current `Mesos-Stream-Id`, the tasks, the number of evaluators still

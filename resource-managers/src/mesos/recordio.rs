@@ -1,4 +1,4 @@
-//! RecordIO, the framing of the Mesos event stream (`protocols.md` §5.2):
+//! RecordIO, the framing of the Mesos event stream (`PROTOCOLS.md` §5.2):
 //!
 //! ```text
 //! record = <decimal byte length> "\n" <exactly that many bytes>

@@ -3,7 +3,7 @@
 //! from the RM REST API.
 //!
 //! YARN gives containers only to an ApplicationMaster over the (non-REST)
-//! AM–RM protocol (`protocols.md` §3), so this runtime lets YARN's own
+//! AM–RM protocol (`PROTOCOLS.md` §3), so this runtime lets YARN's own
 //! ServiceMaster hold them: the first [`ResourceManager::request`] creates a
 //! service with one component whose `launch_command` is the evaluator command
 //! and whose environment is the [`LaunchSpec`]'s, later requests flex the

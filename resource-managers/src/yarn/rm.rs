@@ -1,5 +1,5 @@
 //! A client of the YARN ResourceManager REST API (`/ws/v1/cluster`, see
-//! `protocols.md` §1): cluster info, metrics and nodes (the capacity the
+//! `PROTOCOLS.md` §1): cluster info, metrics and nodes (the capacity the
 //! optimizer may use), new-application, submission of an application master
 //! container, application reports, attempts and kill.
 //!

@@ -1,5 +1,5 @@
 //! A client of the YARN Services REST API (`/app/v1/services`, see
-//! `protocols.md` §2): create a service, read it with its live containers,
+//! `PROTOCOLS.md` §2): create a service, read it with its live containers,
 //! flex a component, decommission instances, destroy it.
 //!
 //! Statuses follow `ApiServer.java`: create answers 202, flex of one

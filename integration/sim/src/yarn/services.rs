@@ -1,7 +1,7 @@
 //! YARN Services REST API (`/app/v1/services`): create a service from its
 //! components, report it with live containers, flex components, decommission
 //! instances, stop/start, change lifetime, destroy. Status codes and bodies
-//! follow `ApiServer.java` (see protocols.md §2); the ServiceMaster's work
+//! follow `ApiServer.java` (see PROTOCOLS.md §2); the ServiceMaster's work
 //! (instances, restarts, flexing) is done by [`super::state::State`].
 
 use std::collections::{BTreeMap, HashMap};
