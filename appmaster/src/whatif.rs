@@ -15,7 +15,7 @@ use std::path::Path;
 
 use cruise_optimizer::{
     Configuration, ContainerMetrics, CostModel, Decision, Holding, Operation, Role, Snapshot,
-    TriggerConfig, TriggerPolicy, Uniform, solve_homogeneous,
+    TriggerConfig, TriggerPolicy, Uniform, solve, solve_homogeneous,
 };
 
 /// Errors of the what-if tool.
@@ -366,6 +366,22 @@ pub fn report(
             now.epoch_secs, now.bottleneck
         );
     }
+    // The search the decision rests on: proven best, or the best found
+    // before it stopped (too many containers, or its node budget).
+    if let Ok(best) = CostModel::new(&snap).and_then(|m| solve(&m)) {
+        let _ = writeln!(
+            out,
+            "search: {} role assignments evaluated; {}",
+            best.evaluations,
+            if best.exact {
+                "the best split is proven best under the cost model"
+            } else {
+                "it stopped early (more containers than the exhaustive search \
+                 takes, or its node budget ran out): the best split found so \
+                 far, not proven"
+            }
+        );
+    }
     // Decide as the job did: with its gain threshold and the cost
     // estimates it had (its priors and what its earlier plans taught it),
     // when the snapshot carries them.
@@ -496,6 +512,39 @@ mod tests {
             r.contains("switch e2 to Worker") || r.contains("switch e3 to Worker"),
             "{r}"
         );
+    }
+
+    /// `cruise plan` says whether the search proved its best split.
+    #[test]
+    fn the_search_says_whether_it_finished() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = write(dir.path());
+        let r = report(&p, None, Some(0.05)).unwrap();
+        assert!(r.contains("proven best"), "{r}");
+        // Unequal containers over the exhaustive search's limit (10):
+        // local search.
+        let servers: Vec<String> = (2..=12)
+            .map(|i| {
+                format!(
+                    r#"{{"id": "e{i}", "role": "server", "bandwidth_bytes_per_sec": {}e6, "model_blocks": {}}}"#,
+                    10 * i,
+                    u32::from(i <= 9)
+                )
+            })
+            .collect();
+        let big = format!(
+            r#"{{"job": {{"total_records": 100000, "mini_batch_size": 100, "bytes_per_mini_batch": 80000.0,
+                 "input_blocks": 8, "model_blocks": 8, "remaining_epochs": 10.0}},
+               "containers": [
+                 {{"id": "e1", "role": "worker", "compute_secs_per_record": 2e-5, "bandwidth_bytes_per_sec": 1e9,
+                   "input_blocks": 8, "mini_batches": 50}},
+                 {}]}}"#,
+            servers.join(",\n")
+        );
+        let p = dir.path().join("big.json");
+        std::fs::write(&p, big).unwrap();
+        let r = report(&p, None, Some(0.05)).unwrap();
+        assert!(r.contains("stopped early"), "{r}");
     }
 
     #[test]
