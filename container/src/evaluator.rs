@@ -200,6 +200,24 @@ struct Task {
     handle: JoinHandle<()>,
 }
 
+/// The role tasks running here, owned by the evaluator's loop.
+#[derive(Default)]
+struct Roles {
+    worker: Option<Task>,
+    server: Option<Task>,
+}
+
+/// What the handlers of the AM's messages reach the rest of the evaluator
+/// by: the control channel to the AM, the loop's channel for a task's
+/// fatal error, the tracker tasks are spawned on, and the clock bound the
+/// worker waits on (SSP).
+struct Links {
+    to_am: mpsc::Sender<EvalToAm>,
+    fail: mpsc::Sender<String>,
+    tracker: TaskTracker,
+    min_clock: watch::Sender<u32>,
+}
+
 /// Runs an evaluator until the AM shuts it down (`Ok`), `shutdown` is
 /// cancelled (`Ok`, after a graceful stop), or something fails.
 pub async fn run(
@@ -275,11 +293,15 @@ pub async fn run(
     tracing::info!(container = %env.container_id, %data_addr, "registered with the AM at {}", env.am_addr);
 
     let (fail_tx, mut fail_rx) = mpsc::channel::<String>(16);
-    let (min_clock_tx, _) = watch::channel(0u32);
+    let links = Links {
+        to_am: to_am.clone(),
+        fail: fail_tx,
+        tracker: tracker.clone(),
+        min_clock: watch::channel(0u32).0,
+    };
     let mut listener = Some(listener);
     let mut job: Option<Job> = None;
-    let mut worker: Option<Task> = None;
-    let mut server: Option<Task> = None;
+    let mut roles = Roles::default();
     let mut hb_interval = Duration::from_millis(defaults.heartbeat_interval_ms);
     let mut hb_timeout = Duration::from_millis(defaults.heartbeat_timeout_ms);
     let mut heartbeat = tokio::time::interval(hb_interval);
@@ -342,7 +364,7 @@ pub async fn run(
                         let Some(j) = job.as_ref() else {
                             break Err(EvaluatorError::Protocol(format!("{other:?} before Setup")));
                         };
-                        if let Err(e) = handle(other, j, &to_am, &fail_tx, &tracker, &min_clock_tx, &mut worker, &mut server).await {
+                        if let Err(e) = handle(other, j, &links, &mut roles).await {
                             break Err(e);
                         }
                     }
@@ -352,7 +374,10 @@ pub async fn run(
     };
 
     // Stop tasks: the worker after its mini-batch, the server at once.
-    for mut t in [worker.take(), server.take()].into_iter().flatten() {
+    for mut t in [roles.worker.take(), roles.server.take()]
+        .into_iter()
+        .flatten()
+    {
         t.stop.cancel();
         if tokio::time::timeout(STOP_GRACE, &mut t.handle)
             .await
@@ -373,6 +398,8 @@ pub async fn run(
             j.dp.stop().await;
         }
     }
+    // The writer ends once every sender is gone.
+    drop(links);
     drop(to_am);
     if result.is_ok() {
         // Let the writer flush our last reports.
@@ -451,17 +478,21 @@ fn start_job(
     })
 }
 
-#[allow(clippy::too_many_arguments)]
+/// Carries out one message of the AM (other than setup and shutdown) for
+/// the job set up here.
 async fn handle(
     msg: AmToEval,
     job: &Job,
-    to_am: &mpsc::Sender<EvalToAm>,
-    fail: &mpsc::Sender<String>,
-    tracker: &TaskTracker,
-    min_clock: &watch::Sender<u32>,
-    worker: &mut Option<Task>,
-    server: &mut Option<Task>,
+    links: &Links,
+    roles: &mut Roles,
 ) -> Result<(), EvaluatorError> {
+    let Links {
+        to_am,
+        fail,
+        tracker,
+        min_clock,
+    } = links;
+    let Roles { worker, server } = roles;
     let send = |m: EvalToAm| async move {
         to_am
             .send(m)
