@@ -422,6 +422,17 @@ fn finish(
     end
 }
 
+/// The servers a mini-batch talks to (the model's owners), counted again
+/// only when the ownership view has changed since `counted` (its version
+/// and count), not on every mini-batch.
+fn model_servers(store: &Store, counted: &mut (u64, usize)) -> usize {
+    let version = store.ownership_version();
+    if counted.0 != version {
+        *counted = (version, store.owner_count(MODEL_TABLE));
+    }
+    counted.1
+}
+
 /// Answers a worker waits for per server and mini-batch: its pull's and its
 /// push's.
 const ROUND_TRIPS_PER_SERVER: f64 = 2.0;
@@ -914,7 +925,7 @@ async fn worker_loop(
             }
         }
         let mut last = BatchMark::now(request_cpu());
-        let servers = || store.owner_count(MODEL_TABLE);
+        let mut counted = (u64::MAX, 0usize);
         while let Some(cur) = ahead.pop_front() {
             if ctx.stop.is_cancelled() {
                 break 'epochs;
@@ -998,7 +1009,13 @@ async fn worker_loop(
                 timed_pushes: u32::from(deltas.is_empty()),
             };
             if deltas.is_empty() {
-                last = finish(&mut report, last, request_cpu(), pricing, servers());
+                last = finish(
+                    &mut report,
+                    last,
+                    request_cpu(),
+                    pricing,
+                    model_servers(&store, &mut counted),
+                );
                 reporter.add(report);
                 refill(&mut ahead, &mut cursor, depth.max(1), pushed);
             } else {
@@ -1027,13 +1044,25 @@ async fn worker_loop(
                         recent.pop_front();
                     }
                     let mut p = push;
-                    last = finish(&mut p.report, last, request_cpu(), pricing, servers());
+                    last = finish(
+                        &mut p.report,
+                        last,
+                        request_cpu(),
+                        pricing,
+                        model_servers(&store, &mut counted),
+                    );
                     pushes.push_back(p);
                 } else {
                     let t = Instant::now();
                     let mut r = complete_push(push).await?;
                     r.wait_secs += t.elapsed().as_secs_f64();
-                    last = finish(&mut r, last, request_cpu(), pricing, servers());
+                    last = finish(
+                        &mut r,
+                        last,
+                        request_cpu(),
+                        pricing,
+                        model_servers(&store, &mut counted),
+                    );
                     reporter.add(r);
                     refill(&mut ahead, &mut cursor, 1, pushed);
                 }
@@ -1225,6 +1254,11 @@ pub async fn run_server(
             bytes_in: now.bytes_in - last.bytes_in,
             bytes_out: now.bytes_out - last.bytes_out,
         };
+        tracing::debug!(
+            ?report,
+            idle_cpu_secs = now.idle_cpu_secs - last.idle_cpu_secs,
+            "serving in the last period"
+        );
         (last, last_t) = (now, t);
         if report.requests > 0 {
             to_am
