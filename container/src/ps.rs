@@ -374,8 +374,8 @@ struct RequestPricing {
     /// CPU seconds encoding and decoding take per byte of values
     /// ([`codec_cpu_per_byte`]).
     codec_per_byte: f64,
-    /// CPU seconds of one empty round trip ([`round_trip_cpu`]); infinite
-    /// when unknown.
+    /// CPU seconds one empty round trip takes the request connection
+    /// ([`round_trip_cpu`]); infinite when unknown.
     round_trip: f64,
 }
 
@@ -440,17 +440,20 @@ const ROUND_TRIPS_PER_SERVER: f64 = 2.0;
 /// Round trips [`round_trip_cpu`] times.
 const CALIBRATION_ROUND_TRIPS: u32 = 64;
 
-/// CPU seconds one request's round trip costs the calling worker beside its
-/// values: writing it, reading the answer, handing it over and being woken
-/// for it (the request connection's CPU and the calling thread's, its
-/// parking included, `waits` being the loop's [`crate::os::OffPollCpu`]).
-/// Measured with empty probes to this evaluator's own data-plane port,
-/// after one that opens the connection. `None` if they fail.
+/// CPU seconds one request's round trip costs the request connection of
+/// the calling worker beside its values: writing the request and reading
+/// the answer. Measured with empty probes to this evaluator's own
+/// data-plane port, after one that opens the connection. `None` if they
+/// fail.
 ///
 /// It bounds the part of a mini-batch's request CPU that is priced per
-/// server ([`finish`]): what grows with the servers is the cost of a
-/// request; the rest grows with the bytes, whoever serves them
-/// (BENCHMARKS.md, issue #16, third pass, has the measurements).
+/// server ([`finish`]): what grows with the servers is the connections'
+/// work on each request; the rest grows with the bytes, whoever serves
+/// them. The calling thread's part of a probe (handing it over, being woken
+/// for its answer, parking) is logged but not counted: a mini-batch's
+/// requests go out together and its loop is woken for their answers
+/// together, so that part does not grow with the servers (BENCHMARKS.md,
+/// issue #16, fourth pass, has the measurements).
 async fn round_trip_cpu(dp: &DataPlane, waits: &std::sync::atomic::AtomicU64) -> Option<f64> {
     use std::sync::atomic::Ordering::Relaxed;
     let me = dp.id();
@@ -461,10 +464,15 @@ async fn round_trip_cpu(dp: &DataPlane, waits: &std::sync::atomic::AtomicU64) ->
         waits.load(Relaxed),
     );
     dp.probe(me, 0, CALIBRATION_ROUND_TRIPS).await.ok()?;
-    let cpu = (dp.request_cpu_secs() - c0)
-        + (crate::os::thread_cpu_secs() - t0)
-        + waits.load(Relaxed).saturating_sub(w0) as f64 * 1e-9;
-    (cpu > 0.0).then(|| cpu / f64::from(CALIBRATION_ROUND_TRIPS))
+    let connection = dp.request_cpu_secs() - c0;
+    tracing::debug!(
+        connection,
+        loop_thread = crate::os::thread_cpu_secs() - t0,
+        waits = waits.load(Relaxed).saturating_sub(w0) as f64 * 1e-9,
+        round_trips = CALIBRATION_ROUND_TRIPS,
+        "empty round trips' CPU, seconds"
+    );
+    (connection > 0.0).then(|| connection / f64::from(CALIBRATION_ROUND_TRIPS))
 }
 
 /// Where a mini-batch ended (and the next began): the CPU clocks, then the
@@ -491,8 +499,8 @@ impl BatchMark {
 /// took beyond encoding and decoding the values (writing, reading, waking,
 /// completing; a pull and a push per server), plus what the loop's thread
 /// spent handing each request to its connection and being woken for the
-/// answers ([`RequestCpu`]), at most two empty round trips a server
-/// ([`round_trip_cpu`]). The values' part is as large whoever holds
+/// answers ([`RequestCpu`]), at most what two empty round trips take a
+/// request connection, a server ([`round_trip_cpu`]). The values' part is as large whoever holds
 /// them, and stays in the own time (the cost model prices it per record).
 /// Left in the loop's own time, the wake-ups made a 0.09-CPU worker beside
 /// 7 servers (MLR 100 features) measure 5.1 µs of computing a record where
@@ -1081,6 +1089,8 @@ async fn worker_loop(
             connections_idle = dp.request_idle_cpu_secs(),
             forward = dp.forward_cpu_secs(),
             waits = waits.load(std::sync::atomic::Ordering::Relaxed) as f64 * 1e-9,
+            servers = model_servers(&store, &mut counted),
+            pushed,
             "worker CPU so far, seconds"
         );
         reporter.send(EvalToAm::ClockTick { clock }).await?;
@@ -1369,7 +1379,8 @@ mod tests {
     }
 
     /// A round trip to the evaluator's own data-plane port costs its
-    /// caller some CPU, far less than a millisecond on a free core.
+    /// request connection some CPU, far less than a millisecond on a free
+    /// core.
     #[tokio::test]
     async fn an_empty_round_trip_is_measured() {
         use crate::protocol::auth::Secret;
