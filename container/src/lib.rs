@@ -18,6 +18,7 @@ pub mod apps;
 pub mod emulate;
 pub mod evaluator;
 pub mod os;
+pub mod ownership;
 pub mod peer;
 pub mod protocol;
 pub mod ps;

@@ -7,7 +7,7 @@
 //! Everything is real except the AM: several [`DataPlane`]s, each with its own
 //! [`Store`], talk over loopback sockets with the real handshake and frames,
 //! exactly as evaluators do. A small driver plays the AM: it holds the
-//! authoritative ownership table, broadcasts an ownership delta to every store
+//! authoritative ownership table (the AM's [`OwnerTable`]), broadcasts an ownership delta to every store
 //! after each `BlockMoved` report, and publishes the peer directory.
 //!
 //! The model is an "add-vector": every key holds `[sum, count]`, every push
@@ -38,6 +38,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use cruise_container::ownership::OwnerTable;
 use cruise_container::peer::{DataPlane, PeerSettings};
 use cruise_container::protocol::{
     BlockId, EvalToAm, EvaluatorId, Faults, FrameOptions, INPUT_TABLE, Key, MODEL_TABLE,
@@ -386,8 +387,7 @@ struct Driver {
     settings: PeerSettings,
     nodes: BTreeMap<EvaluatorId, Node>,
     next_id: EvaluatorId,
-    owners: BTreeMap<TableId, Vec<EvaluatorId>>,
-    version: u64,
+    owners: OwnerTable,
     next_move: u64,
     tally: Arc<Tally>,
     rng: ChaCha8Rng,
@@ -426,8 +426,7 @@ impl Driver {
             },
             nodes: BTreeMap::new(),
             next_id: 1,
-            owners: BTreeMap::new(),
-            version: 0,
+            owners: OwnerTable::new(),
             next_move: 1,
             tally: Arc::new(Tally::new()),
             rng: ChaCha8Rng::seed_from_u64(seed),
@@ -444,12 +443,7 @@ impl Driver {
     }
 
     fn blocks_of(&self, table: TableId, id: EvaluatorId) -> Vec<BlockId> {
-        self.owners[&table]
-            .iter()
-            .enumerate()
-            .filter(|(_, o)| **o == id)
-            .map(|(b, _)| b as BlockId)
-            .collect()
+        self.owners.blocks_of(table, id)
     }
 
     async fn start_node(&mut self, worker: bool) -> Res<EvaluatorId> {
@@ -473,12 +467,9 @@ impl Driver {
             &self.cancel,
         )
         .map_err(|e| format!("starting data plane {id}: {e}"))?;
-        if self.version > 0 {
+        if self.owners.version() > 0 {
             // Joins a running job: the whole table at the current version.
-            dp.store().apply_ownership(&OwnershipUpdate {
-                version: self.version,
-                owners: self.all_owners(),
-            });
+            dp.store().apply_ownership(&self.owners.full());
         }
         self.nodes.insert(
             id,
@@ -491,17 +482,6 @@ impl Driver {
         );
         self.publish_peers();
         Ok(id)
-    }
-
-    fn all_owners(&self) -> Vec<(TableId, BlockId, EvaluatorId)> {
-        self.owners
-            .iter()
-            .flat_map(|(&t, v)| {
-                v.iter()
-                    .enumerate()
-                    .map(move |(b, &o)| (t, b as BlockId, o))
-            })
-            .collect()
     }
 
     fn publish_peers(&self) {
@@ -517,20 +497,18 @@ impl Driver {
 
     /// The AM's broadcast: a new version of the table, as a delta, to everyone.
     fn broadcast(&mut self, changes: Vec<(TableId, BlockId, EvaluatorId)>) -> Res {
-        self.version += 1;
-        for &(t, b, o) in &changes {
-            self.owners.get_mut(&t).ok_or("no table")?[b as usize] = o;
-        }
-        let u = OwnershipUpdate {
-            version: self.version,
-            owners: changes,
-        };
+        let u = self.owners.change(changes).map_err(|e| e.to_string())?;
+        self.apply_everywhere(&u)
+    }
+
+    /// Every evaluator applies `u` and is then at its version.
+    fn apply_everywhere(&self, u: &OwnershipUpdate) -> Res {
         for (id, n) in &self.nodes {
-            let v = n.dp.store().apply_ownership(&u);
-            if v != self.version {
+            let v = n.dp.store().apply_ownership(u);
+            if v != u.version {
                 return Err(format!(
                     "evaluator {id} is at ownership version {v} after applying {}",
-                    self.version
+                    u.version
                 ));
             }
         }
@@ -744,36 +722,33 @@ impl Driver {
     /// the driver's owner, no store has it in transit, and every store's view
     /// agrees with the driver.
     fn observe(&self, when: &str) -> Res {
-        for (&table, owners) in &self.owners {
-            for (b, &owner) in owners.iter().enumerate() {
-                let b = b as BlockId;
-                let mut kinds = Vec::new();
-                for (&id, n) in &self.nodes {
-                    let k =
-                        n.dp.store()
-                            .slot_kind(table, b)
-                            .map_err(|e| e.to_string())?;
-                    kinds.push((id, k));
-                    let view = n.dp.store().owner(table, b);
-                    if view != Some(owner) {
-                        return Err(format!(
-                            "{when}: evaluator {id} thinks block {b} of table {table} is on {view:?}; the driver says {owner}"
-                        ));
-                    }
-                }
-                let owned: Vec<EvaluatorId> = kinds
-                    .iter()
-                    .filter(|(_, k)| *k == SlotKind::Owned)
-                    .map(|(id, _)| *id)
-                    .collect();
-                let in_transit = kinds
-                    .iter()
-                    .any(|(_, k)| matches!(k, SlotKind::Incoming | SlotKind::MovingOut));
-                if owned != [owner] || in_transit {
+        for (table, b, owner) in self.owners.entries() {
+            let mut kinds = Vec::new();
+            for (&id, n) in &self.nodes {
+                let k =
+                    n.dp.store()
+                        .slot_kind(table, b)
+                        .map_err(|e| e.to_string())?;
+                kinds.push((id, k));
+                let view = n.dp.store().owner(table, b);
+                if view != Some(owner) {
                     return Err(format!(
-                        "{when}: block {b} of table {table}: driver says {owner}, slots {kinds:?}"
+                        "{when}: evaluator {id} thinks block {b} of table {table} is on {view:?}; the driver says {owner}"
                     ));
                 }
+            }
+            let owned: Vec<EvaluatorId> = kinds
+                .iter()
+                .filter(|(_, k)| *k == SlotKind::Owned)
+                .map(|(id, _)| *id)
+                .collect();
+            let in_transit = kinds
+                .iter()
+                .any(|(_, k)| matches!(k, SlotKind::Incoming | SlotKind::MovingOut));
+            if owned != [owner] || in_transit {
+                return Err(format!(
+                    "{when}: block {b} of table {table}: driver says {owner}, slots {kinds:?}"
+                ));
             }
         }
         Ok(())
@@ -979,10 +954,10 @@ impl Driver {
                 )
                 .map_err(|e| e.to_string())?;
         }
-        self.owners.insert(MODEL_TABLE, model);
-        self.owners.insert(INPUT_TABLE, input);
-        let all = self.all_owners();
-        self.broadcast(all)?;
+        let all = self
+            .owners
+            .assign([(MODEL_TABLE, model), (INPUT_TABLE, input)]);
+        self.apply_everywhere(&all)?;
         for id in w {
             self.start_pushers(id);
         }
@@ -1026,9 +1001,9 @@ impl Driver {
                 }
             }
         }
-        for (b, &o) in self.owners[&INPUT_TABLE].iter().enumerate() {
-            let got = self.nodes[&o].dp.store().input_block(b as BlockId);
-            if got.as_deref() != Some(&input_block(b as BlockId)) {
+        for (_, b, o) in self.owners.entries().filter(|e| e.0 == INPUT_TABLE) {
+            let got = self.nodes[&o].dp.store().input_block(b);
+            if got.as_deref() != Some(&input_block(b)) {
                 return Err(format!(
                     "input block {b} on evaluator {o} is not the block loaded"
                 ));
