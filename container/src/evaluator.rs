@@ -32,10 +32,10 @@ use crate::emulate;
 use crate::os;
 use crate::peer::{DataPlane, PeerSettings};
 use crate::protocol::{
-    self, AmToEval, EvalToAm, Faults, FrameOptions, JobSetup, ProtocolError, Purpose, Secret,
-    TaskKind,
+    self, AmToEval, EvalToAm, EvaluatorId, Faults, FrameOptions, JobSetup, OwnershipUpdate,
+    ProtocolError, Purpose, Secret, TaskKind, WorkerTask,
 };
-use crate::ps;
+use crate::ps::{self, PsError};
 use crate::store::Store;
 
 /// Environment variable: the AM's control address (`host:port`).
@@ -218,6 +218,52 @@ struct Links {
     min_clock: watch::Sender<u32>,
 }
 
+impl Links {
+    /// Sends `m` to the AM.
+    async fn send(&self, m: EvalToAm) -> Result<(), EvaluatorError> {
+        self.to_am
+            .send(m)
+            .await
+            .map_err(|_| EvaluatorError::AmLost("control channel closed".into()))
+    }
+
+    /// Runs `work` off the control loop, on the tracker: its answer, if
+    /// any, goes to the AM; its error fails the evaluator, after `what`.
+    fn answer_later<E: std::fmt::Display>(
+        &self,
+        what: &'static str,
+        work: impl Future<Output = Result<Option<EvalToAm>, E>> + Send + 'static,
+    ) {
+        let (tx, fail) = (self.to_am.clone(), self.fail.clone());
+        self.tracker.spawn(async move {
+            match work.await.map_err(|e| format!("{what}: {e}")) {
+                Ok(Some(answer)) => {
+                    let _ = tx.send(answer).await;
+                }
+                Ok(None) => {}
+                Err(error) => {
+                    let _ = fail.send(error).await;
+                }
+            }
+        });
+    }
+
+    /// Runs a task on the tracker; its error fails the evaluator, after
+    /// `what`.
+    fn fail_on_error<E: std::fmt::Display>(
+        &self,
+        what: &'static str,
+        task: impl Future<Output = Result<(), E>> + Send + 'static,
+    ) -> JoinHandle<()> {
+        let fail = self.fail.clone();
+        self.tracker.spawn(async move {
+            if let Err(error) = task.await.map_err(|e| format!("{what}: {e}")) {
+                let _ = fail.send(error).await;
+            }
+        })
+    }
+}
+
 /// Runs an evaluator until the AM shuts it down (`Ok`), `shutdown` is
 /// cancelled (`Ok`, after a graceful stop), or something fails.
 pub async fn run(
@@ -236,30 +282,9 @@ pub async fn run(
         })?;
         tracing::info!(throttle = ?env.throttle, "emulating a slower container in-process");
     }
-    let connect_timeout = Duration::from_millis(defaults.connect_timeout_ms);
-    let stream = connect_with_retry(&env.am_addr, connect_timeout).await?;
-    let io = |context: &str| {
-        let context = context.to_string();
-        move |source| EvaluatorError::Io { context, source }
-    };
-    // Serve the data plane on the interface that reaches the AM.
-    let local_ip = stream.local_addr().map_err(io("local address"))?.ip();
-    let listener = TcpListener::bind(SocketAddr::new(local_ip, 0))
-        .await
-        .map_err(io("binding the data-plane port"))?;
-    let data_addr = listener.local_addr().map_err(io("data-plane address"))?;
-    let framed = protocol::auth::connect::<_, EvalToAm, AmToEval>(
-        stream,
-        &env.secret,
-        &env.job_id,
-        &env.container_id,
-        Purpose::Control,
-        FrameOptions::control(&defaults),
-        connect_timeout,
-    )
-    .await
-    .map_err(|source| EvaluatorError::Handshake {
-        addr: env.am_addr.clone(),
+    let (framed, listener) = connect_to_am(&env, &defaults).await?;
+    let data_addr = listener.local_addr().map_err(|source| EvaluatorError::Io {
+        context: "data-plane address".into(),
         source,
     })?;
     let (sink, mut stream) = framed.split();
@@ -274,24 +299,6 @@ pub async fn run(
         &tracker,
         "control channel to the AM".to_string(),
     );
-    // A short CPU calibration, so the optimizer can compare containers it
-    // has not yet seen compute (scaled to an in-process emulated share, as
-    // a cgroup quota would make it measure).
-    let cpu_speed = tokio::task::spawn_blocking(|| os::cpu_speed(CALIBRATION))
-        .await
-        .unwrap_or(0.0)
-        * emulate::cpu_share();
-    to_am
-        .send(EvalToAm::Register {
-            data_addr,
-            pid: std::process::id(),
-            host: os::hostname(),
-            cpu_speed,
-        })
-        .await
-        .map_err(|_| EvaluatorError::AmLost("control channel closed".into()))?;
-    tracing::info!(container = %env.container_id, %data_addr, "registered with the AM at {}", env.am_addr);
-
     let (fail_tx, mut fail_rx) = mpsc::channel::<String>(16);
     let links = Links {
         to_am: to_am.clone(),
@@ -299,14 +306,18 @@ pub async fn run(
         tracker: tracker.clone(),
         min_clock: watch::channel(0u32).0,
     };
-    let mut listener = Some(listener);
-    let mut job: Option<Job> = None;
-    let mut roles = Roles::default();
-    let mut hb_interval = Duration::from_millis(defaults.heartbeat_interval_ms);
-    let mut hb_timeout = Duration::from_millis(defaults.heartbeat_timeout_ms);
-    let mut heartbeat = tokio::time::interval(hb_interval);
-    let mut last_heard = Instant::now();
+    register(&links, data_addr).await?;
+    tracing::info!(container = %env.container_id, %data_addr, "registered with the AM at {}", env.am_addr);
 
+    let mut ev = Evaluator {
+        env: &env,
+        opts: &opts,
+        listener: Some(listener),
+        job: None,
+        roles: Roles::default(),
+        links,
+        liveness: Liveness::new(&defaults),
+    };
     let result: Result<(), EvaluatorError> = loop {
         tokio::select! {
             _ = cancel.cancelled() => {
@@ -319,15 +330,12 @@ pub async fn run(
                 let _ = to_am.send(EvalToAm::Fatal { error: error.clone() }).await;
                 break Err(EvaluatorError::Task(error));
             }
-            _ = heartbeat.tick() => {
-                if last_heard.elapsed() > hb_timeout {
-                    break Err(EvaluatorError::AmLost(format!(
-                        "no message from the AM for {:.1} s (channel.heartbeat_timeout_ms = {})",
-                        last_heard.elapsed().as_secs_f64(), hb_timeout.as_millis()
-                    )));
+            _ = ev.liveness.interval.tick() => {
+                if let Err(e) = ev.liveness.check() {
+                    break Err(e);
                 }
                 let (rss, peak) = os::memory();
-                let store_bytes = job.as_ref().map_or(0, |j| j.dp.store().bytes_held());
+                let store_bytes = ev.job.as_ref().map_or(0, |j| j.dp.store().bytes_held());
                 let _ = to_am.try_send(EvalToAm::Heartbeat { rss_bytes: rss, peak_rss_bytes: peak, store_bytes });
             }
             frame = stream.next() => {
@@ -336,61 +344,20 @@ pub async fn run(
                     Some(Err(e)) => break Err(EvaluatorError::AmLost(format!("control channel error: {e}"))),
                     None => break Err(EvaluatorError::AmLost("the AM closed the control connection".into())),
                 };
-                last_heard = Instant::now();
-                match msg {
-                    AmToEval::Heartbeat => {}
-                    AmToEval::Setup(setup) => {
-                        let Some(l) = listener.take() else {
-                            break Err(EvaluatorError::Protocol("a second Setup".into()));
-                        };
-                        match start_job(&env, *setup, l, &opts) {
-                            Ok(j) => {
-                                hb_interval = Duration::from_millis(j.config.channel.heartbeat_interval_ms);
-                                hb_timeout = Duration::from_millis(j.config.channel.heartbeat_timeout_ms);
-                                heartbeat = tokio::time::interval(hb_interval);
-                                job = Some(j);
-                            }
-                            Err(e) => {
-                                let _ = to_am.send(EvalToAm::Fatal { error: e.to_string() }).await;
-                                break Err(e);
-                            }
-                        }
-                    }
-                    AmToEval::Shutdown { reason } => {
-                        tracing::info!("shutdown requested by the AM: {reason}");
-                        break Ok(());
-                    }
-                    other => {
-                        let Some(j) = job.as_ref() else {
-                            break Err(EvaluatorError::Protocol(format!("{other:?} before Setup")));
-                        };
-                        if let Err(e) = handle(other, j, &links, &mut roles).await {
-                            break Err(e);
-                        }
-                    }
+                ev.liveness.last_heard = Instant::now();
+                match ev.on_message(msg).await {
+                    Ok(false) => {}
+                    Ok(true) => break Ok(()),
+                    Err(e) => break Err(e),
                 }
             }
         }
     };
 
-    // Stop tasks: the worker after its mini-batch, the server at once.
-    for mut t in [roles.worker.take(), roles.server.take()]
-        .into_iter()
-        .flatten()
-    {
-        t.stop.cancel();
-        if tokio::time::timeout(STOP_GRACE, &mut t.handle)
-            .await
-            .is_err()
-        {
-            tracing::warn!(
-                "a task did not stop within {:.0} s of the request; abandoning it",
-                STOP_GRACE.as_secs_f64()
-            );
-            t.handle.abort();
-            let _ = t.handle.await;
-        }
-    }
+    let Evaluator {
+        job, roles, links, ..
+    } = ev;
+    stop_roles(roles).await;
     if let Some(j) = &job {
         if result.is_ok() {
             j.dp.shutdown().await;
@@ -409,6 +376,160 @@ pub async fn run(
     tracker.close();
     tracker.wait().await;
     result
+}
+
+/// The evaluator's state, owned by its control loop ([`run`]).
+struct Evaluator<'a> {
+    env: &'a EvaluatorEnv,
+    opts: &'a EvaluatorOptions,
+    /// The data plane's listener, until the job's setup starts it.
+    listener: Option<TcpListener>,
+    /// The job, once set up.
+    job: Option<Job>,
+    roles: Roles,
+    links: Links,
+    liveness: Liveness,
+}
+
+impl Evaluator<'_> {
+    /// Acts on a message of the AM; `Ok(true)` when the AM shuts this
+    /// evaluator down.
+    async fn on_message(&mut self, msg: AmToEval) -> Result<bool, EvaluatorError> {
+        match msg {
+            AmToEval::Heartbeat => {}
+            AmToEval::Setup(setup) => {
+                let Some(l) = self.listener.take() else {
+                    return Err(EvaluatorError::Protocol("a second Setup".into()));
+                };
+                match start_job(self.env, *setup, l, self.opts) {
+                    Ok(j) => {
+                        self.liveness = Liveness::new(&j.config.channel);
+                        self.job = Some(j);
+                    }
+                    Err(e) => {
+                        let error = e.to_string();
+                        let _ = self.links.send(EvalToAm::Fatal { error }).await;
+                        return Err(e);
+                    }
+                }
+            }
+            AmToEval::Shutdown { reason } => {
+                tracing::info!("shutdown requested by the AM: {reason}");
+                return Ok(true);
+            }
+            other => {
+                let Some(j) = self.job.as_ref() else {
+                    return Err(EvaluatorError::Protocol(format!("{other:?} before Setup")));
+                };
+                handle(other, j, &self.links, &mut self.roles).await?;
+            }
+        }
+        Ok(false)
+    }
+}
+
+/// When to send a heartbeat, and whether the AM is still heard from.
+struct Liveness {
+    interval: tokio::time::Interval,
+    timeout: Duration,
+    last_heard: Instant,
+}
+
+impl Liveness {
+    fn new(channel: &ChannelConfig) -> Liveness {
+        Liveness {
+            interval: tokio::time::interval(Duration::from_millis(channel.heartbeat_interval_ms)),
+            timeout: Duration::from_millis(channel.heartbeat_timeout_ms),
+            last_heard: Instant::now(),
+        }
+    }
+
+    /// An error once the AM has been silent for longer than the timeout.
+    fn check(&self) -> Result<(), EvaluatorError> {
+        let silent = self.last_heard.elapsed();
+        if silent > self.timeout {
+            return Err(EvaluatorError::AmLost(format!(
+                "no message from the AM for {:.1} s (channel.heartbeat_timeout_ms = {})",
+                silent.as_secs_f64(),
+                self.timeout.as_millis()
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// The control channel to the AM, authenticated, and the data plane's
+/// listener, bound on the interface that reaches the AM.
+async fn connect_to_am(
+    env: &EvaluatorEnv,
+    defaults: &ChannelConfig,
+) -> Result<(ControlChannel, TcpListener), EvaluatorError> {
+    let connect_timeout = Duration::from_millis(defaults.connect_timeout_ms);
+    let stream = connect_with_retry(&env.am_addr, connect_timeout).await?;
+    let io = |context: &str| {
+        let context = context.to_string();
+        move |source| EvaluatorError::Io { context, source }
+    };
+    let local_ip = stream.local_addr().map_err(io("local address"))?.ip();
+    let listener = TcpListener::bind(SocketAddr::new(local_ip, 0))
+        .await
+        .map_err(io("binding the data-plane port"))?;
+    let framed = protocol::auth::connect::<_, EvalToAm, AmToEval>(
+        stream,
+        &env.secret,
+        &env.job_id,
+        &env.container_id,
+        Purpose::Control,
+        FrameOptions::control(defaults),
+        connect_timeout,
+    )
+    .await
+    .map_err(|source| EvaluatorError::Handshake {
+        addr: env.am_addr.clone(),
+        source,
+    })?;
+    Ok((framed, listener))
+}
+
+/// The evaluator's side of the control channel.
+type ControlChannel =
+    tokio_util::codec::Framed<TcpStream, protocol::FrameCodec<EvalToAm, AmToEval>>;
+
+/// Registers with the AM, after a short CPU calibration, so the optimizer
+/// can compare containers it has not yet seen compute (scaled to an
+/// in-process emulated share, as a cgroup quota would make it measure).
+async fn register(links: &Links, data_addr: SocketAddr) -> Result<(), EvaluatorError> {
+    let cpu_speed = tokio::task::spawn_blocking(|| os::cpu_speed(CALIBRATION))
+        .await
+        .unwrap_or(0.0)
+        * emulate::cpu_share();
+    links
+        .send(EvalToAm::Register {
+            data_addr,
+            pid: std::process::id(),
+            host: os::hostname(),
+            cpu_speed,
+        })
+        .await
+}
+
+/// Stops the tasks: the worker after its mini-batch, the server at once;
+/// one that does not stop within [`STOP_GRACE`] is abandoned.
+async fn stop_roles(roles: Roles) {
+    for mut t in [roles.worker, roles.server].into_iter().flatten() {
+        t.stop.cancel();
+        if tokio::time::timeout(STOP_GRACE, &mut t.handle)
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                "a task did not stop within {:.0} s of the request; abandoning it",
+                STOP_GRACE.as_secs_f64()
+            );
+            t.handle.abort();
+            let _ = t.handle.await;
+        }
+    }
 }
 
 async fn connect_with_retry(addr: &str, timeout: Duration) -> Result<TcpStream, EvaluatorError> {
@@ -486,226 +607,195 @@ async fn handle(
     links: &Links,
     roles: &mut Roles,
 ) -> Result<(), EvaluatorError> {
-    let Links {
-        to_am,
-        fail,
-        tracker,
-        min_clock,
-    } = links;
-    let Roles { worker, server } = roles;
-    let send = |m: EvalToAm| async move {
-        to_am
-            .send(m)
-            .await
-            .map_err(|_| EvaluatorError::AmLost("control channel closed".into()))
-    };
     let store = job.dp.store().clone();
     match msg {
         AmToEval::Peers(peers) => job.dp.set_peers(&peers),
-        AmToEval::Ownership(u) => {
-            // Requests already on their way were routed by the older table:
-            // the update counts as applied here once they are done (an
-            // evaluator released after every member acknowledged cannot cut
-            // one off). Waited for off the control loop: one of them may be
-            // queued on a block that a command to this evaluator moves.
-            let version = store.apply_ownership(&u);
-            let mark = job.dp.request_mark();
-            tracing::debug!(version, changes = u.owners.len(), "ownership applied");
-            let (dp, tx) = (job.dp.clone(), to_am.clone());
-            tracker.spawn(async move {
-                dp.requests_done_before(mark).await;
-                tracing::debug!(version, "ownership acknowledged");
-                let _ = tx.send(EvalToAm::OwnershipApplied { version }).await;
-            });
-        }
+        AmToEval::Ownership(u) => apply_ownership(&u, job, links),
         AmToEval::CreateBlocks { table, blocks } => {
             store
                 .create_blocks(table, &blocks)
                 .map_err(|e| EvaluatorError::Protocol(e.to_string()))?;
-            send(EvalToAm::BlocksCreated { table, blocks }).await?;
+            links
+                .send(EvalToAm::BlocksCreated { table, blocks })
+                .await?;
         }
         AmToEval::DropInput { blocks } => {
             store
                 .drop_input(&blocks)
                 .map_err(|e| EvaluatorError::Protocol(e.to_string()))?;
-            send(EvalToAm::InputDropped { blocks }).await?;
+            links.send(EvalToAm::InputDropped { blocks }).await?;
         }
         AmToEval::LoadInput { blocks } => {
-            let (fs, app, tx, fail) = (
-                job.fs.clone(),
-                Arc::clone(&job.app),
-                to_am.clone(),
-                fail.clone(),
-            );
-            tracker.spawn(async move {
-                match ps::load_input(fs, app, store, blocks).await {
-                    Ok(blocks) => {
-                        let _ = tx.send(EvalToAm::InputLoaded { blocks }).await;
-                    }
-                    Err(e) => {
-                        let _ = fail.send(format!("loading input: {e}")).await;
-                    }
-                }
+            let (fs, app) = (job.fs.clone(), Arc::clone(&job.app));
+            links.answer_later("loading input", async move {
+                let blocks = ps::load_input(fs, app, store, blocks).await?;
+                Ok::<_, PsError>(Some(EvalToAm::InputLoaded { blocks }))
             });
         }
-        AmToEval::StartWorker(task) => {
-            if worker.as_ref().is_some_and(|w| !w.handle.is_finished()) {
-                return Err(EvaluatorError::Protocol(
-                    "StartWorker while a worker runs".into(),
-                ));
-            }
-            let stop = CancellationToken::new();
-            let ctx = ps::WorkerContext {
-                dp: job.dp.clone(),
-                app: Arc::clone(&job.app),
-                to_am: to_am.clone(),
-                stop: stop.clone(),
-                min_clock: min_clock.subscribe(),
-                mini_batch: job.config.job.mini_batch as usize,
-                task,
-                pipeline_depth: job.config.job.in_flight() as usize,
-            };
-            send(EvalToAm::TaskStarted {
-                task: TaskKind::Worker,
-            })
-            .await?;
-            let fail = fail.clone();
-            let handle = tracker.spawn(async move {
-                if let Err(e) = ps::run_worker(ctx).await {
-                    let _ = fail.send(format!("worker: {e}")).await;
-                }
-            });
-            *worker = Some(Task { stop, handle });
-        }
-        AmToEval::StopWorker => match worker.take() {
-            Some(w) => w.stop.cancel(), // the task reports TaskStopped itself
-            None => {
-                send(EvalToAm::TaskStopped {
-                    task: TaskKind::Worker,
-                })
-                .await?
-            }
-        },
-        AmToEval::StartServer => {
-            if server.as_ref().is_some_and(|s| !s.handle.is_finished()) {
-                return Err(EvaluatorError::Protocol(
-                    "StartServer while a server runs".into(),
-                ));
-            }
-            let stop = CancellationToken::new();
-            send(EvalToAm::TaskStarted {
-                task: TaskKind::Server,
-            })
-            .await?;
-            let (dp, tx, st, fail) = (job.dp.clone(), to_am.clone(), stop.clone(), fail.clone());
-            let handle = tracker.spawn(async move {
-                if let Err(e) = ps::run_server(dp, tx, st, ps::SERVER_REPORT_PERIOD).await {
-                    let _ = fail.send(format!("server: {e}")).await;
-                }
-            });
-            *server = Some(Task { stop, handle });
-        }
-        AmToEval::StopServer => match server.take() {
-            Some(s) => s.stop.cancel(),
-            None => {
-                send(EvalToAm::TaskStopped {
-                    task: TaskKind::Server,
-                })
-                .await?
-            }
-        },
+        AmToEval::StartWorker(task) => start_worker(task, job, links, roles).await?,
+        AmToEval::StopWorker => stop_task(&mut roles.worker, TaskKind::Worker, links).await?,
+        AmToEval::StartServer => start_server(job, links, roles).await?,
+        AmToEval::StopServer => stop_task(&mut roles.server, TaskKind::Server, links).await?,
         AmToEval::MoveBlocks {
             move_id,
             table,
             blocks,
             to,
         } => {
-            let (dp, tx) = (job.dp.clone(), to_am.clone());
-            tracker.spawn(async move {
+            let (dp, tx) = (job.dp.clone(), links.to_am.clone());
+            links.answer_later("reporting a move", async move {
                 let t0 = Instant::now();
-                let result = dp
-                    .move_blocks(move_id, table, &blocks, to, &tx)
-                    .await
-                    .map(|_| ())
-                    .map_err(|e| e.to_string());
-                let _ = tx
-                    .send(EvalToAm::MoveFinished {
-                        move_id,
-                        result,
-                        secs: t0.elapsed().as_secs_f64(),
-                    })
-                    .await;
+                let result = dp.move_blocks(move_id, table, &blocks, to, &tx).await;
+                Ok::<_, EvaluatorError>(Some(EvalToAm::MoveFinished {
+                    move_id,
+                    result: result.map(|_| ()).map_err(|e| e.to_string()),
+                    secs: t0.elapsed().as_secs_f64(),
+                }))
             });
         }
-        AmToEval::ProbeBandwidth { to, bytes } => {
-            let (dp, tx) = (job.dp.clone(), to_am.clone());
-            tracker.spawn(async move {
-                match dp.probe(to, bytes, 3).await {
-                    Ok(secs) => {
-                        let _ = tx.send(EvalToAm::BandwidthProbe { to, bytes, secs }).await;
-                    }
-                    // A failed probe only costs the optimizer a measurement.
-                    Err(e) => {
-                        tracing::warn!("bandwidth probe to evaluator {to}: {e}");
-                        let error = e.to_string();
-                        let _ = tx.send(EvalToAm::ProbeFailed { to, error }).await;
-                    }
-                }
-            });
-        }
-        AmToEval::Clock { min_clock: c } => {
-            min_clock.send_replace(c);
+        AmToEval::ProbeBandwidth { to, bytes } => probe_bandwidth(to, bytes, job, links),
+        AmToEval::Clock { min_clock } => {
+            links.min_clock.send_replace(min_clock);
         }
         AmToEval::Evaluate => {
-            let (dp, app, tx, fail) = (
-                job.dp.clone(),
-                Arc::clone(&job.app),
-                to_am.clone(),
-                fail.clone(),
-            );
+            let (dp, app) = (job.dp.clone(), Arc::clone(&job.app));
             let mb = job.config.job.mini_batch as usize;
-            tracker.spawn(async move {
-                match ps::evaluate(&dp, &app, mb).await {
-                    Ok(stats) => {
-                        let _ = tx.send(EvalToAm::Evaluation(stats)).await;
-                    }
-                    Err(e) => {
-                        let _ = fail.send(format!("evaluation: {e}")).await;
-                    }
-                }
+            links.answer_later("evaluation", async move {
+                let stats = ps::evaluate(&dp, &app, mb).await?;
+                Ok::<_, PsError>(Some(EvalToAm::Evaluation(stats)))
             });
         }
         AmToEval::EvaluateHeldOut { splits } => {
-            let (fs, dp, app, tx, fail) = (
-                job.fs.clone(),
-                job.dp.clone(),
-                Arc::clone(&job.app),
-                to_am.clone(),
-                fail.clone(),
-            );
+            let (fs, dp, app) = (job.fs.clone(), job.dp.clone(), Arc::clone(&job.app));
             let mb = job.config.job.mini_batch as usize;
-            tracker.spawn(async move {
-                match ps::evaluate_held_out(&fs, &dp, &app, &splits, mb).await {
-                    Ok(stats) => {
-                        let _ = tx.send(EvalToAm::HeldOutEvaluation(stats)).await;
-                    }
-                    Err(e) => {
-                        let _ = fail.send(format!("held-out evaluation: {e}")).await;
-                    }
-                }
+            links.answer_later("held-out evaluation", async move {
+                let stats = ps::evaluate_held_out(&fs, &dp, &app, &splits, mb).await?;
+                Ok::<_, PsError>(Some(EvalToAm::HeldOutEvaluation(stats)))
             });
         }
         AmToEval::DumpModel => {
-            let (tx, fail) = (to_am.clone(), fail.clone());
+            let tx = links.to_am.clone();
             // Parts well below the control channel's frame limit.
             let part_bytes = (job.config.channel.control_max_frame_bytes / 4) as usize;
-            tracker.spawn(async move {
-                if let Err(e) = ps::dump_model(&store, &tx, part_bytes).await {
-                    let _ = fail.send(format!("sending the model: {e}")).await;
-                }
+            links.answer_later("sending the model", async move {
+                ps::dump_model(&store, &tx, part_bytes).await?;
+                Ok::<_, PsError>(None)
             });
         }
         AmToEval::Heartbeat | AmToEval::Setup(_) | AmToEval::Shutdown { .. } => {}
+    }
+    Ok(())
+}
+
+/// Applies an ownership update; acknowledges it once the requests already on
+/// their way are done. They were routed by the older table: the update
+/// counts as applied here once they are done (an evaluator released after
+/// every member acknowledged cannot cut one off). Waited for off the
+/// control loop: one of them may be queued on a block that a command to
+/// this evaluator moves.
+fn apply_ownership(u: &OwnershipUpdate, job: &Job, links: &Links) {
+    let version = job.dp.store().apply_ownership(u);
+    let mark = job.dp.request_mark();
+    tracing::debug!(version, changes = u.owners.len(), "ownership applied");
+    let dp = job.dp.clone();
+    links.answer_later("acknowledging ownership", async move {
+        dp.requests_done_before(mark).await;
+        tracing::debug!(version, "ownership acknowledged");
+        Ok::<_, EvaluatorError>(Some(EvalToAm::OwnershipApplied { version }))
+    });
+}
+
+/// Measures the bulk bandwidth to `to` with `bytes`; a failed probe only
+/// costs the optimizer a measurement, and is reported as such.
+fn probe_bandwidth(to: EvaluatorId, bytes: u64, job: &Job, links: &Links) {
+    let dp = job.dp.clone();
+    links.answer_later("probing bandwidth", async move {
+        Ok::<_, EvaluatorError>(Some(match dp.probe(to, bytes, 3).await {
+            Ok(secs) => EvalToAm::BandwidthProbe { to, bytes, secs },
+            Err(e) => {
+                tracing::warn!("bandwidth probe to evaluator {to}: {e}");
+                let error = e.to_string();
+                EvalToAm::ProbeFailed { to, error }
+            }
+        }))
+    });
+}
+
+/// Starts the worker task, which reports `TaskStopped` itself when it ends.
+async fn start_worker(
+    task: WorkerTask,
+    job: &Job,
+    links: &Links,
+    roles: &mut Roles,
+) -> Result<(), EvaluatorError> {
+    if roles
+        .worker
+        .as_ref()
+        .is_some_and(|w| !w.handle.is_finished())
+    {
+        return Err(EvaluatorError::Protocol(
+            "StartWorker while a worker runs".into(),
+        ));
+    }
+    let stop = CancellationToken::new();
+    let ctx = ps::WorkerContext {
+        dp: job.dp.clone(),
+        app: Arc::clone(&job.app),
+        to_am: links.to_am.clone(),
+        stop: stop.clone(),
+        min_clock: links.min_clock.subscribe(),
+        mini_batch: job.config.job.mini_batch as usize,
+        task,
+        pipeline_depth: job.config.job.in_flight() as usize,
+    };
+    links
+        .send(EvalToAm::TaskStarted {
+            task: TaskKind::Worker,
+        })
+        .await?;
+    let handle = links.fail_on_error("worker", ps::run_worker(ctx));
+    roles.worker = Some(Task { stop, handle });
+    Ok(())
+}
+
+/// Starts the server task, which reports `TaskStopped` itself when it ends.
+async fn start_server(job: &Job, links: &Links, roles: &mut Roles) -> Result<(), EvaluatorError> {
+    if roles
+        .server
+        .as_ref()
+        .is_some_and(|s| !s.handle.is_finished())
+    {
+        return Err(EvaluatorError::Protocol(
+            "StartServer while a server runs".into(),
+        ));
+    }
+    let stop = CancellationToken::new();
+    links
+        .send(EvalToAm::TaskStarted {
+            task: TaskKind::Server,
+        })
+        .await?;
+    let run = ps::run_server(
+        job.dp.clone(),
+        links.to_am.clone(),
+        stop.clone(),
+        ps::SERVER_REPORT_PERIOD,
+    );
+    let handle = links.fail_on_error("server", run);
+    roles.server = Some(Task { stop, handle });
+    Ok(())
+}
+
+/// Stops the task in `slot`, which then reports `TaskStopped` itself; with
+/// none running, says so at once.
+async fn stop_task(
+    slot: &mut Option<Task>,
+    kind: TaskKind,
+    links: &Links,
+) -> Result<(), EvaluatorError> {
+    match slot.take() {
+        Some(t) => t.stop.cancel(),
+        None => links.send(EvalToAm::TaskStopped { task: kind }).await?,
     }
     Ok(())
 }
