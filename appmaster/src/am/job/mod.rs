@@ -25,9 +25,10 @@ use tokio_util::task::TaskTracker;
 use cruise_conf::{CruiseConfig, SyncMode};
 use cruise_container::apps;
 use cruise_container::os;
+use cruise_container::ownership::OwnerTable;
 use cruise_container::protocol::{
     AmToEval, AppParams, BlockId, EvalToAm, EvaluatorId, Faults, INPUT_TABLE, JobSetup,
-    MODEL_TABLE, OwnershipUpdate, STATE_TABLE, Stats, TableId, TaskKind, WorkerTask,
+    MODEL_TABLE, STATE_TABLE, Stats, TaskKind, WorkerTask,
 };
 use cruise_hdfs::Split;
 use cruise_rm::{ContainerId, ContainerRequest, ExitStatus, ResourceManager, RmEvent};
@@ -89,8 +90,9 @@ struct Evaluator {
     store_bytes: u64,
     max_store_bytes: u64,
     clock: u32,
-    /// Waiting for: blocks created / input loaded / worker stopped / evaluation.
-    awaiting: bool,
+    /// The answer the AM waits for from it, in a phase that waits for
+    /// every evaluator it asked.
+    awaiting: Option<Answer>,
     connected: bool,
     /// Left the job (deleted by a reconfiguration).
     gone: bool,
@@ -103,6 +105,24 @@ struct Container {
     /// How its process ended, once the resource manager said.
     ended: Option<Ended>,
     evaluator: Option<EvaluatorId>,
+}
+
+/// An answer the AM waits for from each evaluator it asked, before the
+/// phase moves on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Answer {
+    /// Loading: a server has created its model blocks.
+    BlocksCreated,
+    /// Loading: a worker has read its input blocks.
+    InputLoaded,
+    /// Stopping: a worker's task has stopped.
+    WorkerStopped,
+    /// Evaluating: a worker's metrics over its input.
+    Evaluation,
+    /// Evaluating held-out input: a worker's metrics over its splits.
+    HeldOutEvaluation,
+    /// Saving the model: a server has sent all of its part.
+    ModelDumped,
 }
 
 /// How a container's process ended, as its resource manager reported it.
@@ -142,8 +162,8 @@ pub(super) struct Driver {
     evaluators: BTreeMap<EvaluatorId, Evaluator>,
     containers: HashMap<ContainerId, Container>,
     next_eval: EvaluatorId,
-    owners: BTreeMap<TableId, Vec<EvaluatorId>>,
-    version: u64,
+    /// Who owns each block; its version is what evaluators acknowledge.
+    owners: OwnerTable,
 
     records_per_epoch: u64,
     records_done: u64,
@@ -209,8 +229,7 @@ impl Driver {
             evaluators: BTreeMap::new(),
             containers: HashMap::new(),
             next_eval: 1,
-            owners: BTreeMap::new(),
-            version: 0,
+            owners: OwnerTable::new(),
             records_per_epoch: 0,
             records_done: 0,
             epochs: Vec::new(),
@@ -320,17 +339,17 @@ impl Driver {
     }
 
     fn role_counts(&self) -> (u32, u32) {
-        let w = self
-            .evaluators
+        let count = |role| self.evaluators.values().filter(|e| e.role == role).count() as u32;
+        (count(Role::Worker), count(Role::Server))
+    }
+
+    /// The evaluators in `role`, by id.
+    fn with_role(&self, role: Role) -> Vec<EvaluatorId> {
+        self.evaluators
             .values()
-            .filter(|e| e.role == Role::Worker)
-            .count() as u32;
-        let s = self
-            .evaluators
-            .values()
-            .filter(|e| e.role == Role::Server)
-            .count() as u32;
-        (w, s)
+            .filter(|e| e.role == role)
+            .map(|e| e.id)
+            .collect()
     }
 
     fn describe(&self, id: EvaluatorId) -> String {
@@ -540,7 +559,7 @@ impl Driver {
                 store_bytes: 0,
                 max_store_bytes: 0,
                 clock: 0,
-                awaiting: false,
+                awaiting: None,
                 connected: true,
                 gone: false,
                 acked_version: 0,
@@ -557,6 +576,31 @@ impl Driver {
         }
     }
 
+    /// Sends `msg` to `id` and waits for its `answer` (see [`Answer`]).
+    async fn ask(&mut self, id: EvaluatorId, msg: AmToEval, answer: Answer) {
+        if let Some(e) = self.evaluators.get_mut(&id) {
+            e.awaiting = Some(answer);
+        }
+        self.send(id, msg).await;
+    }
+
+    /// Takes `id`'s `answer`: whether the AM was waiting for it. An answer
+    /// nobody waits for (late, or of another phase) is ignored.
+    fn answered(&mut self, id: EvaluatorId, answer: Answer) -> bool {
+        match self.evaluators.get_mut(&id) {
+            Some(e) if e.awaiting == Some(answer) => {
+                e.awaiting = None;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Whether every evaluator asked has answered.
+    fn all_answered(&self) -> bool {
+        self.evaluators.values().all(|e| e.awaiting.is_none())
+    }
+
     async fn on_message(&mut self, id: EvaluatorId, msg: EvalToAm) -> Result<(), AmError> {
         let Some(e) = self.evaluators.get_mut(&id) else {
             return Ok(());
@@ -569,55 +613,8 @@ impl Driver {
                 host,
                 cpu_speed,
             } => {
-                e.data_addr = Some(data_addr);
-                self.rc.metrics.cpu_speed(id, cpu_speed);
-                let e = self
-                    .evaluators
-                    .get_mut(&id)
-                    .ok_or_else(|| AmError::JobFailed(format!("evaluator {id} vanished")))?;
-                e.pid = pid;
-                tracing::info!(evaluator = id, container = %e.container, pid, %host, %data_addr, "evaluator registered");
-                let setup = JobSetup {
-                    evaluator: id,
-                    config: self.config.clone(),
-                    app: self.params.clone(),
-                    tables: vec![
-                        (MODEL_TABLE, self.config.store.model_blocks),
-                        (INPUT_TABLE, self.splits.len() as u32),
-                        (STATE_TABLE, self.splits.len() as u32),
-                    ],
-                };
-                self.send(id, AmToEval::Setup(Box::new(setup))).await;
-                let registered = self
-                    .evaluators
-                    .values()
-                    .filter(|e| e.data_addr.is_some())
-                    .count() as u32;
-                if self.phase == Phase::Allocating {
-                    if registered >= self.config.job.containers {
-                        self.start_loading().await;
-                    }
-                } else if !(self.phase == Phase::Training && self.on_late_registration(id).await) {
-                    // Nobody asked for it (e.g. an add that timed out): give it back.
-                    tracing::warn!(
-                        "{} registered unexpectedly; releasing it",
-                        self.describe(id)
-                    );
-                    self.send(
-                        id,
-                        AmToEval::Shutdown {
-                            reason: "not needed".into(),
-                        },
-                    )
-                    .await;
-                    if let Some(e) = self.evaluators.get_mut(&id) {
-                        e.gone = true;
-                    }
-                    let c = self.evaluators[&id].container.clone();
-                    if let Err(e) = self.rm.release(&c).await {
-                        tracing::warn!("releasing container {c}: {e}");
-                    }
-                }
+                self.on_registered(id, data_addr, pid, &host, cpu_speed)
+                    .await?
             }
             EvalToAm::Heartbeat {
                 rss_bytes,
@@ -631,32 +628,11 @@ impl Driver {
             }
             EvalToAm::OwnershipApplied { version } => self.on_ownership_applied(id, version).await,
             EvalToAm::BlocksCreated { .. } => {
-                e.awaiting = false;
-                self.maybe_start_training().await?;
+                if self.answered(id, Answer::BlocksCreated) {
+                    self.maybe_start_training().await?;
+                }
             }
-            EvalToAm::InputLoaded { blocks } => {
-                if self.phase != Phase::Loading {
-                    // Blocks re-read while training (a scale-in).
-                    if !self.on_input_reloaded(id, &blocks).await {
-                        tracing::warn!(evaluator = id, "unexpected InputLoaded");
-                    }
-                    return Ok(());
-                }
-                e.awaiting = false;
-                let bytes: u64 = blocks.iter().map(|b| b.2).sum();
-                if let Some(t) = self.rc.load_started.remove(&id) {
-                    self.rc.metrics.load(bytes, t.elapsed().as_secs_f64());
-                }
-                for &(b, records, bytes) in &blocks {
-                    self.rc.input_bytes.insert(b, bytes);
-                    self.rc.mini_batches_per_epoch += cruise_container::ps::mini_batch_count(
-                        usize::try_from(records).unwrap_or(usize::MAX),
-                        self.config.job.mini_batch as usize,
-                    ) as u64;
-                }
-                self.records_per_epoch += blocks.iter().map(|b| b.1).sum::<u64>();
-                self.maybe_start_training().await?;
-            }
+            EvalToAm::InputLoaded { blocks } => self.on_input_loaded(id, blocks).await?,
             EvalToAm::InputDropped { blocks } => self.on_input_dropped(id, blocks).await,
             EvalToAm::TaskStarted { task } => {
                 tracing::debug!(evaluator = id, ?task, "task started");
@@ -664,11 +640,11 @@ impl Driver {
             EvalToAm::TaskStopped { task } => {
                 if self.phase == Phase::Training {
                     self.on_task_stopped_in_training(id, task).await;
-                } else if task == TaskKind::Worker && self.phase == Phase::Stopping {
-                    e.awaiting = false;
-                    if self.evaluators.values().all(|e| !e.awaiting) {
-                        self.start_evaluating().await;
-                    }
+                } else if task == TaskKind::Worker
+                    && self.answered(id, Answer::WorkerStopped)
+                    && self.all_answered()
+                {
+                    self.start_evaluating().await;
                 }
             }
             EvalToAm::MiniBatch(r) => {
@@ -682,24 +658,8 @@ impl Driver {
                 e.clock = clock;
                 self.release_clocks().await;
             }
-            EvalToAm::Evaluation(stats) => {
-                if self.phase == Phase::Evaluating && e.awaiting {
-                    e.awaiting = false;
-                    self.final_stats.add(&stats);
-                    if self.evaluators.values().all(|e| !e.awaiting) {
-                        self.after_evaluation().await?;
-                    }
-                }
-            }
-            EvalToAm::HeldOutEvaluation(stats) => {
-                if self.phase == Phase::EvaluatingHeldOut && e.awaiting {
-                    e.awaiting = false;
-                    self.outputs.add_eval(&stats);
-                    if self.evaluators.values().all(|e| !e.awaiting) {
-                        self.after_held_out().await?;
-                    }
-                }
-            }
+            EvalToAm::Evaluation(stats) => self.on_evaluation(id, &stats).await?,
+            EvalToAm::HeldOutEvaluation(stats) => self.on_held_out_evaluation(id, &stats).await?,
             EvalToAm::ModelPart { keys, values } => {
                 if self.phase == Phase::SavingModel {
                     let from = self.describe(id);
@@ -707,16 +667,8 @@ impl Driver {
                 }
             }
             EvalToAm::ModelDumped { .. } => {
-                if self.phase == Phase::SavingModel && e.awaiting {
-                    e.awaiting = false;
-                    if self.evaluators.values().all(|e| !e.awaiting) {
-                        let keys = self
-                            .outputs
-                            .write_model(self.config.job.app, &self.params)
-                            .await?;
-                        tracing::info!(keys, path = %self.config.job.model_out, "model written");
-                        self.finish().await;
-                    }
+                if self.answered(id, Answer::ModelDumped) && self.all_answered() {
+                    self.write_model().await?;
                 }
             }
             EvalToAm::BlockMoved {
@@ -750,6 +702,108 @@ impl Driver {
         Ok(())
     }
 
+    /// An evaluator registered: its setup, then the phase's use of it (the
+    /// initial configuration, a planned add) or, if nobody asked for it,
+    /// its release.
+    async fn on_registered(
+        &mut self,
+        id: EvaluatorId,
+        data_addr: SocketAddr,
+        pid: u32,
+        host: &str,
+        cpu_speed: f64,
+    ) -> Result<(), AmError> {
+        self.rc.metrics.cpu_speed(id, cpu_speed);
+        let e = self
+            .evaluators
+            .get_mut(&id)
+            .ok_or_else(|| AmError::JobFailed(format!("evaluator {id} vanished")))?;
+        e.data_addr = Some(data_addr);
+        e.pid = pid;
+        tracing::info!(evaluator = id, container = %e.container, pid, %host, %data_addr, "evaluator registered");
+        let setup = JobSetup {
+            evaluator: id,
+            config: self.config.clone(),
+            app: self.params.clone(),
+            tables: vec![
+                (MODEL_TABLE, self.config.store.model_blocks),
+                (INPUT_TABLE, self.splits.len() as u32),
+                (STATE_TABLE, self.splits.len() as u32),
+            ],
+        };
+        self.send(id, AmToEval::Setup(Box::new(setup))).await;
+        let registered = self
+            .evaluators
+            .values()
+            .filter(|e| e.data_addr.is_some())
+            .count() as u32;
+        if self.phase == Phase::Allocating {
+            if registered >= self.config.job.containers {
+                self.start_loading().await;
+            }
+        } else if !(self.phase == Phase::Training && self.on_late_registration(id).await) {
+            self.release_unasked(id).await;
+        }
+        Ok(())
+    }
+
+    /// Gives back an evaluator nobody asked for (e.g. an add that timed
+    /// out).
+    async fn release_unasked(&mut self, id: EvaluatorId) {
+        tracing::warn!(
+            "{} registered unexpectedly; releasing it",
+            self.describe(id)
+        );
+        self.send(
+            id,
+            AmToEval::Shutdown {
+                reason: "not needed".into(),
+            },
+        )
+        .await;
+        let Some(e) = self.evaluators.get_mut(&id) else {
+            return;
+        };
+        e.gone = true;
+        let c = e.container.clone();
+        if let Err(e) = self.rm.release(&c).await {
+            tracing::warn!("releasing container {c}: {e}");
+        }
+    }
+
+    /// A worker read input blocks: while loading, its share of the first
+    /// epoch; while training, blocks re-read for a scale-in.
+    async fn on_input_loaded(
+        &mut self,
+        id: EvaluatorId,
+        blocks: Vec<(BlockId, u64, u64)>,
+    ) -> Result<(), AmError> {
+        if self.phase != Phase::Loading {
+            // Blocks re-read while training (a scale-in).
+            if !self.on_input_reloaded(id, &blocks).await {
+                tracing::warn!(evaluator = id, "unexpected InputLoaded");
+            }
+            return Ok(());
+        }
+        if !self.answered(id, Answer::InputLoaded) {
+            tracing::warn!(evaluator = id, "unexpected InputLoaded");
+            return Ok(());
+        }
+        let bytes: u64 = blocks.iter().map(|b| b.2).sum();
+        if let Some(t) = self.rc.load_started.remove(&id) {
+            self.rc.metrics.load(bytes, t.elapsed().as_secs_f64());
+        }
+        for &(b, records, bytes) in &blocks {
+            self.rc.input_bytes.insert(b, bytes);
+            self.rc.mini_batches_per_epoch += cruise_container::ps::mini_batch_count(
+                usize::try_from(records).unwrap_or(usize::MAX),
+                self.config.job.mini_batch as usize,
+            ) as u64;
+        }
+        self.records_per_epoch += blocks.iter().map(|b| b.1).sum::<u64>();
+        self.maybe_start_training().await
+    }
+
     async fn start_loading(&mut self) {
         let (w, s) = self.initial_split;
         // Roles are dealt in the order the resource manager started the
@@ -780,22 +834,11 @@ impl Driver {
         let ni = self.splits.len();
         let model: Vec<EvaluatorId> = (0..nm).map(|b| servers[b % servers.len()]).collect();
         let input: Vec<EvaluatorId> = (0..ni).map(|b| workers[b * workers.len() / ni]).collect();
-        self.owners.insert(MODEL_TABLE, model.clone());
-        self.owners.insert(INPUT_TABLE, input.clone());
-        self.owners.insert(STATE_TABLE, input.clone());
-        self.version += 1;
-        let update = OwnershipUpdate {
-            version: self.version,
-            owners: self
-                .owners
-                .iter()
-                .flat_map(|(&t, v)| {
-                    v.iter()
-                        .enumerate()
-                        .map(move |(b, &o)| (t, b as BlockId, o))
-                })
-                .collect(),
-        };
+        let update = self.owners.assign([
+            (MODEL_TABLE, model.clone()),
+            (INPUT_TABLE, input.clone()),
+            (STATE_TABLE, input.clone()),
+        ]);
         let peers: Vec<(EvaluatorId, SocketAddr)> = self
             .evaluators
             .values()
@@ -818,12 +861,13 @@ impl Driver {
                 .filter(|&b| model[b] == id)
                 .map(|b| b as BlockId)
                 .collect();
-            self.send(
+            self.ask(
                 id,
                 AmToEval::CreateBlocks {
                     table: MODEL_TABLE,
                     blocks,
                 },
+                Answer::BlocksCreated,
             )
             .await;
         }
@@ -833,17 +877,13 @@ impl Driver {
                 .map(|b| (b as BlockId, self.splits[b].clone()))
                 .collect();
             self.rc.load_started.insert(id, Instant::now());
-            self.send(id, AmToEval::LoadInput { blocks }).await;
-        }
-        for id in workers.iter().chain(&servers) {
-            if let Some(e) = self.evaluators.get_mut(id) {
-                e.awaiting = true;
-            }
+            self.ask(id, AmToEval::LoadInput { blocks }, Answer::InputLoaded)
+                .await;
         }
     }
 
     async fn maybe_start_training(&mut self) -> Result<(), AmError> {
-        if self.phase != Phase::Loading || self.evaluators.values().any(|e| e.awaiting) {
+        if self.phase != Phase::Loading || !self.all_answered() {
             return Ok(());
         }
         if self.records_per_epoch == 0 {
@@ -869,25 +909,10 @@ impl Driver {
                 }
             ),
         );
-        let staleness =
-            (self.config.job.sync == SyncMode::Ssp).then_some(self.config.job.staleness);
         let ids: Vec<(EvaluatorId, Role)> =
             self.evaluators.values().map(|e| (e.id, e.role)).collect();
         for (id, role) in ids {
-            match role {
-                Role::Server => self.send(id, AmToEval::StartServer).await,
-                Role::Worker => {
-                    self.send(
-                        id,
-                        AmToEval::StartWorker(WorkerTask {
-                            start_clock: 0,
-                            staleness,
-                        }),
-                    )
-                    .await
-                }
-                Role::Idle => {}
-            }
+            self.start_role(id, role).await;
         }
         if matches!(
             self.rc.start_probes,
@@ -944,6 +969,29 @@ impl Driver {
         }
     }
 
+    /// Starts `role`'s task on `id`. A worker starts at the clock the job
+    /// has released so far (0 at the start of training), which becomes its
+    /// own.
+    async fn start_role(&mut self, id: EvaluatorId, role: Role) {
+        match role {
+            Role::Server => self.send(id, AmToEval::StartServer).await,
+            Role::Worker => {
+                let start_clock = self.min_clock_sent;
+                if let Some(e) = self.evaluators.get_mut(&id) {
+                    e.clock = start_clock;
+                }
+                let staleness =
+                    (self.config.job.sync == SyncMode::Ssp).then_some(self.config.job.staleness);
+                let task = WorkerTask {
+                    start_clock,
+                    staleness,
+                };
+                self.send(id, AmToEval::StartWorker(task)).await
+            }
+            Role::Idle => {}
+        }
+    }
+
     async fn release_clocks(&mut self) {
         let min = self
             .evaluators
@@ -954,12 +1002,7 @@ impl Driver {
             .unwrap_or(0);
         if min > self.min_clock_sent {
             self.min_clock_sent = min;
-            let workers: Vec<EvaluatorId> = self
-                .evaluators
-                .values()
-                .filter(|e| e.role == Role::Worker)
-                .map(|e| e.id)
-                .collect();
+            let workers = self.with_role(Role::Worker);
             for id in workers {
                 self.send(id, AmToEval::Clock { min_clock: min }).await;
             }
@@ -974,34 +1017,45 @@ impl Driver {
             self.train_secs = t.elapsed().as_secs_f64();
         }
         self.phase(Phase::Stopping, "stopping workers".into());
-        let workers: Vec<EvaluatorId> = self
-            .evaluators
-            .values()
-            .filter(|e| e.role == Role::Worker)
-            .map(|e| e.id)
-            .collect();
-        for &id in &workers {
-            if let Some(e) = self.evaluators.get_mut(&id) {
-                e.awaiting = true;
-            }
-            self.send(id, AmToEval::StopWorker).await;
+        let workers = self.with_role(Role::Worker);
+        for id in workers {
+            self.ask(id, AmToEval::StopWorker, Answer::WorkerStopped)
+                .await;
         }
     }
 
     async fn start_evaluating(&mut self) {
         self.phase(Phase::Evaluating, "evaluating the final model".into());
-        let workers: Vec<EvaluatorId> = self
-            .evaluators
-            .values()
-            .filter(|e| e.role == Role::Worker)
-            .map(|e| e.id)
-            .collect();
-        for &id in &workers {
-            if let Some(e) = self.evaluators.get_mut(&id) {
-                e.awaiting = true;
-            }
-            self.send(id, AmToEval::Evaluate).await;
+        let workers = self.with_role(Role::Worker);
+        for id in workers {
+            self.ask(id, AmToEval::Evaluate, Answer::Evaluation).await;
         }
+    }
+
+    /// A worker's final evaluation over its input.
+    async fn on_evaluation(&mut self, id: EvaluatorId, stats: &Stats) -> Result<(), AmError> {
+        if self.answered(id, Answer::Evaluation) {
+            self.final_stats.add(stats);
+            if self.all_answered() {
+                return self.after_evaluation().await;
+            }
+        }
+        Ok(())
+    }
+
+    /// A worker's evaluation over its splits of the held-out input.
+    async fn on_held_out_evaluation(
+        &mut self,
+        id: EvaluatorId,
+        stats: &Stats,
+    ) -> Result<(), AmError> {
+        if self.answered(id, Answer::HeldOutEvaluation) {
+            self.outputs.add_eval(stats);
+            if self.all_answered() {
+                return self.after_held_out().await;
+            }
+        }
+        Ok(())
     }
 
     /// After the final evaluation: the held-out input, if any, else what
@@ -1014,17 +1068,14 @@ impl Driver {
             Phase::EvaluatingHeldOut,
             format!("evaluating held-out input {}", self.config.job.eval_input),
         );
-        let workers: Vec<EvaluatorId> = self
-            .evaluators
-            .values()
-            .filter(|e| e.role == Role::Worker)
-            .map(|e| e.id)
-            .collect();
+        let workers = self.with_role(Role::Worker);
         for (id, splits) in self.outputs.assign(&workers) {
-            if let Some(e) = self.evaluators.get_mut(&id) {
-                e.awaiting = true;
-            }
-            self.send(id, AmToEval::EvaluateHeldOut { splits }).await;
+            self.ask(
+                id,
+                AmToEval::EvaluateHeldOut { splits },
+                Answer::HeldOutEvaluation,
+            )
+            .await;
         }
         Ok(())
     }
@@ -1039,22 +1090,23 @@ impl Driver {
             Phase::SavingModel,
             format!("saving the model to {}", self.config.job.model_out),
         );
-        let mut owners: Vec<EvaluatorId> =
-            self.owners.get(&MODEL_TABLE).cloned().unwrap_or_default();
-        owners.sort_unstable();
-        owners.dedup();
-        for id in owners {
-            if let Some(e) = self.evaluators.get_mut(&id) {
-                e.awaiting = true;
-            }
-            self.send(id, AmToEval::DumpModel).await;
+        for id in self.owners.owners_of(MODEL_TABLE) {
+            self.ask(id, AmToEval::DumpModel, Answer::ModelDumped).await;
         }
-        if self.evaluators.values().all(|e| !e.awaiting) {
-            self.outputs
-                .write_model(self.config.job.app, &self.params)
-                .await?;
-            self.finish().await;
+        if self.all_answered() {
+            self.write_model().await?;
         }
+        Ok(())
+    }
+
+    /// Every server has sent its part of the model: writes it, and ends.
+    async fn write_model(&mut self) -> Result<(), AmError> {
+        let keys = self
+            .outputs
+            .write_model(self.config.job.app, &self.params)
+            .await?;
+        tracing::info!(keys, path = %self.config.job.model_out, "model written");
+        self.finish().await;
         Ok(())
     }
 
@@ -1092,12 +1144,7 @@ impl Driver {
     }
 
     fn publish_status(&self, failure: Option<String>) {
-        let mut counts: HashMap<(TableId, EvaluatorId), u32> = HashMap::new();
-        for (&t, owners) in &self.owners {
-            for &o in owners {
-                *counts.entry((t, o)).or_default() += 1;
-            }
-        }
+        let counts = self.owners.counts();
         let status = Status {
             job_id: self.job_id.clone(),
             am_addr: Some(self.am_addr),

@@ -1,0 +1,267 @@
+//! A running plan: its start, the operations the executor hands to the
+//! loop, its end, and what a slow plan is waiting for.
+
+use std::time::Instant;
+
+use cruise_optimizer::{
+    ExecutionReport, ExecutorConfig, Job, OpOutcome, Operation, Plan, PlanExecutor,
+};
+
+use super::{DeleteStage, PlanRecord, Reply, RunningPlan, ready_to_leave};
+use crate::am::job::runner::AmRunner;
+use crate::am::job::{Driver, plural, split_text};
+use crate::am::{AmError, Event};
+
+impl Driver {
+    pub(super) fn start_plan(&mut self, plan: Plan, job: Job, summary: String) {
+        let cancel = self.cancel.child_token();
+        let runner = AmRunner::new(self.events.clone());
+        let executor = PlanExecutor::new(ExecutorConfig {
+            max_parallel: self.config.optimizer.max_parallel as usize,
+        });
+        let (p, c, events) = (plan.clone(), cancel.clone(), self.events.clone());
+        self.tracker.spawn(async move {
+            let result = executor
+                .execute(&p, &runner, &c)
+                .await
+                .map_err(|e| e.to_string());
+            let _ = events.send(Event::PlanDone { result }).await;
+        });
+        self.rc.plan = Some(RunningPlan {
+            plan,
+            job,
+            started: Instant::now(),
+            reported_slow: 0,
+            summary,
+            cancel,
+        });
+    }
+
+    /// The last epoch ended: stop planning; finish the running plan first.
+    pub(in crate::am::job) fn end_reconfiguration(&mut self) -> bool {
+        match &self.rc.plan {
+            Some(p) => {
+                p.cancel.cancel();
+                self.rc.stop_after_plan = true;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Reports a plan that has run for longer than
+    /// `optimizer.slow_plan_report_secs` (once per period), naming the
+    /// operations still waiting and what for: operations wait for messages
+    /// from evaluators, so a plan that stalls says where.
+    pub(in crate::am::job) fn report_slow_plan(&mut self) {
+        let Some(p) = &self.rc.plan else { return };
+        let secs = p.started.elapsed().as_secs_f64();
+        let period = self.config.optimizer.slow_plan_report_secs;
+        if secs < period * f64::from(p.reported_slow + 1) {
+            return;
+        }
+        let waiting = self.waiting_operations();
+        if let Some(p) = &mut self.rc.plan {
+            p.reported_slow += 1;
+        }
+        let text = format!(
+            "reconfiguration still running after {secs:.0} s: {}",
+            if waiting.is_empty() {
+                "no operation is waiting here (the executor is finishing)".to_string()
+            } else {
+                waiting.join("; ")
+            }
+        );
+        tracing::warn!("{text}");
+        let _ = self.progress.send(crate::am::Progress::Phase(text));
+    }
+
+    /// The operations under way, each with what it waits for.
+    pub(super) fn waiting_operations(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for a in &self.rc.adds {
+            out.push(format!(
+                "add `{}`: waiting {:.0} s for a container",
+                a.name,
+                a.since.elapsed().as_secs_f64()
+            ));
+        }
+        let mut joining: Vec<_> = self.rc.joining.iter().collect();
+        joining.sort_by_key(|(id, _)| **id);
+        for (id, a) in joining {
+            out.push(format!(
+                "add `{}`: evaluator {id} has not applied the ownership table yet",
+                a.name
+            ));
+        }
+        let (stages, acked) = self.delete_facts();
+        let (_, behind) = ready_to_leave(&stages, &acked);
+        for (&id, stage) in &stages {
+            out.push(match stage {
+                DeleteStage::Stopping => format!("delete evaluator {id}: its task has not stopped"),
+                DeleteStage::Draining(v) => {
+                    let who = behind
+                        .iter()
+                        .find(|b| b.0 == id)
+                        .map(|b| format!("{:?}", b.2))
+                        .unwrap_or_default();
+                    format!(
+                        "delete evaluator {id}: members {who} have not applied ownership version {v}"
+                    )
+                }
+                DeleteStage::Exiting => {
+                    format!("delete evaluator {id}: its container has not ended")
+                }
+            });
+        }
+        let mut switches: Vec<_> = self.rc.switches.iter().collect();
+        switches.sort_by_key(|(id, _)| **id);
+        for (id, sw) in switches {
+            out.push(format!(
+                "switch evaluator {id} to {}: its task has not stopped",
+                crate::am::job::role_name(sw.to)
+            ));
+        }
+        let mut moves: Vec<_> = self.rc.moves.values().collect();
+        moves.sort_by_key(|m| (m.from, m.to));
+        for m in moves {
+            out.push(format!(
+                "move of {} blocks ({} bytes) from evaluator {} to {}: not finished",
+                m.blocks, m.bytes, m.from, m.to
+            ));
+        }
+        for r in &self.rc.reloads {
+            out.push(format!(
+                "re-read of {} input blocks from evaluator {} at {}: {}",
+                r.blocks.len(),
+                r.from,
+                r.to,
+                if r.loading_since.is_some() {
+                    "loading"
+                } else {
+                    "the source has not dropped them"
+                }
+            ));
+        }
+        out
+    }
+
+    /// The plan executor finished.
+    pub(in crate::am::job) async fn on_plan_done(
+        &mut self,
+        result: Result<ExecutionReport, String>,
+    ) -> Result<(), AmError> {
+        let Some(running) = self.rc.plan.take() else {
+            return Ok(());
+        };
+        let secs = running.started.elapsed().as_secs_f64();
+        let mut record = PlanRecord {
+            at_secs: self.started.elapsed().as_secs_f64(),
+            summary: running.summary.clone(),
+            succeeded: 0,
+            failed: Vec::new(),
+            skipped: 0,
+            secs,
+            op_secs: Vec::new(),
+            bytes_moved: 0,
+        };
+        match result {
+            Ok(report) => {
+                for (i, o) in report.outcomes.iter().enumerate() {
+                    let op = &running.plan.ops[i].op;
+                    match o {
+                        OpOutcome::Succeeded { duration, report } => {
+                            record.succeeded += 1;
+                            record.bytes_moved += report.bytes_moved;
+                            let kind = if report.reloaded {
+                                "reload input"
+                            } else {
+                                op.kind().name()
+                            };
+                            record
+                                .op_secs
+                                .push((kind.to_string(), duration.as_secs_f64()));
+                        }
+                        OpOutcome::Failed { error, .. } => {
+                            record.failed.push(format!("{op:?}: {error}"));
+                        }
+                        OpOutcome::Skipped { .. } => record.skipped += 1,
+                    }
+                }
+                self.rc.policy.observe(&running.plan, &report, &running.job);
+            }
+            Err(e) => record.failed.push(format!("the plan did not run: {e}")),
+        }
+        if record.failed.is_empty() {
+            tracing::info!(
+                "reconfiguration done in {secs:.2} s: {} ({} operations, {} bytes moved)",
+                running.summary,
+                record.succeeded,
+                record.bytes_moved
+            );
+        } else {
+            tracing::warn!(
+                "reconfiguration partly failed after {secs:.2} s: {} succeeded, {} skipped; failures: {}; the job goes on as {}",
+                record.succeeded,
+                record.skipped,
+                record.failed.join("; "),
+                split_text(self.role_counts().0, self.role_counts().1)
+            );
+        }
+        let _ = self.progress.send(crate::am::Progress::Phase(format!(
+            "reconfigured in {secs:.2} s: now {}{}",
+            split_text(self.role_counts().0, self.role_counts().1),
+            if record.failed.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    " ({} failed, {} skipped)",
+                    plural(record.failed.len() as u32, "operation"),
+                    record.skipped
+                )
+            }
+        )));
+        self.rc.history.push(record);
+        self.rc.metrics.reset_after_reconfiguration();
+        self.rc.last_check = Instant::now();
+        let held = self.members().count() as u32 + self.rc.adds.len() as u32;
+        if held <= self.rc.capacity {
+            self.rc.reclaim = None;
+        } else if let Some((n, since)) = self.rc.reclaim {
+            // Still over capacity: plan again at once.
+            self.rc.reclaim = Some((
+                n.min(held - self.rc.capacity).max(held - self.rc.capacity),
+                since,
+            ));
+        }
+        if self.rc.stop_after_plan {
+            self.rc.stop_after_plan = false;
+            self.start_stopping().await;
+        }
+        Ok(())
+    }
+
+    // ------------------------------------------------------------------
+    // Carrying out operations
+    // ------------------------------------------------------------------
+
+    /// An operation of the running plan.
+    pub(in crate::am::job) async fn on_plan_op(&mut self, op: Operation, reply: Reply) {
+        let r = match op {
+            Operation::Move {
+                table,
+                blocks,
+                from,
+                to,
+            } => self.start_move(table, blocks, &from, &to, reply).await,
+            Operation::Add { container, role } => self.start_add(container, role, reply).await,
+            Operation::Delete { container } => self.start_delete(&container, reply).await,
+            Operation::Switch { container, to_role } => {
+                self.start_switch(&container, to_role, reply).await
+            }
+        };
+        if let Err((reply, e)) = r {
+            let _ = reply.send(Err(e));
+        }
+    }
+}
