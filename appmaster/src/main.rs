@@ -42,11 +42,14 @@ fn on_signal(token: CancellationToken) {
     });
 }
 
-fn runtime(threads: usize) -> std::io::Result<tokio::runtime::Runtime> {
+/// A runtime of `threads` worker threads; the failure to start one is the
+/// command's failure, already reported.
+fn runtime(threads: usize) -> Result<tokio::runtime::Runtime, ExitCode> {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(threads)
         .enable_all()
         .build()
+        .map_err(|e| fail(format!("cannot start the async runtime: {e}")))
 }
 
 fn fail(e: impl std::fmt::Display) -> ExitCode {
@@ -58,247 +61,15 @@ fn main() -> ExitCode {
     cruise_container::os::tune_allocator();
     let cli = Cli::parse();
     match cli.command {
-        Command::Evaluator => {
-            init_logging(cli.verbose, "info");
-            let env = match EvaluatorEnv::from_env() {
-                Ok(e) => e,
-                Err(e) => return fail(e),
-            };
-            // One runtime thread: an evaluator's connections and its server
-            // hand messages to each other on every request, and on one
-            // thread that is a queue push, not a cross-thread wake-up. The
-            // worker's loop and block encoding run on the blocking pool (see
-            // `ps::run_worker`), so computing never holds up the frames.
-            let rt = match tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            {
-                Ok(r) => r,
-                Err(e) => return fail(format!("cannot start the async runtime: {e}")),
-            };
-            rt.block_on(async {
-                let token = CancellationToken::new();
-                on_signal(token.clone());
-                match evaluator::run(env, EvaluatorOptions::default(), token).await {
-                    Ok(()) => ExitCode::SUCCESS,
-                    Err(e) => {
-                        tracing::error!("{e}");
-                        fail(e)
-                    }
-                }
-            })
-        }
-        Command::Run(args) => {
-            init_logging(cli.verbose, "warn");
-            let json = args.json;
-            let config = match args.conf.load() {
-                Ok(c) => c,
-                Err(e) => return fail(e),
-            };
-            let rt = match runtime(2) {
-                Ok(r) => r,
-                Err(e) => return fail(format!("cannot start the async runtime: {e}")),
-            };
-            rt.block_on(async {
-                let token = CancellationToken::new();
-                on_signal(token.clone());
-                match cli::run(args, token).await {
-                    Ok(summary) => {
-                        if json {
-                            match serde_json::to_string_pretty(&summary) {
-                                Ok(s) => println!("{s}"),
-                                Err(e) => return fail(e),
-                            }
-                        } else {
-                            print!("{}", cli::summary_text(&summary, &config));
-                        }
-                        ExitCode::SUCCESS
-                    }
-                    Err(e) => fail(format!("{e:#}")),
-                }
-            })
-        }
-        Command::Submit(args) => {
-            init_logging(cli.verbose, "warn");
-            if let Some(r) = args.conf.runtime
-                && r != cli::RuntimeArg::Yarn
-            {
-                return fail(format!(
-                    "cruise submit runs the AM in a YARN container (--runtime yarn); \
-                     for {r:?} use `cruise run --runtime {}`",
-                    format!("{r:?}").to_lowercase()
-                ));
-            }
-            let mut conf = args.conf.clone();
-            conf.runtime = Some(cli::RuntimeArg::Yarn);
-            let config = match conf.load() {
-                Ok(c) => c,
-                Err(e) => return fail(e),
-            };
-            let rt = match runtime(2) {
-                Ok(r) => r,
-                Err(e) => return fail(format!("cannot start the async runtime: {e}")),
-            };
-            let work = cruise_appmaster::datagen::work_dir(&config);
-            match rt.block_on(yarn_app::submit(config, &work)) {
-                Ok(s) => {
-                    if args.json {
-                        match serde_json::to_string_pretty(&s) {
-                            Ok(j) => println!("{j}"),
-                            Err(e) => return fail(e),
-                        }
-                    } else {
-                        println!("{}", s.application_id);
-                    }
-                    eprintln!(
-                        "cruise: submitted {} to {} (staging {}); follow it with `cruise status {0} --wait`, read its output with `cruise logs {0}`",
-                        s.application_id, s.rm, s.staging_dir
-                    );
-                    ExitCode::SUCCESS
-                }
-                Err(e) => fail(format!("{e:#}")),
-            }
-        }
-        Command::Status(args) => {
-            init_logging(cli.verbose, "warn");
-            let config = match args.cluster.load() {
-                Ok(c) => c,
-                Err(e) => return fail(e),
-            };
-            let rt = match runtime(1) {
-                Ok(r) => r,
-                Err(e) => return fail(format!("cannot start the async runtime: {e}")),
-            };
-            rt.block_on(async {
-                let mut last_state = String::new();
-                loop {
-                    let r = match yarn_app::status(&config, &args.app_id).await {
-                        Ok(r) => r,
-                        Err(e) => return fail(format!("{e:#}")),
-                    };
-                    if args.wait && !r.app.is_final() {
-                        if r.app.state != last_state {
-                            eprintln!("cruise: {} is {}", r.app.id, r.app.state);
-                            last_state = r.app.state.clone();
-                        }
-                        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-                        continue;
-                    }
-                    if args.json {
-                        match serde_json::to_string_pretty(&r) {
-                            Ok(j) => println!("{j}"),
-                            Err(e) => return fail(e),
-                        }
-                    } else {
-                        print!("{}", yarn_app::status_text(&r));
-                    }
-                    if args.wait && r.app.final_status != "SUCCEEDED" {
-                        return ExitCode::FAILURE;
-                    }
-                    return ExitCode::SUCCESS;
-                }
-            })
-        }
-        Command::Kill(args) => {
-            init_logging(cli.verbose, "warn");
-            let config = match args.cluster.load() {
-                Ok(c) => c,
-                Err(e) => return fail(e),
-            };
-            let rt = match runtime(1) {
-                Ok(r) => r,
-                Err(e) => return fail(format!("cannot start the async runtime: {e}")),
-            };
-            match rt.block_on(yarn_app::kill(&config, &args.app_id)) {
-                Ok(k) => {
-                    println!(
-                        "{}: {}; service {} {}",
-                        args.app_id,
-                        k.state,
-                        k.service,
-                        if k.service_destroyed {
-                            "destroyed"
-                        } else {
-                            "did not exist"
-                        }
-                    );
-                    ExitCode::SUCCESS
-                }
-                Err(e) => fail(format!("{e:#}")),
-            }
-        }
-        Command::Logs(args) => {
-            init_logging(cli.verbose, "warn");
-            let config = match args.cluster.load() {
-                Ok(c) => c,
-                Err(e) => return fail(e),
-            };
-            let rt = match runtime(1) {
-                Ok(r) => r,
-                Err(e) => return fail(format!("cannot start the async runtime: {e}")),
-            };
-            let files = if args.files.is_empty() {
-                vec!["stdout".to_string(), "stderr".to_string()]
-            } else {
-                args.files.clone()
-            };
-            match rt.block_on(yarn_app::logs(&config, &args.app_id, &files, args.attempt)) {
-                Ok(list) => {
-                    let many = list.len() > 1;
-                    for (name, text) in list {
-                        if many {
-                            println!("==> {name} <==");
-                        }
-                        match text {
-                            Some(t) => {
-                                print!("{t}");
-                                if many && !t.is_empty() && !t.ends_with('\n') {
-                                    println!();
-                                }
-                            }
-                            None => println!("(no such file)"),
-                        }
-                    }
-                    ExitCode::SUCCESS
-                }
-                Err(e) => fail(format!("{e:#}")),
-            }
-        }
-        Command::Appmaster(args) => {
-            init_logging(cli.verbose, "info");
-            let rt = match runtime(2) {
-                Ok(r) => r,
-                Err(e) => return fail(format!("cannot start the async runtime: {e}")),
-            };
-            rt.block_on(appmaster(args))
-        }
-        Command::Datagen(args) => {
-            init_logging(cli.verbose, "warn");
-            match cli::datagen(args) {
-                Ok((bytes, out)) => {
-                    eprintln!("cruise: wrote {bytes} bytes to {}", out.display());
-                    ExitCode::SUCCESS
-                }
-                Err(e) => fail(format!("{e:#}")),
-            }
-        }
-        Command::Plan(args) => {
-            let result = match &args.splits {
-                Some(order) => {
-                    cruise_appmaster::whatif::splits_report(&args.snapshot, order, args.json)
-                }
-                None => {
-                    cruise_appmaster::whatif::report(&args.snapshot, args.containers, args.min_gain)
-                }
-            };
-            match result {
-                Ok(text) => {
-                    print!("{text}");
-                    ExitCode::SUCCESS
-                }
-                Err(e) => fail(e),
-            }
-        }
+        Command::Evaluator => evaluator_command(cli.verbose),
+        Command::Run(args) => run_command(args, cli.verbose),
+        Command::Submit(args) => submit_command(args, cli.verbose),
+        Command::Status(args) => status_command(args, cli.verbose),
+        Command::Kill(args) => kill_command(args, cli.verbose),
+        Command::Logs(args) => logs_command(args, cli.verbose),
+        Command::Appmaster(args) => appmaster_command(args, cli.verbose),
+        Command::Datagen(args) => datagen_command(args, cli.verbose),
+        Command::Plan(args) => plan_command(args),
         Command::Config(args) => match args.conf.load() {
             Ok(c) => match toml::to_string_pretty(&c) {
                 Ok(s) => {
@@ -309,6 +80,261 @@ fn main() -> ExitCode {
             },
             Err(e) => fail(e),
         },
+    }
+}
+
+/// `cruise evaluator`: one evaluator, started by a resource manager.
+fn evaluator_command(verbose: u8) -> ExitCode {
+    init_logging(verbose, "info");
+    let env = match EvaluatorEnv::from_env() {
+        Ok(e) => e,
+        Err(e) => return fail(e),
+    };
+    // One runtime thread: an evaluator's connections and its server
+    // hand messages to each other on every request, and on one
+    // thread that is a queue push, not a cross-thread wake-up. The
+    // worker's loop and block encoding run on the blocking pool (see
+    // `ps::run_worker`), so computing never holds up the frames.
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => return fail(format!("cannot start the async runtime: {e}")),
+    };
+    rt.block_on(async {
+        let token = CancellationToken::new();
+        on_signal(token.clone());
+        match evaluator::run(env, EvaluatorOptions::default(), token).await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                tracing::error!("{e}");
+                fail(e)
+            }
+        }
+    })
+}
+
+/// `cruise run`: a whole job, the AM in this process.
+fn run_command(args: cli::RunArgs, verbose: u8) -> ExitCode {
+    init_logging(verbose, "warn");
+    let json = args.json;
+    let config = match args.conf.load() {
+        Ok(c) => c,
+        Err(e) => return fail(e),
+    };
+    let rt = match runtime(2) {
+        Ok(r) => r,
+        Err(code) => return code,
+    };
+    rt.block_on(async {
+        let token = CancellationToken::new();
+        on_signal(token.clone());
+        match cli::run(args, token).await {
+            Ok(summary) => {
+                if json {
+                    match serde_json::to_string_pretty(&summary) {
+                        Ok(s) => println!("{s}"),
+                        Err(e) => return fail(e),
+                    }
+                } else {
+                    print!("{}", cli::summary_text(&summary, &config));
+                }
+                ExitCode::SUCCESS
+            }
+            Err(e) => fail(format!("{e:#}")),
+        }
+    })
+}
+
+/// `cruise submit`: the job to YARN, the AM in a container.
+fn submit_command(args: cli::SubmitArgs, verbose: u8) -> ExitCode {
+    init_logging(verbose, "warn");
+    if let Some(r) = args.conf.runtime
+        && r != cli::RuntimeArg::Yarn
+    {
+        return fail(format!(
+            "cruise submit runs the AM in a YARN container (--runtime yarn); \
+             for {r:?} use `cruise run --runtime {}`",
+            format!("{r:?}").to_lowercase()
+        ));
+    }
+    let mut conf = args.conf.clone();
+    conf.runtime = Some(cli::RuntimeArg::Yarn);
+    let config = match conf.load() {
+        Ok(c) => c,
+        Err(e) => return fail(e),
+    };
+    let rt = match runtime(2) {
+        Ok(r) => r,
+        Err(code) => return code,
+    };
+    let work = cruise_appmaster::datagen::work_dir(&config);
+    match rt.block_on(yarn_app::submit(config, &work)) {
+        Ok(s) => {
+            if args.json {
+                match serde_json::to_string_pretty(&s) {
+                    Ok(j) => println!("{j}"),
+                    Err(e) => return fail(e),
+                }
+            } else {
+                println!("{}", s.application_id);
+            }
+            eprintln!(
+                "cruise: submitted {} to {} (staging {}); follow it with `cruise status {0} --wait`, read its output with `cruise logs {0}`",
+                s.application_id, s.rm, s.staging_dir
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => fail(format!("{e:#}")),
+    }
+}
+
+/// `cruise status`: a YARN application's report, optionally once it ends.
+fn status_command(args: cli::StatusArgs, verbose: u8) -> ExitCode {
+    init_logging(verbose, "warn");
+    let config = match args.cluster.load() {
+        Ok(c) => c,
+        Err(e) => return fail(e),
+    };
+    let rt = match runtime(1) {
+        Ok(r) => r,
+        Err(code) => return code,
+    };
+    rt.block_on(async {
+        let mut last_state = String::new();
+        loop {
+            let r = match yarn_app::status(&config, &args.app_id).await {
+                Ok(r) => r,
+                Err(e) => return fail(format!("{e:#}")),
+            };
+            if args.wait && !r.app.is_final() {
+                if r.app.state != last_state {
+                    eprintln!("cruise: {} is {}", r.app.id, r.app.state);
+                    last_state = r.app.state.clone();
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+                continue;
+            }
+            if args.json {
+                match serde_json::to_string_pretty(&r) {
+                    Ok(j) => println!("{j}"),
+                    Err(e) => return fail(e),
+                }
+            } else {
+                print!("{}", yarn_app::status_text(&r));
+            }
+            if args.wait && r.app.final_status != "SUCCEEDED" {
+                return ExitCode::FAILURE;
+            }
+            return ExitCode::SUCCESS;
+        }
+    })
+}
+
+/// `cruise kill`: a YARN application and its evaluator service.
+fn kill_command(args: cli::AppIdArgs, verbose: u8) -> ExitCode {
+    init_logging(verbose, "warn");
+    let config = match args.cluster.load() {
+        Ok(c) => c,
+        Err(e) => return fail(e),
+    };
+    let rt = match runtime(1) {
+        Ok(r) => r,
+        Err(code) => return code,
+    };
+    match rt.block_on(yarn_app::kill(&config, &args.app_id)) {
+        Ok(k) => {
+            println!(
+                "{}: {}; service {} {}",
+                args.app_id,
+                k.state,
+                k.service,
+                if k.service_destroyed {
+                    "destroyed"
+                } else {
+                    "did not exist"
+                }
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => fail(format!("{e:#}")),
+    }
+}
+
+/// `cruise logs`: a YARN application's container logs.
+fn logs_command(args: cli::LogsArgs, verbose: u8) -> ExitCode {
+    init_logging(verbose, "warn");
+    let config = match args.cluster.load() {
+        Ok(c) => c,
+        Err(e) => return fail(e),
+    };
+    let rt = match runtime(1) {
+        Ok(r) => r,
+        Err(code) => return code,
+    };
+    let files = if args.files.is_empty() {
+        vec!["stdout".to_string(), "stderr".to_string()]
+    } else {
+        args.files.clone()
+    };
+    match rt.block_on(yarn_app::logs(&config, &args.app_id, &files, args.attempt)) {
+        Ok(list) => {
+            let many = list.len() > 1;
+            for (name, text) in list {
+                if many {
+                    println!("==> {name} <==");
+                }
+                match text {
+                    Some(t) => {
+                        print!("{t}");
+                        if many && !t.is_empty() && !t.ends_with('\n') {
+                            println!();
+                        }
+                    }
+                    None => println!("(no such file)"),
+                }
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => fail(format!("{e:#}")),
+    }
+}
+
+/// `cruise appmaster`: the AM inside its YARN container.
+fn appmaster_command(args: AppmasterArgs, verbose: u8) -> ExitCode {
+    init_logging(verbose, "info");
+    let rt = match runtime(2) {
+        Ok(r) => r,
+        Err(code) => return code,
+    };
+    rt.block_on(appmaster(args))
+}
+
+/// `cruise datagen`: a generated data set.
+fn datagen_command(args: cli::DatagenArgs, verbose: u8) -> ExitCode {
+    init_logging(verbose, "warn");
+    match cli::datagen(args) {
+        Ok((bytes, out)) => {
+            eprintln!("cruise: wrote {bytes} bytes to {}", out.display());
+            ExitCode::SUCCESS
+        }
+        Err(e) => fail(format!("{e:#}")),
+    }
+}
+
+/// `cruise plan`: what the optimizer predicts and decides from a snapshot.
+fn plan_command(args: cli::PlanArgs) -> ExitCode {
+    let result = match &args.splits {
+        Some(order) => cruise_appmaster::whatif::splits_report(&args.snapshot, order, args.json),
+        None => cruise_appmaster::whatif::report(&args.snapshot, args.containers, args.min_gain),
+    };
+    match result {
+        Ok(text) => {
+            print!("{text}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => fail(e),
     }
 }
 

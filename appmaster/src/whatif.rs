@@ -275,12 +275,55 @@ pub fn report(
     containers: Option<usize>,
     min_gain: Option<f64>,
 ) -> Result<String, WhatIfError> {
-    let p = path.display().to_string();
     if let Some(g) = min_gain.filter(|g| !(0.0..1.0).contains(g)) {
         return Err(WhatIfError::Argument(format!(
             "--min-gain {g} is not within [0, 1)"
         )));
     }
+    let snap = load(path, containers)?;
+    let bad = |e: cruise_optimizer::OptimizerError| WhatIfError::Snapshot {
+        path: path.display().to_string(),
+        message: e.to_string(),
+    };
+    let model = CostModel::new(&snap).map_err(bad)?;
+    let config = configuration_of(&snap);
+    let mut out = String::new();
+    write_splits(&mut out, &snap, &model);
+    if let Ok(now) =
+        CostModel::including_reclaimed(&snap).and_then(|m| m.evaluate(&config.counts()))
+    {
+        let _ = writeln!(
+            out,
+            "\nrunning configuration: predicted epoch {:.4} s (bottleneck {:?})",
+            now.epoch_secs, now.bottleneck
+        );
+    }
+    // The search the decision rests on: proven best, or the best found
+    // before it stopped (too many containers, or its node budget).
+    if let Ok(best) = solve(&model) {
+        let _ = writeln!(
+            out,
+            "search: {} role assignments evaluated; {}",
+            best.evaluations,
+            if best.exact {
+                "the best split is proven best under the cost model"
+            } else {
+                "it stopped early (more containers than the exhaustive search \
+                 takes, or its node budget ran out): the best split found so \
+                 far, not proven"
+            }
+        );
+    }
+    let policy = policy_of(&snap, min_gain);
+    write_policy(&mut out, &snap, &policy);
+    let decision = policy.decide(&snap, &config).map_err(bad)?;
+    write_decision(&mut out, &decision);
+    Ok(out)
+}
+
+/// Reads the snapshot at `path`, resized to `containers` if given.
+fn load(path: &Path, containers: Option<usize>) -> Result<Snapshot, WhatIfError> {
+    let p = path.display().to_string();
     let text = std::fs::read_to_string(path).map_err(|source| WhatIfError::Read {
         path: p.clone(),
         source,
@@ -298,13 +341,12 @@ pub fn report(
         }
         resize(&mut snap, n);
     }
-    let bad = |e: cruise_optimizer::OptimizerError| WhatIfError::Snapshot {
-        path: p.clone(),
-        message: e.to_string(),
-    };
-    let model = CostModel::new(&snap).map_err(bad)?;
-    let config = configuration_of(&snap);
-    let mut out = String::new();
+    Ok(snap)
+}
+
+/// The job, the mean container, and the predicted epoch time of every
+/// split of containers like the mean one.
+fn write_splits(out: &mut String, snap: &Snapshot, model: &CostModel) {
     let j = &snap.job;
     let _ = writeln!(
         out,
@@ -334,57 +376,36 @@ pub fn report(
         u.bandwidth_bytes_per_sec / 1e6,
         u.server_secs_per_byte * 1e9
     );
-    if let Ok(h) = solve_homogeneous(&snap.job, n, &u) {
+    let Ok(h) = solve_homogeneous(&snap.job, n, &u) else {
+        return;
+    };
+    let _ = writeln!(
+        out,
+        "predicted epoch time per split (containers as the mean one):"
+    );
+    let _ = writeln!(
+        out,
+        "  {:>7} {:>7} {:>10} {:>10} {:>10}",
+        "workers", "servers", "epoch s", "compute s", "comm s"
+    );
+    for s in &h.splits {
+        let mark = if s.workers == h.best.workers {
+            "  <- best"
+        } else {
+            ""
+        };
         let _ = writeln!(
             out,
-            "predicted epoch time per split (containers as the mean one):"
-        );
-        let _ = writeln!(
-            out,
-            "  {:>7} {:>7} {:>10} {:>10} {:>10}",
-            "workers", "servers", "epoch s", "compute s", "comm s"
-        );
-        for s in &h.splits {
-            let mark = if s.workers == h.best.workers {
-                "  <- best"
-            } else {
-                ""
-            };
-            let _ = writeln!(
-                out,
-                "  {:>7} {:>7} {:>10.4} {:>10.4} {:>10.4}{mark}",
-                s.workers, s.servers, s.epoch_secs, s.comp_secs, s.comm_secs
-            );
-        }
-    }
-    if let Ok(now) =
-        CostModel::including_reclaimed(&snap).and_then(|m| m.evaluate(&config.counts()))
-    {
-        let _ = writeln!(
-            out,
-            "\nrunning configuration: predicted epoch {:.4} s (bottleneck {:?})",
-            now.epoch_secs, now.bottleneck
+            "  {:>7} {:>7} {:>10.4} {:>10.4} {:>10.4}{mark}",
+            s.workers, s.servers, s.epoch_secs, s.comp_secs, s.comm_secs
         );
     }
-    // The search the decision rests on: proven best, or the best found
-    // before it stopped (too many containers, or its node budget).
-    if let Ok(best) = CostModel::new(&snap).and_then(|m| solve(&m)) {
-        let _ = writeln!(
-            out,
-            "search: {} role assignments evaluated; {}",
-            best.evaluations,
-            if best.exact {
-                "the best split is proven best under the cost model"
-            } else {
-                "it stopped early (more containers than the exhaustive search \
-                 takes, or its node budget ran out): the best split found so \
-                 far, not proven"
-            }
-        );
-    }
-    // Decide as the job did: with its gain threshold and the cost
-    // estimates it had (its priors and what its earlier plans taught it),
-    // when the snapshot carries them.
+}
+
+/// The policy that decides as the job did: with its gain threshold (or
+/// `min_gain`) and the cost estimates it had (its priors and what its
+/// earlier plans taught it), when the snapshot carries them.
+fn policy_of(snap: &Snapshot, min_gain: Option<f64>) -> TriggerPolicy {
     let mut policy = match &snap.policy {
         Some(state) => TriggerPolicy::from_state(state, 0),
         None => TriggerPolicy::new(TriggerConfig {
@@ -395,6 +416,10 @@ pub fn report(
     if let Some(g) = min_gain {
         policy.config.min_gain = g;
     }
+    policy
+}
+
+fn write_policy(out: &mut String, snap: &Snapshot, policy: &TriggerPolicy) {
     let costs: Vec<String> = policy
         .state()
         .op_costs
@@ -418,7 +443,10 @@ pub fn report(
         policy.config.min_gain * 100.0,
         costs.join(", ")
     );
-    match policy.decide(&snap, &config).map_err(bad)? {
+}
+
+fn write_decision(out: &mut String, decision: &Decision) {
+    match decision {
         Decision::Wait { reason } => {
             let _ = writeln!(out, "decision: wait ({reason})");
         }
@@ -452,31 +480,32 @@ pub fn report(
             );
             let _ = writeln!(out, "plan ({} operations):", p.plan.ops.len());
             for (i, op) in p.plan.ops.iter().enumerate() {
-                let what = match &op.op {
-                    Operation::Add { container, role } => format!("add {container} as {role:?}"),
-                    Operation::Delete { container } => format!("delete {container}"),
-                    Operation::Switch { container, to_role } => {
-                        format!("switch {container} to {to_role:?}")
-                    }
-                    Operation::Move {
-                        table,
-                        blocks,
-                        from,
-                        to,
-                    } => {
-                        format!("move {} {table:?} blocks {from} -> {to}", blocks.len())
-                    }
-                };
                 let deps = if op.deps.is_empty() {
                     String::new()
                 } else {
                     format!("  (after {:?})", op.deps)
                 };
-                let _ = writeln!(out, "  {i:>3}. {what}{deps}");
+                let _ = writeln!(out, "  {i:>3}. {}{deps}", describe(&op.op));
             }
         }
     }
-    Ok(out)
+}
+
+/// One operation of a plan, in words.
+fn describe(op: &Operation) -> String {
+    match op {
+        Operation::Add { container, role } => format!("add {container} as {role:?}"),
+        Operation::Delete { container } => format!("delete {container}"),
+        Operation::Switch { container, to_role } => {
+            format!("switch {container} to {to_role:?}")
+        }
+        Operation::Move {
+            table,
+            blocks,
+            from,
+            to,
+        } => format!("move {} {table:?} blocks {from} -> {to}", blocks.len()),
+    }
 }
 
 #[cfg(test)]

@@ -32,7 +32,8 @@ use cruise_conf::{CruiseConfig, Layers, RuntimeKind};
 use cruise_hdfs::{FileSystem, Location, WebHdfsOptions, is_hidden};
 use cruise_rm::yarn::ARTIFACT_DIR;
 use cruise_rm::yarn::rm::{
-    AppReport, LocalResource, ResourceType, RmClient, Submission, application_of_container,
+    AppReport, LocalResource, Resource, ResourceType, RmClient, Submission,
+    application_of_container,
 };
 use cruise_rm::yarn::services::{ServiceReport, ServicesClient};
 
@@ -206,29 +207,7 @@ pub async fn submit(mut config: CruiseConfig, work: &Path) -> anyhow::Result<Sub
     let fs = file_system(&s.user)?;
     let app = rm.new_application().await?;
     let id = app.application_id.clone();
-    let max = app.maximum_resource_capability;
-    let too_big = |what: &str, mb: u32, cores: u32| -> anyhow::Result<()> {
-        if (max.memory > 0 && i64::from(mb) > max.memory)
-            || (max.vcores > 0 && i64::from(cores) > max.vcores)
-        {
-            bail!(
-                "{what} ({mb} MB, {cores} cores) is larger than the largest container the cluster grants ({} MB, {} vcores)",
-                max.memory,
-                max.vcores
-            );
-        }
-        Ok(())
-    };
-    too_big(
-        "the AM container (yarn.am_memory_mb, yarn.am_cores)",
-        config.yarn.am_memory_mb,
-        config.yarn.am_cores,
-    )?;
-    too_big(
-        "an evaluator container (runtime.container_memory_mb, runtime.container_cores)",
-        config.runtime.container_memory_mb,
-        config.runtime.container_cores,
-    )?;
+    check_fits(&config, &app.maximum_resource_capability)?;
 
     let staging = join(&staging_root(&config, &fs, &s.user)?, &id);
     fs.mkdirs(&staging)
@@ -260,19 +239,7 @@ pub async fn submit(mut config: CruiseConfig, work: &Path) -> anyhow::Result<Sub
     let job_uri = join(&staging, JOB_TOML);
     let (job_len, job_mtime) = upload(&fs, &job_uri, Bytes::from(toml_text)).await?;
 
-    let mut env = BTreeMap::new();
-    env.insert(
-        "HADOOP_CONF_DIR".to_string(),
-        format!("{{{{PWD}}}}/{ARTIFACT_DIR}/{HADOOP_CONF_IN_TARBALL}"),
-    );
-    env.insert("HADOOP_USER_NAME".to_string(), s.user.clone());
-    env.insert(
-        "RUST_LOG".to_string(),
-        std::env::var("CRUISE_AM_LOG").unwrap_or_else(|_| "info".to_string()),
-    );
-    if let Ok(v) = std::env::var("CRUISE_EVALUATOR_LOG") {
-        env.insert("CRUISE_EVALUATOR_LOG".to_string(), v);
-    }
+    let env = am_environment(&s.user);
     let submission = Submission {
         application_id: id.clone(),
         name: config.job.name.clone(),
@@ -310,6 +277,53 @@ pub async fn submit(mut config: CruiseConfig, work: &Path) -> anyhow::Result<Sub
         input,
         rm: rm.base(),
     })
+}
+
+/// Refuses containers larger than the largest the cluster grants (`max`):
+/// the AM's and the evaluators'.
+fn check_fits(config: &CruiseConfig, max: &Resource) -> anyhow::Result<()> {
+    let too_big = |what: &str, mb: u32, cores: u32| -> anyhow::Result<()> {
+        if (max.memory > 0 && i64::from(mb) > max.memory)
+            || (max.vcores > 0 && i64::from(cores) > max.vcores)
+        {
+            bail!(
+                "{what} ({mb} MB, {cores} cores) is larger than the largest container the cluster grants ({} MB, {} vcores)",
+                max.memory,
+                max.vcores
+            );
+        }
+        Ok(())
+    };
+    too_big(
+        "the AM container (yarn.am_memory_mb, yarn.am_cores)",
+        config.yarn.am_memory_mb,
+        config.yarn.am_cores,
+    )?;
+    too_big(
+        "an evaluator container (runtime.container_memory_mb, runtime.container_cores)",
+        config.runtime.container_memory_mb,
+        config.runtime.container_cores,
+    )
+}
+
+/// The AM container's environment: the Hadoop configuration shipped in the
+/// tarball, the user, and the log filters (`CRUISE_AM_LOG`, default
+/// `info`; `CRUISE_EVALUATOR_LOG` passed on if set).
+fn am_environment(user: &str) -> BTreeMap<String, String> {
+    let mut env = BTreeMap::new();
+    env.insert(
+        "HADOOP_CONF_DIR".to_string(),
+        format!("{{{{PWD}}}}/{ARTIFACT_DIR}/{HADOOP_CONF_IN_TARBALL}"),
+    );
+    env.insert("HADOOP_USER_NAME".to_string(), user.to_string());
+    env.insert(
+        "RUST_LOG".to_string(),
+        std::env::var("CRUISE_AM_LOG").unwrap_or_else(|_| "info".to_string()),
+    );
+    if let Ok(v) = std::env::var("CRUISE_EVALUATOR_LOG") {
+        env.insert("CRUISE_EVALUATOR_LOG".to_string(), v);
+    }
+    env
 }
 
 /// `cruise status`: the application report and its evaluator service.

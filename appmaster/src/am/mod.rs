@@ -17,7 +17,7 @@ pub mod snapshot;
 pub use job::{PlanRecord, plural, split_text};
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -354,30 +354,74 @@ pub async fn plan_input(fs: &FileSystem, uri: &str, blocks: u32) -> Result<Vec<S
 }
 
 /// Runs a job to its end.
-pub async fn run_job(opts: JobOptions) -> Result<JobSummary, AmError> {
-    let config = opts.config;
-    let job_id = new_job_id();
-    let secret = Secret::generate();
+/// The job's input splits, and its outputs (the held-out input's splits,
+/// one per initial worker so that they evaluate in parallel, and the
+/// model's path).
+async fn plan_inputs(
+    config: &CruiseConfig,
+    input: &str,
+) -> Result<(Vec<Split>, outputs::Outputs), AmError> {
     let fs = FileSystem::from_env().unwrap_or_default();
-    let splits = plan_input(
-        &fs,
-        &opts.input,
-        config
-            .store
-            .input_blocks_for(config.runtime.capacity_ceiling(&config.job)),
-    )
-    .await?;
+    let blocks = config
+        .store
+        .input_blocks_for(config.runtime.capacity_ceiling(&config.job));
+    let splits = plan_input(&fs, input, blocks).await?;
     let held_out = if config.job.eval_input.is_empty() {
         Vec::new()
     } else {
-        // One split per initial worker: they evaluate in parallel.
         let workers = config.job.initial_split().0.max(1);
         plan_input(&fs, &config.job.eval_input, workers).await?
     };
     let model_out =
         (!config.job.model_out.is_empty()).then(|| PathBuf::from(&config.job.model_out));
-    let outputs = outputs::Outputs::new(held_out, model_out);
+    Ok((splits, outputs::Outputs::new(held_out, model_out)))
+}
 
+/// How the resource manager starts an evaluator: `command` (this
+/// executable's `evaluator` subcommand when empty) with the AM's address,
+/// the job's id and secret, and the evaluators' log filter
+/// (`CRUISE_EVALUATOR_LOG`, default `info`).
+fn evaluator_launch(
+    command: &[String],
+    am_addr: SocketAddr,
+    job_id: &str,
+    secret: &Secret,
+    work_dir: &Path,
+) -> Result<LaunchSpec, AmError> {
+    let (program, args) = match command.split_first() {
+        Some((p, a)) => (p.clone(), a.to_vec()),
+        None => (
+            std::env::current_exe()
+                .map_err(|source| AmError::Io {
+                    context: "locating the cruise executable".into(),
+                    source,
+                })?
+                .display()
+                .to_string(),
+            vec!["evaluator".to_string()],
+        ),
+    };
+    let mut env = std::collections::BTreeMap::new();
+    env.insert(ENV_AM_ADDR.to_string(), am_addr.to_string());
+    env.insert(ENV_JOB_ID.to_string(), job_id.to_string());
+    env.insert(ENV_JOB_SECRET.to_string(), secret.to_hex());
+    env.insert(
+        "RUST_LOG".to_string(),
+        std::env::var("CRUISE_EVALUATOR_LOG").unwrap_or_else(|_| "info".to_string()),
+    );
+    Ok(LaunchSpec {
+        program,
+        args,
+        env,
+        work_dir: work_dir.to_path_buf(),
+    })
+}
+
+pub async fn run_job(opts: JobOptions) -> Result<JobSummary, AmError> {
+    let config = opts.config;
+    let job_id = new_job_id();
+    let secret = Secret::generate();
+    let (splits, outputs) = plan_inputs(&config, &opts.input).await?;
     let io = |context: &str| {
         let context = context.to_string();
         move |source| AmError::Io { context, source }
@@ -421,30 +465,13 @@ pub async fn run_job(opts: JobOptions) -> Result<JobSummary, AmError> {
         )
     };
 
-    let (program, args) = match opts.evaluator_command.split_first() {
-        Some((p, a)) => (p.clone(), a.to_vec()),
-        None => (
-            std::env::current_exe()
-                .map_err(io("locating the cruise executable"))?
-                .display()
-                .to_string(),
-            vec!["evaluator".to_string()],
-        ),
-    };
-    let mut env = std::collections::BTreeMap::new();
-    env.insert(ENV_AM_ADDR.to_string(), am_addr.to_string());
-    env.insert(ENV_JOB_ID.to_string(), job_id.clone());
-    env.insert(ENV_JOB_SECRET.to_string(), secret.to_hex());
-    env.insert(
-        "RUST_LOG".to_string(),
-        std::env::var("CRUISE_EVALUATOR_LOG").unwrap_or_else(|_| "info".to_string()),
-    );
-    let launch = LaunchSpec {
-        program,
-        args,
-        env,
-        work_dir: opts.work_dir.clone(),
-    };
+    let launch = evaluator_launch(
+        &opts.evaluator_command,
+        am_addr,
+        &job_id,
+        &secret,
+        &opts.work_dir,
+    )?;
     let (rm_tx, rm_rx) = mpsc::unbounded_channel();
     let rm = (opts.rm)(launch, rm_tx)?;
     if let Some(e) = rm.emulation() {

@@ -175,8 +175,48 @@ pub fn build_snapshot(
     // server, from the servers of the running configuration. A lone
     // worker, 8 deep, measured the same per server as workers 2 deep.
     let servers_now = evals.iter().filter(|e| !e.model.is_empty()).count();
-    // Per worker that trained: (seconds per record, seconds per server).
-    let (raw, raw_requests): (Vec<Option<f64>>, Vec<Option<f64>>) = evals
+    let (raw, raw_requests) = worker_costs(evals, m, servers_now);
+    let comp = by_speed(&raw, &speed);
+    let requests = by_speed(&raw_requests, &speed);
+    let serve = snapped(evals, m, tol, |x| x.server_secs_per_byte.mean());
+    let serve_fixed = snapped(evals, m, tol, |x| x.server_secs_per_mini_batch.mean());
+    // Latency: the communication time the cost model does not explain for
+    // the running configuration (request round trips, which do not shrink
+    // when the model is spread over more servers), per mini-batch. A serial
+    // worker waits for its pull and its push. A pipelined one has `d`
+    // mini-batches in flight, so a round trip holds it up for 1/d of its
+    // length per mini-batch (Little's law): a pull's round trip under a
+    // saturated server is mostly the `d - 1` requests queued before it, not
+    // latency that another split would keep (charged whole, it doubles the
+    // predicted epoch of 7 workers on one server). And
+    // the serial fraction: how much of computation and communication add up
+    // in a mini-batch's wall time rather than overlap (1 for workers that
+    // pull, compute and push one after the other; less for pipelined ones).
+    let per_container = PerContainer {
+        comp: &comp,
+        requests: &requests,
+        speed: &speed,
+        bw: &bw,
+        serve: &serve,
+        serve_fixed: &serve_fixed,
+    };
+    let (mut snapshot, config) = assemble(&job, evals, m, per_container, mean_bw, bytes);
+    let (latency, serial_fraction) = fit_latency(&job, m, &snapshot, &config);
+    snapshot.job.latency_secs_per_mini_batch = latency;
+    snapshot.job.serial_fraction = serial_fraction;
+    (snapshot, config)
+}
+
+/// Per worker that trained: its seconds per record (its own time beyond
+/// the requests' per-server part, per record) and its seconds per server
+/// and mini-batch, `servers_now` being the servers it talked to; `None`
+/// for the others.
+fn worker_costs(
+    evals: &[EvalFacts],
+    m: &Metrics,
+    servers_now: usize,
+) -> (Vec<Option<f64>>, Vec<Option<f64>>) {
+    evals
         .iter()
         .map(|e| {
             let Some((x, per_record)) = m
@@ -197,46 +237,21 @@ pub fn build_snapshot(
                 .map(|io| io / servers_now as f64);
             (Some(per_record * own), per_server)
         })
-        .unzip();
-    let comp = by_speed(&raw, &speed);
-    let requests = by_speed(&raw_requests, &speed);
-    let mut serve: Vec<Option<f64>> = evals
-        .iter()
-        .map(|e| m.get(e.id).and_then(|x| x.server_secs_per_byte.mean()))
-        .collect();
-    snap(&mut serve, tol);
-    let mut serve_fixed: Vec<Option<f64>> = evals
-        .iter()
-        .map(|e| {
-            m.get(e.id)
-                .and_then(|x| x.server_secs_per_mini_batch.mean())
-        })
-        .collect();
-    snap(&mut serve_fixed, tol);
-    // Latency: the communication time the cost model does not explain for
-    // the running configuration (request round trips, which do not shrink
-    // when the model is spread over more servers), per mini-batch. A serial
-    // worker waits for its pull and its push. A pipelined one has `d`
-    // mini-batches in flight, so a round trip holds it up for 1/d of its
-    // length per mini-batch (Little's law): a pull's round trip under a
-    // saturated server is mostly the `d - 1` requests queued before it, not
-    // latency that another split would keep (charging it whole doubled the
-    // predicted epoch of 7 workers on one server, 2026-11-25). And
-    // the serial fraction: how much of computation and communication add up
-    // in a mini-batch's wall time rather than overlap (1 for workers that
-    // pull, compute and push one after the other; less for pipelined ones).
-    let per_container = PerContainer {
-        comp: &comp,
-        requests: &requests,
-        speed: &speed,
-        bw: &bw,
-        serve: &serve,
-        serve_fixed: &serve_fixed,
-    };
-    let (mut snapshot, config) = assemble(&job, evals, m, per_container, mean_bw, bytes);
+        .unzip()
+}
+
+/// The latency and the serial fraction of the running configuration
+/// (see [`build_snapshot`]), fitted per worker against what the cost model
+/// explains, and their medians over the workers.
+fn fit_latency(
+    job: &JobFacts,
+    m: &Metrics,
+    snapshot: &Snapshot,
+    config: &Configuration,
+) -> (f64, f64) {
     let mut per_worker = Vec::new();
     if let Ok(b) =
-        CostModel::including_reclaimed(&snapshot).and_then(|model| model.evaluate(&config.counts()))
+        CostModel::including_reclaimed(snapshot).and_then(|model| model.evaluate(&config.counts()))
     {
         for w in &b.workers {
             let Some(x) = id_of(&w.container).and_then(|id| m.get(id)) else {
@@ -276,23 +291,33 @@ pub fn build_snapshot(
             ));
         }
     }
-    // Medians, not means: one starved worker is not the job's latency. On
-    // `bench-optimizer`'s emulated cluster one fast worker behind a
-    // saturated slow server waited 2.2 s a mini-batch where the others
-    // waited 0.13-0.22 s and the model predicted 0.24 s; its excess,
-    // averaged over 7 workers, charged every worker of every split 0.28 s
-    // a mini-batch, and the optimizer predicted 10.6 s for an epoch that
-    // took 5 s and chose a worse split.
+    // Medians, not means: one starved worker is not the job's latency. A
+    // fast worker behind a saturated slow server can wait ten times what
+    // the others wait; averaged in, its excess would be charged to every
+    // worker of every split.
     let latency = median(per_worker.iter().map(|p| p.1)).unwrap_or(0.0);
-    let serial_fraction = median(
+    let serial = median(
         per_worker
             .iter()
             .filter_map(|&(g, _, c, b)| serial_fraction(c?, g + latency, b?)),
     )
     .unwrap_or(1.0);
-    snapshot.job.latency_secs_per_mini_batch = latency;
-    snapshot.job.serial_fraction = serial_fraction;
-    (snapshot, config)
+    (latency, serial)
+}
+
+/// Per container, a measured figure of its metrics, snapped (see [`snap`]).
+fn snapped(
+    evals: &[EvalFacts],
+    m: &Metrics,
+    tol: f64,
+    figure: impl Fn(&super::metrics::EvalMetrics) -> Option<f64>,
+) -> Vec<Option<f64>> {
+    let mut v: Vec<Option<f64>> = evals
+        .iter()
+        .map(|e| m.get(e.id).and_then(&figure))
+        .collect();
+    snap(&mut v, tol);
+    v
 }
 
 /// Per-container costs from measured ones: their mean per unit of CPU speed
