@@ -1,0 +1,68 @@
+//! A worker's input: its splits read, parsed by the app and stored as
+//! input blocks (with the app's worker-local state beside them).
+
+use std::sync::Arc;
+
+use cruise_hdfs::{FileSystem, Split, line_number_at, read_split};
+
+use super::PsError;
+use crate::apps::App;
+use crate::protocol::{BlockId, INPUT_TABLE, STATE_TABLE};
+use crate::store::{BlockData, InputBlock, Store};
+
+/// Reads one split and parses it with the app; returns the records and the
+/// bytes they came from. Parse errors name the file and line.
+pub async fn read_input(
+    fs: &FileSystem,
+    app: &Arc<dyn App>,
+    split: &Split,
+) -> Result<(InputBlock, u64), PsError> {
+    let data = read_split(fs, split)
+        .await
+        .map_err(|source| PsError::Read {
+            uri: split.uri.clone(),
+            source: Box::new(source),
+        })?;
+    let bytes = data.bytes.len() as u64;
+    let text = data.bytes.clone();
+    let parser = Arc::clone(app);
+    let parsed = tokio::task::spawn_blocking(move || parser.parse(&text))
+        .await
+        .map_err(|e| PsError::Parse {
+            uri: split.uri.clone(),
+            line: 0,
+            message: format!("parser crashed: {e}"),
+        })?;
+    match parsed {
+        Ok(b) => Ok((b, bytes)),
+        Err(e) => {
+            let at = data.start_offset + e.offset as u64;
+            let line = line_number_at(fs, &split.uri, at).await.unwrap_or(0);
+            Err(PsError::Parse {
+                uri: split.uri.clone(),
+                line,
+                message: e.message,
+            })
+        }
+    }
+}
+
+/// Loads input blocks from their splits. Returns `(block, records, bytes)` per block.
+pub async fn load_input(
+    fs: FileSystem,
+    app: Arc<dyn App>,
+    store: Store,
+    blocks: Vec<(BlockId, Split)>,
+) -> Result<Vec<(BlockId, u64, u64)>, PsError> {
+    let mut loaded = Vec::with_capacity(blocks.len());
+    for (block, split) in blocks {
+        let (input, bytes) = read_input(&fs, &app, &split).await?;
+        let records = input.len() as u64;
+        if let Some(state) = app.init_state(block, &input) {
+            store.put_block(STATE_TABLE, block, BlockData::State(state))?;
+        }
+        store.put_block(INPUT_TABLE, block, BlockData::Input(Arc::new(input)))?;
+        loaded.push((block, records, bytes));
+    }
+    Ok(loaded)
+}
