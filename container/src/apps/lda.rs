@@ -359,33 +359,14 @@ impl Lda {
     }
 }
 
-/// The word-topic counts' functions: zero start, add.
-struct CountModel {
-    topics: usize,
-}
-
-impl ModelFunctions for CountModel {
-    fn value_len(&self) -> usize {
-        self.topics
-    }
-    fn init(&self, _key: Key) -> Vec<f32> {
-        vec![0.0; self.topics]
-    }
-    fn update(&self, _key: Key, value: &mut [f32], delta: &[f32]) {
-        for (v, d) in value.iter_mut().zip(delta) {
-            *v += d;
-        }
-    }
-}
-
 impl App for Lda {
     fn kind(&self) -> AppKind {
         AppKind::Lda
     }
 
     fn model(&self) -> Arc<dyn ModelFunctions> {
-        Arc::new(CountModel {
-            topics: self.topics,
+        Arc::new(super::AdditiveModel {
+            value_len: self.topics,
         })
     }
 

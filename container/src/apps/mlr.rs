@@ -391,31 +391,13 @@ fn softmax(scores: &mut [f32]) {
     }
 }
 
-struct AddModel {
-    value_len: usize,
-}
-
-impl ModelFunctions for AddModel {
-    fn value_len(&self) -> usize {
-        self.value_len
-    }
-    fn init(&self, _key: Key) -> Vec<f32> {
-        vec![0.0; self.value_len]
-    }
-    fn update(&self, _key: Key, value: &mut [f32], delta: &[f32]) {
-        for (v, d) in value.iter_mut().zip(delta) {
-            *v += d;
-        }
-    }
-}
-
 impl App for Mlr {
     fn kind(&self) -> AppKind {
         AppKind::Mlr
     }
 
     fn model(&self) -> Arc<dyn ModelFunctions> {
-        Arc::new(AddModel {
+        Arc::new(super::AdditiveModel {
             value_len: self.value_len,
         })
     }
@@ -446,27 +428,7 @@ impl App for Mlr {
                     self.classes - 1
                 )));
             }
-            entries.clear();
-            for tok in tokens {
-                let (i, v) = tok
-                    .split_once(':')
-                    .ok_or_else(|| err(format!("token {tok:?} is not index:value")))?;
-                let i: u32 = i
-                    .parse()
-                    .map_err(|_| err(format!("index in {tok:?} is not a non-negative integer")))?;
-                if i > self.features {
-                    return Err(err(format!(
-                        "feature index {i} in {tok:?} is out of range: mlr.features = {} allows 0..={}",
-                        self.features, self.features
-                    )));
-                }
-                let v: f32 = v
-                    .parse()
-                    .ok()
-                    .filter(|v: &f32| v.is_finite())
-                    .ok_or_else(|| err(format!("value in {tok:?} is not a finite number")))?;
-                entries.push((i, v));
-            }
+            super::libsvm_features(tokens, self.features, "mlr.features", &mut entries, &err)?;
             block.push(label as f32, entries.iter().copied());
         }
         Ok(block)

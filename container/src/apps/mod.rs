@@ -192,6 +192,60 @@ pub(crate) fn mix(seed: u64, a: u64, b: u64) -> u64 {
     x ^ (x >> 31)
 }
 
+/// Reads a libsvm line's `index:value` tokens into `entries` (cleared
+/// first). An index above `features` is out of range of `key`, the
+/// configuration key that sets it; values must be finite.
+pub(crate) fn libsvm_features<'a>(
+    tokens: impl Iterator<Item = &'a str>,
+    features: u32,
+    key: &str,
+    entries: &mut Vec<(u32, f32)>,
+    err: &dyn Fn(String) -> ParseError,
+) -> Result<(), ParseError> {
+    entries.clear();
+    for tok in tokens {
+        let (i, v) = tok
+            .split_once(':')
+            .ok_or_else(|| err(format!("token {tok:?} is not index:value")))?;
+        let i: u32 = i
+            .parse()
+            .map_err(|_| err(format!("index in {tok:?} is not a non-negative integer")))?;
+        if i > features {
+            return Err(err(format!(
+                "feature index {i} in {tok:?} is out of range: {key} = {features} allows 0..={features}"
+            )));
+        }
+        let v: f32 = v
+            .parse()
+            .ok()
+            .filter(|v: &f32| v.is_finite())
+            .ok_or_else(|| err(format!("value in {tok:?} is not a finite number")))?;
+        entries.push((i, v));
+    }
+    Ok(())
+}
+
+/// A model whose values start at zero and add the deltas pushed to them:
+/// the weights of MLR and Lasso, LDA's word-topic counts.
+pub(crate) struct AdditiveModel {
+    /// Floats per key.
+    pub(crate) value_len: usize,
+}
+
+impl ModelFunctions for AdditiveModel {
+    fn value_len(&self) -> usize {
+        self.value_len
+    }
+    fn init(&self, _key: Key) -> Vec<f32> {
+        vec![0.0; self.value_len]
+    }
+    fn update(&self, _key: Key, value: &mut [f32], delta: &[f32]) {
+        for (v, d) in value.iter_mut().zip(delta) {
+            *v += d;
+        }
+    }
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     //! Single-process training helpers shared by the apps' tests: a model in
