@@ -190,15 +190,21 @@ fn submit_command(args: cli::SubmitArgs, verbose: u8) -> ExitCode {
     }
 }
 
+/// What `status`, `kill` and `logs` start with: logging, the cluster's
+/// configuration and a one-thread runtime; a failure is reported.
+fn cluster_setup(
+    cluster: &cli::ClusterFlags,
+    verbose: u8,
+) -> Result<(cruise_conf::CruiseConfig, tokio::runtime::Runtime), ExitCode> {
+    init_logging(verbose, "warn");
+    let config = cluster.load().map_err(fail)?;
+    Ok((config, runtime(1)?))
+}
+
 /// `cruise status`: a YARN application's report, optionally once it ends.
 fn status_command(args: cli::StatusArgs, verbose: u8) -> ExitCode {
-    init_logging(verbose, "warn");
-    let config = match args.cluster.load() {
-        Ok(c) => c,
-        Err(e) => return fail(e),
-    };
-    let rt = match runtime(1) {
-        Ok(r) => r,
+    let (config, rt) = match cluster_setup(&args.cluster, verbose) {
+        Ok(set) => set,
         Err(code) => return code,
     };
     rt.block_on(async {
@@ -234,13 +240,8 @@ fn status_command(args: cli::StatusArgs, verbose: u8) -> ExitCode {
 
 /// `cruise kill`: a YARN application and its evaluator service.
 fn kill_command(args: cli::AppIdArgs, verbose: u8) -> ExitCode {
-    init_logging(verbose, "warn");
-    let config = match args.cluster.load() {
-        Ok(c) => c,
-        Err(e) => return fail(e),
-    };
-    let rt = match runtime(1) {
-        Ok(r) => r,
+    let (config, rt) = match cluster_setup(&args.cluster, verbose) {
+        Ok(set) => set,
         Err(code) => return code,
     };
     match rt.block_on(yarn_app::kill(&config, &args.app_id)) {
@@ -264,13 +265,8 @@ fn kill_command(args: cli::AppIdArgs, verbose: u8) -> ExitCode {
 
 /// `cruise logs`: a YARN application's container logs.
 fn logs_command(args: cli::LogsArgs, verbose: u8) -> ExitCode {
-    init_logging(verbose, "warn");
-    let config = match args.cluster.load() {
-        Ok(c) => c,
-        Err(e) => return fail(e),
-    };
-    let rt = match runtime(1) {
-        Ok(r) => r,
+    let (config, rt) = match cluster_setup(&args.cluster, verbose) {
+        Ok(set) => set,
         Err(code) => return code,
     };
     let files = if args.files.is_empty() {

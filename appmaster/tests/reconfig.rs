@@ -70,8 +70,8 @@ async fn training(cluster: &mut Cluster) {
 
 /// Capacity offered: the job grows into it. The job is endless (cancelled
 /// at the end): a plan must pay for itself over the epochs left, and 400
-/// epochs of this job took under a second once a worker's requests for one
-/// server went whole (2026-11-25), so the optimizer rightly stayed.
+/// epochs of this job take under a second (a worker's requests for one
+/// server go whole), so the optimizer rightly stays.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn offered_capacity_is_used() {
     let dir = tempfile::tempdir().unwrap();

@@ -721,6 +721,14 @@ fn probe_bandwidth(to: EvaluatorId, bytes: u64, job: &Job, links: &Links) {
     });
 }
 
+/// A protocol error (`what`) if the task in `slot` still runs.
+fn refuse_if_running(slot: &Option<Task>, what: &str) -> Result<(), EvaluatorError> {
+    match slot {
+        Some(t) if !t.handle.is_finished() => Err(EvaluatorError::Protocol(what.into())),
+        _ => Ok(()),
+    }
+}
+
 /// Starts the worker task, which reports `TaskStopped` itself when it ends.
 async fn start_worker(
     task: WorkerTask,
@@ -728,15 +736,7 @@ async fn start_worker(
     links: &Links,
     roles: &mut Roles,
 ) -> Result<(), EvaluatorError> {
-    if roles
-        .worker
-        .as_ref()
-        .is_some_and(|w| !w.handle.is_finished())
-    {
-        return Err(EvaluatorError::Protocol(
-            "StartWorker while a worker runs".into(),
-        ));
-    }
+    refuse_if_running(&roles.worker, "StartWorker while a worker runs")?;
     let stop = CancellationToken::new();
     let ctx = ps::WorkerContext {
         dp: job.dp.clone(),
@@ -760,15 +760,7 @@ async fn start_worker(
 
 /// Starts the server task, which reports `TaskStopped` itself when it ends.
 async fn start_server(job: &Job, links: &Links, roles: &mut Roles) -> Result<(), EvaluatorError> {
-    if roles
-        .server
-        .as_ref()
-        .is_some_and(|s| !s.handle.is_finished())
-    {
-        return Err(EvaluatorError::Protocol(
-            "StartServer while a server runs".into(),
-        ));
-    }
+    refuse_if_running(&roles.server, "StartServer while a server runs")?;
     let stop = CancellationToken::new();
     links
         .send(EvalToAm::TaskStarted {

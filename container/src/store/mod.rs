@@ -795,9 +795,9 @@ impl Store {
     /// Why: a worker's pull and push usually all go to one server. The
     /// general path groups their keys by block, routes each group and
     /// copies the values key by key into a request per owner: for MLR at
-    /// B = 100 (251 keys of 40 floats) that was 13% of the worker thread's
-    /// time (`perf`, 2026-11-25), where this is one pass over the keys and
-    /// one copy of the operation.
+    /// B = 100 (251 keys of 40 floats) that is 13% of the worker thread's
+    /// time under `perf`, where this is one pass over the keys and one copy
+    /// of the operation.
     fn one_remote_owner(
         &self,
         t: &Table,

@@ -39,7 +39,7 @@ impl Driver {
     /// of the capacity (8.4 and 33 MB/s of 12.5 and 50), and the cost model
     /// then priced six workers on slow links at 48 ms per mini-batch of
     /// 400 KB each way where they took 34 ms, and kept two fast workers
-    /// instead (the large case of `bench-optimizer`, 2026-11-25).
+    /// instead (the large case of `bench-optimizer`).
     pub(in crate::am::job) async fn probe_before_training(&mut self) -> bool {
         match self.rc.start_probes {
             StartProbes::NotYet => {}
