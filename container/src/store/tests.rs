@@ -1,4 +1,5 @@
 use super::*;
+use crate::protocol::ValueBatch;
 
 struct Add;
 

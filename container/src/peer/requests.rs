@@ -1,0 +1,572 @@
+//! Outbound requests: routing a store operation's parts to their owners,
+//! one ordered connection per peer, retries, the in-flight marks, and
+//! bandwidth probes.
+//!
+//! # Failures
+//!
+//! A request that was never written (the connection could not be opened) fails
+//! with a retryable error and is sent again, with backoff, after re-routing.
+//! A request written on a connection that then broke fails for good: whether
+//! it was applied is unknown, and retrying could apply it twice.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::future::BoxFuture;
+use futures::{FutureExt, SinkExt, StreamExt};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::protocol::{
+    EvaluatorId, LinkSample, PeerRequest, PeerResponse, Purpose, RemoteError, ToClient, ToOwner,
+};
+use crate::store::{self, OpKind, PartResult, Pending, StoreOp};
+
+use super::{DataPlane, MAX_RETRIES, PeerError, lock};
+
+impl DataPlane {
+    /// A mark in the order of outbound requests: everything issued so far
+    /// is before it.
+    pub fn request_mark(&self) -> u64 {
+        self.inner.inflight.mark()
+    }
+
+    /// Waits until every outbound request issued before `mark` has been
+    /// answered or has failed. An evaluator acknowledges an ownership update
+    /// only then: once every member has, no request routed by an older
+    /// table is still on its way, and an evaluator that owns nothing in the
+    /// new one can leave without cutting a request off.
+    pub async fn requests_done_before(&self, mark: u64) {
+        self.inner.inflight.done_before(mark).await
+    }
+
+    /// Replaces the peer directory. Evaluators that were known and are no
+    /// longer listed have left: forwarding pointers to them are dropped and
+    /// their connections closed.
+    pub fn set_peers(&self, peers: &[(EvaluatorId, SocketAddr)]) {
+        let listed: HashSet<EvaluatorId> = peers.iter().map(|p| p.0).collect();
+        let departed: Vec<EvaluatorId> = {
+            let mut seen = lock(&self.inner.ever_seen);
+            seen.extend(listed.iter().copied());
+            seen.difference(&listed).copied().collect()
+        };
+        *lock(&self.inner.directory) = peers.iter().copied().collect();
+        self.inner.store.set_departed(departed.iter().copied());
+        let mut conns = lock(&self.inner.conns);
+        for d in departed {
+            if let Some(c) = conns.remove(&d) {
+                c.closed.store(true, Ordering::SeqCst);
+            }
+        }
+    }
+
+    pub(super) fn addr_of(&self, peer: EvaluatorId) -> Option<SocketAddr> {
+        lock(&self.inner.directory).get(&peer).copied()
+    }
+
+    /// The outbound request connection to `peer`, created (and connected in
+    /// the background) if needed. Requests queued on it are sent in order.
+    fn conn(&self, peer: EvaluatorId) -> Arc<OutConn> {
+        let mut conns = lock(&self.inner.conns);
+        if let Some(c) = conns.get(&peer)
+            && !c.closed.load(Ordering::SeqCst)
+        {
+            return Arc::clone(c);
+        }
+        let (tx, rx) = mpsc::unbounded_channel();
+        let c = Arc::new(OutConn {
+            peer,
+            tx,
+            pending: Mutex::new(HashMap::new()),
+            inflight: Arc::clone(&self.inner.inflight),
+            next_id: AtomicU64::new(1),
+            closed: AtomicBool::new(false),
+        });
+        conns.insert(peer, Arc::clone(&c));
+        let this = self.clone();
+        let conn = Arc::clone(&c);
+        let progress = Arc::new(AtomicU64::new(0));
+        self.inner.tasks.spawn(crate::os::CpuTimed::with_progress(
+            {
+                let progress = Arc::clone(&progress);
+                async move { this.run_outbound(conn, rx, &progress).await }
+            },
+            Arc::clone(&self.inner.request_cpu_ns),
+            progress,
+            Arc::clone(&self.inner.request_idle_cpu_ns),
+        ));
+        c
+    }
+
+    /// Executes a keyed store operation wherever its blocks live.
+    pub fn execute(&self, op: StoreOp) -> BoxFuture<'static, PartResult> {
+        let fut = self.execute_traced(op);
+        async move { fut.await.0 }.boxed()
+    }
+
+    /// [`DataPlane::execute`], also returning what each remote part moved
+    /// and how long its answer took (for bandwidth measurement).
+    pub fn execute_traced(&self, op: StoreOp) -> BoxFuture<'static, (PartResult, Vec<LinkSample>)> {
+        self.execute_shared(Arc::new(op), 0)
+    }
+
+    /// [`DataPlane::execute_traced`] for an operation the caller keeps too
+    /// (a worker remembers its pushes until its later pulls reflect them).
+    pub fn execute_arc_traced(
+        &self,
+        op: Arc<StoreOp>,
+    ) -> BoxFuture<'static, (PartResult, Vec<LinkSample>)> {
+        self.execute_shared(op, 0)
+    }
+
+    fn execute_shared(
+        &self,
+        op: Arc<StoreOp>,
+        attempt: u32,
+    ) -> BoxFuture<'static, (PartResult, Vec<LinkSample>)> {
+        // Counted in flight from before it is routed: an ownership update
+        // applied between routing (by the older table) and sending must
+        // still wait for it (see `requests_done_before`).
+        let routing = self.inner.inflight.begin();
+        let sub = match self.inner.store.submit(&op) {
+            Ok(s) => s,
+            Err(e) => {
+                return futures::future::ready((
+                    Err(RemoteError::fatal(e.to_string())),
+                    Vec::new(),
+                ))
+                .boxed();
+            }
+        };
+        let kind = sub.kind;
+        let keys = sub.keys;
+        let sent = Instant::now();
+        // Forward now, synchronously, to keep arrival order.
+        let forward_start = crate::os::thread_cpu_secs();
+        let mut waits = Vec::with_capacity(sub.parts.len());
+        for part in sub.parts {
+            let w: Wait = match part.pending {
+                Pending::Ready(r) => Wait::Ready(r),
+                Pending::Queued(rx) => Wait::Queued(rx),
+                Pending::Forward { to, op } => {
+                    let out_bytes = if op.kind == OpKind::Get {
+                        0
+                    } else {
+                        op.values.byte_len() as u64
+                    };
+                    let rx = self.conn(to).request_as(op.into_request(), routing.share());
+                    Wait::Remote(to, out_bytes, rx)
+                }
+            };
+            waits.push((part.positions, w));
+        }
+        crate::os::add_thread_cpu_since(forward_start, &self.inner.forward_cpu_ns);
+        let this = self.clone();
+        async move {
+            // Wait for every part at once. Each remote answer carries the
+            // time it arrived, so its round trip is right even when this
+            // future is polled late (a pull prefetched during a compute).
+            let dropped = || Err(RemoteError::fatal("the request was dropped without an answer"));
+            let answers = futures::future::join_all(waits.into_iter().map(|(positions, w)| async move {
+                match w {
+                    Wait::Ready(r) => (positions, None, r, 0.0),
+                    Wait::Queued(rx) => (positions, None, rx.await.unwrap_or_else(|_| dropped()), 0.0),
+                    Wait::Remote(peer, out_bytes, rx) => {
+                        let (r, at) = rx.await.unwrap_or_else(|_| (dropped(), Instant::now()));
+                        let secs = at.saturating_duration_since(sent).as_secs_f64();
+                        (positions, Some((peer, out_bytes)), r, secs)
+                    }
+                }
+            }))
+            .await;
+            let mut links = Vec::new();
+            let mut results = Vec::with_capacity(answers.len());
+            for (positions, peer, mut r, secs) in answers {
+                if let (Some((p, out_bytes)), Ok(resp)) = (peer, &r) {
+                    let in_bytes = match resp {
+                        PeerResponse::Values(v) => v.byte_len() as u64,
+                        PeerResponse::Done | PeerResponse::HandoverOutcome { .. } => 0,
+                        PeerResponse::Blob(b) => b.len() as u64,
+                    };
+                    links.push(LinkSample { peer: p, bytes: out_bytes + in_bytes, secs });
+                }
+                if let Err(e) = &r
+                    && e.retry && attempt < MAX_RETRIES {
+                        let backoff = Duration::from_micros(200 << attempt.min(12));
+                        tokio::select! {
+                            _ = tokio::time::sleep(backoff) => {}
+                            _ = this.inner.cancel.cancelled() => {
+                                return (Err(RemoteError::fatal("the data plane is shutting down")), links);
+                            }
+                        }
+                        let offs = store::value_offsets(&op.values);
+                        let retry = Arc::new(store::sub_op(&op, &positions, &offs));
+                        let (rr, more) = this.execute_shared(retry, attempt + 1).await;
+                        links.extend(more);
+                        r = rr;
+                    }
+                match r {
+                    Ok(resp) => results.push((positions, resp)),
+                    Err(e) => {
+                        let e = match peer {
+                            Some((p, _)) => RemoteError {
+                                retry: e.retry,
+                                message: format!("evaluator {p}: {}", e.message),
+                            },
+                            None => e,
+                        };
+                        return (Err(e), links);
+                    }
+                }
+            }
+            (store::assemble(kind, keys, results), links)
+        }
+        .boxed()
+    }
+
+    /// Sends a non-keyed request (handover, abort) to a peer and waits.
+    pub(super) async fn request(
+        &self,
+        peer: EvaluatorId,
+        req: PeerRequest,
+    ) -> Result<PeerResponse, PeerError> {
+        self.conn(peer)
+            .request(req)
+            .await
+            .map_or_else(
+                |_| {
+                    Err(RemoteError::fatal(
+                        "the request was dropped without an answer",
+                    ))
+                },
+                |(r, _)| r,
+            )
+            .map_err(|error| PeerError::Remote { peer, error })
+    }
+
+    /// Measures the bandwidth to `peer`: the fastest of `tries` transfers of
+    /// `bytes` of incompressible data. Returns seconds per transfer.
+    pub async fn probe(&self, peer: EvaluatorId, bytes: u64, tries: u32) -> Result<f64, PeerError> {
+        let mut best = f64::INFINITY;
+        for _ in 0..tries.max(1) {
+            let t0 = Instant::now();
+            match self.request(peer, PeerRequest::Probe { bytes }).await? {
+                PeerResponse::Blob(b) if b.len() as u64 == bytes => {}
+                other => {
+                    return Err(PeerError::Connection {
+                        peer,
+                        message: format!(
+                            "bad probe answer ({} bytes)",
+                            match &other {
+                                PeerResponse::Blob(b) => b.len(),
+                                _ => 0,
+                            }
+                        ),
+                    });
+                }
+            }
+            best = best.min(t0.elapsed().as_secs_f64());
+        }
+        Ok(best)
+    }
+
+    /// The outbound connection's task: writes what is queued on `rx`,
+    /// completes the answers; advances `progress` at each.
+    async fn run_outbound(
+        &self,
+        conn: Arc<OutConn>,
+        mut rx: mpsc::UnboundedReceiver<ToOwner>,
+        progress: &AtomicU64,
+    ) {
+        let peer = conn.peer;
+        let framed = match self.addr_of(peer) {
+            None => Err(PeerError::UnknownPeer(peer)),
+            Some(addr) => {
+                self.open::<ToOwner, ToClient>(peer, addr, Purpose::Requests)
+                    .await
+            }
+        };
+        let framed = match framed {
+            Ok(f) => f,
+            Err(e) => {
+                // Nothing was written: everything queued may be sent again.
+                rx.close();
+                while rx.try_recv().is_ok() {}
+                conn.close_and_fail(&self.inner.conns, RemoteError::retry(e.to_string()));
+                return;
+            }
+        };
+        let (mut sink, mut stream) = framed.split();
+        let mut said_goodbye = false;
+        let reason = loop {
+            tokio::select! {
+                biased;
+                _ = self.inner.cancel.cancelled() => break "the data plane is shutting down".to_string(),
+                _ = self.inner.faults.broken() => break "connection broken (injected fault)".to_string(),
+                frame = stream.next() => match frame {
+                    Some(Ok(ToClient::Response { id, result })) => {
+                        progress.fetch_add(1, Ordering::Relaxed);
+                        conn.complete(id, result)
+                    }
+                    Some(Ok(ToClient::GoAway)) => {
+                        progress.fetch_add(1, Ordering::Relaxed);
+                        // Stop taking requests; flush what is queued, then acknowledge.
+                        conn.closed.store(true, Ordering::SeqCst);
+                        lock(&self.inner.conns).retain(|_, c| !Arc::ptr_eq(c, &conn));
+                        rx.close();
+                        let mut ok = true;
+                        while let Some(m) = rx.recv().await {
+                            if sink.feed(m).await.is_err() {
+                                ok = false;
+                                break;
+                            }
+                        }
+                        if ok && sink.send(ToOwner::GoAwayAck).await.is_ok() {
+                            said_goodbye = true;
+                        }
+                    }
+                    Some(Err(e)) => break format!("connection failed: {e}"),
+                    None => {
+                        if said_goodbye && conn.pending_count() == 0 {
+                            return;
+                        }
+                        break "connection closed by the peer".to_string();
+                    }
+                },
+                m = rx.recv(), if !said_goodbye => if let Some(m) = m {
+                    progress.fetch_add(1, Ordering::Relaxed);
+                    let mut r = sink.feed(m).await;
+                    while r.is_ok() {
+                        match rx.try_recv() {
+                            Ok(m) => r = sink.feed(m).await,
+                            Err(_) => break,
+                        }
+                    }
+                    if let Err(e) = r.and(sink.flush().await) {
+                        break format!("write failed: {e}");
+                    }
+                },
+            }
+        };
+        // Requests still queued were never written: they may be sent again.
+        rx.close();
+        while let Ok(m) = rx.try_recv() {
+            if let ToOwner::Request { id, .. } = m {
+                conn.complete(
+                    id,
+                    Err(RemoteError::retry(format!(
+                        "connection to evaluator {peer} lost ({reason})"
+                    ))),
+                );
+            }
+        }
+        conn.close_and_fail(
+            &self.inner.conns,
+            RemoteError::fatal(format!(
+                "connection to evaluator {peer} lost with the request in flight ({reason}); its outcome is unknown"
+            )),
+        );
+    }
+}
+
+enum Wait {
+    Ready(PartResult),
+    /// Queued here until the block lands.
+    Queued(oneshot::Receiver<PartResult>),
+    /// The peer it was forwarded to, bytes sent with it, the answer.
+    Remote(EvaluatorId, u64, oneshot::Receiver<Answer>),
+}
+
+/// A peer's answer and when it arrived.
+type Answer = (PartResult, Instant);
+
+/// One outbound request connection.
+pub(super) struct OutConn {
+    peer: EvaluatorId,
+    tx: mpsc::UnboundedSender<ToOwner>,
+    pending: Mutex<HashMap<u64, (oneshot::Sender<Answer>, InflightGuard)>>,
+    inflight: Arc<Inflight>,
+    next_id: AtomicU64,
+    closed: AtomicBool,
+}
+
+impl OutConn {
+    /// Queues a request; synchronous, so requests go out in call order.
+    fn request(&self, req: PeerRequest) -> oneshot::Receiver<Answer> {
+        self.request_as(req, self.inflight.begin())
+    }
+
+    /// [`OutConn::request`], counted in flight as `guard` (taken before the
+    /// request was routed).
+    fn request_as(&self, req: PeerRequest, guard: InflightGuard) -> oneshot::Receiver<Answer> {
+        let (tx, rx) = oneshot::channel();
+        if self.closed.load(Ordering::SeqCst) {
+            let _ = tx.send((
+                Err(RemoteError::retry(format!(
+                    "connection to evaluator {} is closing",
+                    self.peer
+                ))),
+                Instant::now(),
+            ));
+            return rx;
+        }
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        lock(&self.pending).insert(id, (tx, guard));
+        if self.tx.send(ToOwner::Request { id, req }).is_err()
+            && let Some((tx, _)) = lock(&self.pending).remove(&id)
+        {
+            let _ = tx.send((
+                Err(RemoteError::retry(format!(
+                    "connection to evaluator {} is closed",
+                    self.peer
+                ))),
+                Instant::now(),
+            ));
+        }
+        rx
+    }
+
+    fn complete(&self, id: u64, result: PartResult) {
+        if let Some((tx, _)) = lock(&self.pending).remove(&id) {
+            let _ = tx.send((result, Instant::now()));
+        }
+    }
+
+    fn pending_count(&self) -> usize {
+        lock(&self.pending).len()
+    }
+
+    pub(super) fn fail_all(&self, err: RemoteError) {
+        let now = Instant::now();
+        for (_, (tx, _)) in lock(&self.pending).drain() {
+            let _ = tx.send((Err(err.clone()), now));
+        }
+    }
+
+    fn close_and_fail(
+        self: &Arc<Self>,
+        conns: &Mutex<HashMap<EvaluatorId, Arc<OutConn>>>,
+        err: RemoteError,
+    ) {
+        self.closed.store(true, Ordering::SeqCst);
+        lock(conns).retain(|_, c| !Arc::ptr_eq(c, self));
+        self.fail_all(err);
+    }
+}
+
+/// Sequence numbers of the outbound requests in flight.
+#[derive(Default)]
+pub(super) struct Inflight {
+    /// The next sequence number, and the ones not finished yet with how
+    /// many guards hold each.
+    state: Mutex<(u64, BTreeMap<u64, usize>)>,
+    finished: tokio::sync::Notify,
+}
+
+/// One request in flight; finished when dropped (answered, failed or
+/// abandoned alike) and every guard [`InflightGuard::share`]d from it is.
+struct InflightGuard {
+    seq: u64,
+    of: Arc<Inflight>,
+}
+
+impl InflightGuard {
+    /// Another guard of the same sequence number: an operation routed once
+    /// and sent as several requests counts from when it was routed.
+    fn share(&self) -> InflightGuard {
+        *lock(&self.of.state).1.entry(self.seq).or_insert(0) += 1;
+        InflightGuard {
+            seq: self.seq,
+            of: Arc::clone(&self.of),
+        }
+    }
+}
+
+impl Drop for InflightGuard {
+    fn drop(&mut self) {
+        {
+            let mut st = lock(&self.of.state);
+            if let Some(n) = st.1.get_mut(&self.seq) {
+                *n -= 1;
+                if *n == 0 {
+                    st.1.remove(&self.seq);
+                }
+            }
+        }
+        self.of.finished.notify_waiters();
+    }
+}
+
+impl Inflight {
+    fn begin(self: &Arc<Self>) -> InflightGuard {
+        let mut st = lock(&self.state);
+        let seq = st.0;
+        st.0 += 1;
+        st.1.insert(seq, 1);
+        InflightGuard {
+            seq,
+            of: Arc::clone(self),
+        }
+    }
+
+    fn mark(&self) -> u64 {
+        lock(&self.state).0
+    }
+
+    async fn done_before(&self, mark: u64) {
+        loop {
+            let finished = self.finished.notified();
+            tokio::pin!(finished);
+            // Registered before the check: a request finishing in between
+            // still wakes us.
+            finished.as_mut().enable();
+            if lock(&self.state)
+                .1
+                .first_key_value()
+                .is_none_or(|(&first, _)| first >= mark)
+            {
+                return;
+            }
+            finished.await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Whether `done_before(mark)` has finished, given a moment to run.
+    async fn finished(f: &mut std::pin::Pin<Box<impl std::future::Future<Output = ()>>>) -> bool {
+        tokio::time::timeout(Duration::from_millis(20), f.as_mut())
+            .await
+            .is_ok()
+    }
+
+    /// An operation's requests count from when it was routed: a mark taken
+    /// after its routing guard (an ownership update applied while it was
+    /// being sent) waits for every request shared from that guard, even
+    /// when the guard itself is gone, and no longer.
+    #[tokio::test]
+    async fn a_mark_waits_for_requests_routed_before_it() {
+        let inflight = Arc::new(Inflight::default());
+        let routing = inflight.begin();
+        let mark = inflight.mark();
+        let later = inflight.begin(); // routed after the mark: not waited for
+        let (a, b) = (routing.share(), routing.share());
+        drop(routing);
+        let mut done = Box::pin({
+            let inflight = Arc::clone(&inflight);
+            async move { inflight.done_before(mark).await }
+        });
+        assert!(!finished(&mut done).await, "two requests are still out");
+        drop(a);
+        assert!(!finished(&mut done).await, "one request is still out");
+        drop(b);
+        assert!(finished(&mut done).await, "waits for nothing newer");
+        drop(later);
+        assert!(lock(&inflight.state).1.is_empty());
+    }
+}

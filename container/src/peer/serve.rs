@@ -1,0 +1,230 @@
+//! Serving: accepting connections, answering requests, and leaving.
+//!
+//! # Leaving
+//!
+//! An evaluator that leaves the job ([`DataPlane::shutdown`]) sends `GoAway`
+//! on every inbound request connection and keeps serving until each client
+//! answers `GoAwayAck` (after which it sends nothing more on that connection)
+//! and every request read before it is answered. So no request that reached it
+//! is lost, and none is applied twice.
+//!
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use futures::future::BoxFuture;
+use futures::stream::FuturesUnordered;
+use futures::{FutureExt, StreamExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_util::codec::Framed;
+
+use crate::emulate::Throttled;
+use crate::protocol::{
+    self, BulkToDest, BulkToSource, EvaluatorId, FrameCodec, PeerRequest, PeerResponse, Purpose,
+    RemoteError, ToClient, ToOwner,
+};
+use crate::store::{self, PartResult, StoreOp};
+
+use super::{DataPlane, MAX_IN_FLIGHT, Stream};
+
+impl DataPlane {
+    pub(super) async fn accept_loop(&self, listener: TcpListener) {
+        loop {
+            let accepted = tokio::select! {
+                _ = self.inner.cancel.cancelled() => return,
+                _ = self.inner.leaving.cancelled() => return,
+                a = listener.accept() => a,
+            };
+            let (stream, remote) = match accepted {
+                Ok(x) => x,
+                Err(e) => {
+                    tracing::warn!("data plane accept failed: {e}");
+                    continue;
+                }
+            };
+            let _ = stream.set_nodelay(true);
+            let this = self.clone();
+            let c = &self.inner.counters;
+            let progress = Arc::new(AtomicU64::new(0));
+            self.inner.inbound.spawn(crate::os::CpuTimed::with_progress(
+                {
+                    let progress = Arc::clone(&progress);
+                    async move { this.serve_connection(stream, remote, &progress).await }
+                },
+                Arc::clone(&c.cpu_ns),
+                progress,
+                Arc::clone(&c.idle_cpu_ns),
+            ));
+        }
+    }
+
+    /// An inbound connection's task; advances `progress` at each frame it
+    /// decodes and each answer it hands to the writer.
+    async fn serve_connection(&self, stream: TcpStream, remote: SocketAddr, progress: &AtomicU64) {
+        let s = &self.inner.settings;
+        // Both kinds of connection share a handshake; the hello says which.
+        let (id, framed) = match protocol::auth::accept::<_, ToClient, ToOwner>(
+            Throttled::new(stream),
+            &s.secret,
+            &s.job_id,
+            s.frames,
+            s.connect_timeout,
+            |id| match id.purpose {
+                Purpose::Requests | Purpose::Bulk => Ok(()),
+                Purpose::Control => Err("this is a data-plane port, not the AM".into()),
+            },
+        )
+        .await
+        {
+            Ok(x) => x,
+            Err(e) => {
+                tracing::warn!("data plane: refused connection from {remote}: {e}");
+                return;
+            }
+        };
+        let Ok(peer) = id.peer.parse::<EvaluatorId>() else {
+            tracing::warn!(
+                "data plane: peer {remote} gave a bad evaluator id {:?}",
+                id.peer
+            );
+            return;
+        };
+        match id.purpose {
+            Purpose::Requests => self.serve_requests(peer, framed, progress).await,
+            Purpose::Bulk => {
+                let framed =
+                    framed.map_codec(|c| FrameCodec::<BulkToSource, BulkToDest>::new(c.options()));
+                self.serve_bulk(peer, framed, progress).await
+            }
+            Purpose::Control => {}
+        }
+    }
+
+    async fn serve_requests(
+        &self,
+        peer: EvaluatorId,
+        framed: Framed<Stream, FrameCodec<ToClient, ToOwner>>,
+        progress: &AtomicU64,
+    ) {
+        let (sink, mut stream) = framed.split();
+        let conn_cancel = self.inner.cancel.child_token();
+        let (tx, writer) = protocol::spawn_writer(
+            crate::os::CpuTimedSink::new(sink, Arc::clone(&self.inner.counters.cpu_ns)),
+            1024,
+            self.inner.faults.clone(),
+            conn_cancel.clone(),
+            &self.inner.tasks,
+            format!("data plane to evaluator {peer}"),
+        );
+        let mut in_flight: FuturesUnordered<BoxFuture<'static, (u64, PartResult)>> =
+            FuturesUnordered::new();
+        let mut sent_goaway = false;
+        let mut acked = false;
+        loop {
+            if acked && in_flight.is_empty() {
+                break;
+            }
+            tokio::select! {
+                biased;
+                _ = conn_cancel.cancelled() => return,
+                _ = self.inner.faults.broken() => return,
+                Some((id, result)) = in_flight.next(), if !in_flight.is_empty() => {
+                    progress.fetch_add(1, Ordering::Relaxed);
+                    if let Ok(PeerResponse::Values(v)) = &result {
+                        self.inner.counters.bytes_out.fetch_add(v.byte_len() as u64, Ordering::Relaxed);
+                    }
+                    if tx.send(ToClient::Response { id, result }).await.is_err() {
+                        return;
+                    }
+                }
+                _ = self.inner.leaving.cancelled(), if !sent_goaway => {
+                    sent_goaway = true;
+                    progress.fetch_add(1, Ordering::Relaxed);
+                    if tx.send(ToClient::GoAway).await.is_err() {
+                        return;
+                    }
+                }
+                frame = stream.next(), if !acked && in_flight.len() < MAX_IN_FLIGHT => match frame {
+                    Some(Ok(ToOwner::Request { id, req })) => {
+                        progress.fetch_add(1, Ordering::Relaxed);
+                        let fut = self.handle_request(peer, req);
+                        in_flight.push(async move { (id, fut.await) }.boxed());
+                    }
+                    Some(Ok(ToOwner::GoAwayAck)) => {
+                        progress.fetch_add(1, Ordering::Relaxed);
+                        acked = true
+                    }
+                    Some(Err(e)) => {
+                        tracing::warn!("data plane: closing connection from evaluator {peer}: {e}");
+                        return;
+                    }
+                    None => {
+                        // The client closed; answer what it asked anyway? It
+                        // cannot read the answers, so stop.
+                        return;
+                    }
+                },
+            }
+        }
+        drop(tx);
+        // Let the writer flush the last answers before the task ends.
+        let _ = writer.await;
+    }
+
+    /// Handles one inbound request. The synchronous part (apply, queue or
+    /// forward) happens before this returns; the future waits for the answer.
+    fn handle_request(
+        &self,
+        peer: EvaluatorId,
+        req: PeerRequest,
+    ) -> BoxFuture<'static, PartResult> {
+        let c = &self.inner.counters;
+        c.requests.fetch_add(1, Ordering::Relaxed);
+        match req {
+            PeerRequest::Handover { table, block, .. } => {
+                let r = self
+                    .inner
+                    .store
+                    .begin_incoming(table, block, peer)
+                    .map(|()| PeerResponse::Done)
+                    .map_err(|e| RemoteError::fatal(e.to_string()));
+                futures::future::ready(r).boxed()
+            }
+            PeerRequest::Probe { bytes } => {
+                // Random bytes, so compression cannot shortcut the transfer.
+                let n = usize::try_from(bytes)
+                    .unwrap_or(usize::MAX)
+                    .min(self.inner.settings.frames.max_frame / 2);
+                let mut blob = vec![0u8; n];
+                rand::RngCore::fill_bytes(&mut rand::rng(), &mut blob);
+                futures::future::ready(Ok(PeerResponse::Blob(blob))).boxed()
+            }
+            PeerRequest::AbortHandover { table, block } => {
+                let r = self
+                    .inner
+                    .store
+                    .abort_incoming(table, block)
+                    .map(|o| PeerResponse::HandoverOutcome {
+                        installed: o == store::AbortOutcome::Installed,
+                    })
+                    .map_err(|e| RemoteError::fatal(e.to_string()));
+                futures::future::ready(r).boxed()
+            }
+            keyed => {
+                let Some(op) = StoreOp::from_request(keyed) else {
+                    return futures::future::ready(Err(RemoteError::fatal("unsupported request")))
+                        .boxed();
+                };
+                c.bytes_in
+                    .fetch_add(op.byte_len() as u64, Ordering::Relaxed);
+                // CPU time, not wall time: under a CPU quota a wall clock
+                // counts the throttled wait of an operation that hit it.
+                let t0 = crate::os::thread_cpu_secs();
+                let fut = self.execute(op);
+                crate::os::add_thread_cpu_since(t0, &c.busy_ns);
+                fut
+            }
+        }
+    }
+}
