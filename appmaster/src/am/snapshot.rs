@@ -14,25 +14,42 @@ use super::metrics::Metrics;
 /// Bandwidth assumed when nothing has been measured yet (loopback-like).
 pub const UNMEASURED_BANDWIDTH: f64 = 1e9;
 
-/// The optimizer's name for an evaluator.
-pub fn name_of(id: EvaluatorId) -> String {
-    format!("e{id}")
+/// A container as the optimizer names it: an evaluator of the job
+/// (`e<id>`) or capacity the job may add (`new<k>`). The optimizer's plans
+/// carry the names as strings; they are parsed here, once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ContainerName {
+    /// An evaluator of the job.
+    Evaluator(EvaluatorId),
+    /// The `k`-th container the job may add.
+    Offer(usize),
 }
 
-/// The evaluator an optimizer name refers to, if it is an existing one.
-pub fn id_of(name: &str) -> Option<EvaluatorId> {
-    name.strip_prefix('e').and_then(|n| n.parse().ok())
+impl ContainerName {
+    /// Parses an optimizer name; `None` if it is neither form.
+    pub fn parse(name: &str) -> Option<ContainerName> {
+        fn digits<T: std::str::FromStr>(s: &str) -> Option<T> {
+            (!s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
+                .then(|| s.parse().ok())
+                .flatten()
+        }
+        if let Some(k) = name.strip_prefix("new") {
+            digits(k).map(ContainerName::Offer)
+        } else {
+            name.strip_prefix('e')
+                .and_then(digits)
+                .map(ContainerName::Evaluator)
+        }
+    }
 }
 
-/// The optimizer's name for the `k`-th container the job may add.
-pub fn new_name(k: usize) -> String {
-    format!("new{k}")
-}
-
-/// Whether `name` is one of [`new_name`]'s.
-pub fn is_new_name(name: &str) -> bool {
-    name.strip_prefix("new")
-        .is_some_and(|k| !k.is_empty() && k.bytes().all(|b| b.is_ascii_digit()))
+impl std::fmt::Display for ContainerName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ContainerName::Evaluator(id) => write!(f, "e{id}"),
+            ContainerName::Offer(k) => write!(f, "new{k}"),
+        }
+    }
 }
 
 /// What the snapshot needs to know about one evaluator.
@@ -254,7 +271,10 @@ fn fit_latency(
         CostModel::including_reclaimed(snapshot).and_then(|model| model.evaluate(&config.counts()))
     {
         for w in &b.workers {
-            let Some(x) = id_of(&w.container).and_then(|id| m.get(id)) else {
+            let Some(ContainerName::Evaluator(id)) = ContainerName::parse(&w.container) else {
+                continue;
+            };
+            let Some(x) = m.get(id) else {
                 continue;
             };
             if w.mini_batches == 0 {
@@ -399,7 +419,7 @@ fn assemble(
     for (i, e) in evals.iter().enumerate() {
         let em = m.get(e.id);
         containers.push(ContainerMetrics {
-            id: name_of(e.id),
+            id: ContainerName::Evaluator(e.id).to_string(),
             role: e.role,
             compute_secs_per_record: comp[i],
             cpu_speed: speed[i],
@@ -413,7 +433,7 @@ fn assemble(
             reclaimed: e.reclaimed,
         });
         config.containers.insert(
-            name_of(e.id),
+            ContainerName::Evaluator(e.id).to_string(),
             Holding {
                 role: e.role,
                 input: e.input.clone(),
@@ -423,7 +443,7 @@ fn assemble(
     }
     for k in 0..job.spare {
         containers.push(ContainerMetrics {
-            id: new_name(k),
+            id: ContainerName::Offer(k).to_string(),
             role: Role::Idle,
             compute_secs_per_record: None,
             cpu_speed: mean_speed,
@@ -437,7 +457,7 @@ fn assemble(
             reclaimed: false,
         });
         config.containers.insert(
-            new_name(k),
+            ContainerName::Offer(k).to_string(),
             Holding {
                 role: Role::Idle,
                 input: BTreeSet::new(),
@@ -614,9 +634,17 @@ mod tests {
 
     #[test]
     fn names_round_trip() {
-        assert_eq!(id_of(&name_of(12)), Some(12));
-        assert_eq!(id_of(&new_name(0)), None);
-        assert_eq!(id_of("x1"), None);
+        for name in [ContainerName::Evaluator(12), ContainerName::Offer(0)] {
+            assert_eq!(ContainerName::parse(&name.to_string()), Some(name));
+        }
+        assert_eq!(
+            ContainerName::parse("e12"),
+            Some(ContainerName::Evaluator(12))
+        );
+        assert_eq!(ContainerName::parse("new3"), Some(ContainerName::Offer(3)));
+        for other in ["x1", "e", "e+1", "e1x", "new", "new1x", "renew1", "E1"] {
+            assert_eq!(ContainerName::parse(other), None, "{other}");
+        }
     }
 
     #[test]

@@ -13,6 +13,7 @@ use cruise_rm::{ContainerId, ContainerRequest};
 use super::{AddOp, DeleteOp, DeleteStage, Reply, SwitchOp, ready_to_leave};
 use crate::am::Role;
 use crate::am::job::Driver;
+use crate::am::snapshot::ContainerName;
 
 impl Driver {
     pub(super) async fn start_add(
@@ -21,6 +22,14 @@ impl Driver {
         role: Role,
         reply: Reply,
     ) -> Result<(), (Reply, OpError)> {
+        let Some(name @ ContainerName::Offer(_)) = ContainerName::parse(&name) else {
+            return Err((
+                reply,
+                OpError::new(format!(
+                    "cannot add `{name}`: only a container the job was offered (`new<k>`) can be added"
+                )),
+            ));
+        };
         let req = ContainerRequest {
             count: 1,
             memory_mb: self.config.runtime.container_memory_mb,
@@ -49,7 +58,9 @@ impl Driver {
             return false;
         };
         tracing::info!("evaluator {id} joins as `{}` ({:?})", add.name, add.role);
-        self.rc.names.insert(add.name.clone(), id);
+        if let ContainerName::Offer(k) = add.name {
+            self.rc.added_offers.insert(k, id);
+        }
         if let Some(e) = self.evaluators.get_mut(&id) {
             e.role = add.role;
             e.clock = self.min_clock_sent;

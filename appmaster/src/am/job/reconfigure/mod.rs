@@ -40,7 +40,7 @@ use cruise_optimizer::{
 use super::Driver;
 use crate::am::Role;
 use crate::am::metrics::Metrics;
-use crate::am::snapshot::{EvalFacts, id_of};
+use crate::am::snapshot::{ContainerName, EvalFacts};
 
 mod membership;
 mod moves;
@@ -84,7 +84,8 @@ struct ReloadOp {
 }
 
 struct AddOp {
-    name: String,
+    /// The offer it realises ([`ContainerName::Offer`]).
+    name: ContainerName,
     role: Role,
     reply: Reply,
     since: Instant,
@@ -194,8 +195,8 @@ pub(super) struct Reconfig {
     joining: HashMap<EvaluatorId, AddOp>,
     deletes: HashMap<EvaluatorId, DeleteOp>,
     switches: HashMap<EvaluatorId, SwitchOp>,
-    /// Planned names of added containers → their evaluators.
-    names: HashMap<String, EvaluatorId>,
+    /// Offers a plan added ([`ContainerName::Offer`]) → their evaluators.
+    added_offers: HashMap<usize, EvaluatorId>,
     /// Containers the job may hold now.
     pub(super) capacity: u32,
     /// Containers the resource manager wants back, and since when.
@@ -241,7 +242,7 @@ impl Reconfig {
             joining: HashMap::new(),
             deletes: HashMap::new(),
             switches: HashMap::new(),
-            names: HashMap::new(),
+            added_offers: HashMap::new(),
             capacity: config.runtime.effective_max_containers(&config.job),
             reclaim: None,
             stop_after_plan: false,
@@ -254,9 +255,10 @@ impl Reconfig {
     }
 
     /// Whether `name` is the optimizer's name for a container the job may
-    /// add ([`crate::am::snapshot::new_name`]) that no plan has added.
+    /// add that no plan has added.
     fn unrealized_offer(&self, name: &str) -> bool {
-        crate::am::snapshot::is_new_name(name) && !self.names.contains_key(name)
+        matches!(ContainerName::parse(name),
+            Some(ContainerName::Offer(k)) if !self.added_offers.contains_key(&k))
     }
 
     /// Whether an evaluator is on its way out (its end is expected).
@@ -382,10 +384,14 @@ impl Driver {
     }
 
     fn resolve(&self, name: &str) -> Result<EvaluatorId, OpError> {
-        id_of(name)
-            .filter(|id| self.evaluators.get(id).is_some_and(|e| !e.gone))
-            .or_else(|| self.rc.names.get(name).copied())
-            .ok_or_else(|| OpError::new(format!("container `{name}` is not part of the job")))
+        match ContainerName::parse(name) {
+            Some(ContainerName::Evaluator(id)) => {
+                Some(id).filter(|id| self.evaluators.get(id).is_some_and(|e| !e.gone))
+            }
+            Some(ContainerName::Offer(k)) => self.rc.added_offers.get(&k).copied(),
+            None => None,
+        }
+        .ok_or_else(|| OpError::new(format!("container `{name}` is not part of the job")))
     }
 
     fn owned(&self, table: TableId, id: EvaluatorId) -> BTreeSet<u32> {
@@ -550,7 +556,7 @@ mod tests {
         for other in ["new", "new1x", "e3", "renew1"] {
             assert!(!rc.unrealized_offer(other), "{other}");
         }
-        rc.names.insert("new0".into(), 7);
+        rc.added_offers.insert(0, 7);
         assert!(!rc.unrealized_offer("new0"), "added: a real delete");
     }
 

@@ -48,7 +48,7 @@ impl Driver {
         {
             let text = format!(
                 "waiting: server {} has not reported what serving costs it yet",
-                crate::am::snapshot::name_of(e.id)
+                crate::am::snapshot::ContainerName::Evaluator(e.id)
             );
             self.note_decision(text);
             return;
