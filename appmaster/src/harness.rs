@@ -420,7 +420,7 @@ impl Cluster {
     }
 
     /// The container of evaluator `id`, from the status.
-    pub fn container_of(&self, id: u32) -> Option<String> {
+    pub fn container_of(&self, id: cruise_container::protocol::EvaluatorId) -> Option<String> {
         self.status
             .borrow()
             .evaluators

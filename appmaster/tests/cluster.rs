@@ -1,6 +1,7 @@
 //! In-process cluster tests: the AM and evaluators in one process over real
 //! loopback sockets, disturbed with the harness's fault verbs.
 
+use cruise_container::protocol::EvaluatorId;
 use std::path::Path;
 use std::time::Duration;
 
@@ -81,7 +82,7 @@ async fn bulk_synchronous_trains() {
 }
 
 /// Waits until the job trains, then returns the container of a worker.
-async fn training_worker(cluster: &mut Cluster) -> (u32, String) {
+async fn training_worker(cluster: &mut Cluster) -> (EvaluatorId, String) {
     let st = cluster
         .await_status(WAIT, |s| s.phase == "training" && s.records_processed > 0)
         .await
@@ -261,7 +262,12 @@ async fn finish(cluster: Cluster) {
 async fn training_starts_once_the_links_are_measured() {
     let dir = tempfile::tempdir().unwrap();
     let (cluster, s) = probed_start(dir.path(), 60_000, Duration::from_millis(100)).await;
-    let mut links: Vec<(u32, u32)> = s.metrics.capacity.iter().map(|l| (l.from, l.to)).collect();
+    let mut links: Vec<(u32, u32)> = s
+        .metrics
+        .capacity
+        .iter()
+        .map(|l| (l.from.0, l.to.0))
+        .collect();
     links.sort_unstable();
     assert_eq!(links, [(1, 2), (2, 3), (3, 1)], "every ring link measured");
     finish(cluster).await;

@@ -590,7 +590,7 @@ fn start_job(
         context: "starting the data plane".into(),
         source,
     })?;
-    tracing::info!(evaluator = setup.evaluator, app = %config.job.app, "job set up");
+    tracing::info!(evaluator = %setup.evaluator, app = %config.job.app, "job set up");
     Ok(Job {
         fs: FileSystem::from_env().unwrap_or_default(),
         config,

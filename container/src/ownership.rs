@@ -157,6 +157,14 @@ mod tests {
         }
     }
 
+    fn ids(v: &[u32]) -> Vec<EvaluatorId> {
+        v.iter().copied().map(EvaluatorId).collect()
+    }
+
+    fn entries(v: &[(TableId, BlockId, u32)]) -> Vec<(TableId, BlockId, EvaluatorId)> {
+        v.iter().map(|&(t, b, e)| (t, b, EvaluatorId(e))).collect()
+    }
+
     fn configured(me: EvaluatorId) -> Store {
         let s = Store::new(me);
         s.configure(&[(0, 3)], std::sync::Arc::new(Sum));
@@ -167,19 +175,19 @@ mod tests {
     fn every_change_is_a_new_version_and_a_delta() {
         let mut t = OwnerTable::new();
         assert_eq!(t.version(), 0);
-        let first = t.assign([(0, vec![1, 2, 1]), (1, vec![3])]);
+        let first = t.assign([(0, ids(&[1, 2, 1])), (1, ids(&[3]))]);
         assert_eq!(first.version, 1);
         assert_eq!(
             first.owners,
-            vec![(0, 0, 1), (0, 1, 2), (0, 2, 1), (1, 0, 3)]
+            entries(&[(0, 0, 1), (0, 1, 2), (0, 2, 1), (1, 0, 3)])
         );
-        assert_eq!(t.blocks_of(0, 1), vec![0, 2]);
-        assert_eq!(t.owners_of(0), BTreeSet::from([1, 2]));
-        let delta = t.change(vec![(0, 1, 1)]).unwrap();
+        assert_eq!(t.blocks_of(0, EvaluatorId(1)), vec![0, 2]);
+        assert_eq!(t.owners_of(0), BTreeSet::from_iter(ids(&[1, 2])));
+        let delta = t.change(vec![(0, 1, EvaluatorId(1))]).unwrap();
         assert_eq!(delta.version, 2);
-        assert_eq!(delta.owners, vec![(0, 1, 1)]);
-        assert_eq!(t.owners_of(0), BTreeSet::from([1]));
-        assert_eq!(t.counts()[&(0, 1)], 3);
+        assert_eq!(delta.owners, entries(&[(0, 1, 1)]));
+        assert_eq!(t.owners_of(0), BTreeSet::from_iter(ids(&[1])));
+        assert_eq!(t.counts()[&(0, EvaluatorId(1))], 3);
         assert_eq!(t.full().owners.len(), 4);
         assert_eq!(t.full().version, 2);
     }
@@ -187,13 +195,13 @@ mod tests {
     #[test]
     fn a_change_naming_a_missing_block_changes_nothing() {
         let mut t = OwnerTable::new();
-        t.assign([(0, vec![1, 2])]);
+        t.assign([(0, ids(&[1, 2]))]);
         let before = t.clone();
         assert_eq!(
-            t.change(vec![(0, 0, 2), (0, 5, 2)]),
+            t.change(vec![(0, 0, EvaluatorId(2)), (0, 5, EvaluatorId(2))]),
             Err(UnknownBlock { table: 0, block: 5 })
         );
-        assert_eq!(t.change(vec![(7, 0, 2)]).unwrap_err().table, 7);
+        assert_eq!(t.change(vec![(7, 0, EvaluatorId(2))]).unwrap_err().table, 7);
         assert_eq!(t, before);
     }
 
@@ -202,13 +210,13 @@ mod tests {
     #[test]
     fn a_store_that_applies_the_updates_agrees_with_the_table() {
         let mut t = OwnerTable::new();
-        let store = configured(1);
-        store.apply_ownership(&t.assign([(0, vec![1, 2, 2])]));
+        let store = configured(EvaluatorId(1));
+        store.apply_ownership(&t.assign([(0, ids(&[1, 2, 2]))]));
         assert_eq!(
-            store.apply_ownership(&t.change(vec![(0, 2, 1)]).unwrap()),
+            store.apply_ownership(&t.change(vec![(0, 2, EvaluatorId(1))]).unwrap()),
             2
         );
-        let late = configured(2);
+        let late = configured(EvaluatorId(2));
         assert_eq!(late.apply_ownership(&t.full()), 2);
         for s in [&store, &late] {
             for (table, block, owner) in t.entries() {

@@ -425,7 +425,7 @@ impl Driver {
                 drain_timeout: Duration::from_secs(5),
             },
             nodes: BTreeMap::new(),
-            next_id: 1,
+            next_id: EvaluatorId(1),
             owners: OwnerTable::new(),
             next_move: 1,
             tally: Arc::new(Tally::new()),
@@ -448,7 +448,7 @@ impl Driver {
 
     async fn start_node(&mut self, worker: bool) -> Res<EvaluatorId> {
         let id = self.next_id;
-        self.next_id += 1;
+        self.next_id.0 += 1;
         let store = Store::new(id);
         store.configure(
             &[(MODEL_TABLE, MODEL_BLOCKS), (INPUT_TABLE, INPUT_BLOCKS)],

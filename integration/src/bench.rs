@@ -258,7 +258,7 @@ impl Cluster {
     ) -> anyhow::Result<Cluster> {
         let cancel = CancellationToken::new();
         let mut planes = Vec::new();
-        for id in 1..=n {
+        for id in (1..=n).map(EvaluatorId) {
             let store = Store::new(id);
             store.configure(tables, Arc::clone(&model));
             let listener = TcpListener::bind("127.0.0.1:0").await?;
@@ -287,7 +287,7 @@ impl Cluster {
 
     /// The data plane of evaluator `id`.
     pub fn plane(&self, id: EvaluatorId) -> &DataPlane {
-        &self.planes[id as usize - 1]
+        &self.planes[id.0 as usize - 1]
     }
 
     /// Records new owners everywhere (the AM's broadcast).

@@ -1,6 +1,7 @@
 //! Multi-process end-to-end tests on the local runtime: `cruise` and its
 //! evaluators are separate OS processes talking over real sockets.
 
+use cruise_container::protocol::EvaluatorId;
 use std::time::Duration;
 
 use tokio::process::Command;
@@ -89,23 +90,23 @@ async fn evaluator_is_reused_for_worker_then_server() {
     config.store.model_blocks = 2;
     let params = apps::params(&config).unwrap();
     conn.send(AmToEval::Setup(Box::new(JobSetup {
-        evaluator: 1,
+        evaluator: EvaluatorId(1),
         config,
         app: params,
         tables: vec![(MODEL_TABLE, 2), (INPUT_TABLE, 1), (STATE_TABLE, 1)],
     })))
     .await
     .unwrap();
-    conn.send(AmToEval::Peers(vec![(1, data_addr)]))
+    conn.send(AmToEval::Peers(vec![(EvaluatorId(1), data_addr)]))
         .await
         .unwrap();
     conn.send(AmToEval::Ownership(OwnershipUpdate {
         version: 1,
         owners: vec![
-            (MODEL_TABLE, 0, 1),
-            (MODEL_TABLE, 1, 1),
-            (INPUT_TABLE, 0, 1),
-            (STATE_TABLE, 0, 1),
+            (MODEL_TABLE, 0, EvaluatorId(1)),
+            (MODEL_TABLE, 1, EvaluatorId(1)),
+            (INPUT_TABLE, 0, EvaluatorId(1)),
+            (STATE_TABLE, 0, EvaluatorId(1)),
         ],
     }))
     .await

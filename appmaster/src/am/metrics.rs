@@ -503,21 +503,30 @@ mod tests {
     fn warmup_and_reconfiguration_batches_are_skipped() {
         let mut m = Metrics::new(10, 2);
         let links = [LinkSample {
-            peer: 9,
+            peer: EvaluatorId(9),
             bytes: 1 << 20,
             secs: 0.01,
         }];
-        m.mini_batch(1, &report(100, 100.0, 10), &links); // warm-up
-        m.mini_batch(1, &report(100, 100.0, 10), &links); // warm-up
-        m.mini_batch(1, &report(100, 0.1, 10), &links);
-        let e = m.get(1).unwrap();
+        m.mini_batch(EvaluatorId(1), &report(100, 100.0, 10), &links); // warm-up
+        m.mini_batch(EvaluatorId(1), &report(100, 100.0, 10), &links); // warm-up
+        m.mini_batch(EvaluatorId(1), &report(100, 0.1, 10), &links);
+        let e = m.get(EvaluatorId(1)).unwrap();
         assert_eq!(e.batches, 1);
         assert!((e.comp_per_record.mean().unwrap() - 0.001).abs() < 1e-12);
-        assert!((m.bandwidth(1, 9).unwrap() - 104_857_600.0).abs() < 1.0);
+        assert!((m.bandwidth(EvaluatorId(1), EvaluatorId(9)).unwrap() - 104_857_600.0).abs() < 1.0);
         m.reset_after_reconfiguration();
-        m.mini_batch(1, &report(100, 50.0, 10), &[]); // first after reconfiguration
-        assert_eq!(m.get(1).unwrap().batches, 0);
-        assert!((m.get(1).unwrap().comp_per_record.mean().unwrap() - 0.001).abs() < 1e-12);
+        m.mini_batch(EvaluatorId(1), &report(100, 50.0, 10), &[]); // first after reconfiguration
+        assert_eq!(m.get(EvaluatorId(1)).unwrap().batches, 0);
+        assert!(
+            (m.get(EvaluatorId(1))
+                .unwrap()
+                .comp_per_record
+                .mean()
+                .unwrap()
+                - 0.001)
+                .abs()
+                < 1e-12
+        );
     }
 
     /// Round trips are averaged over the mini-batches that timed them; a
@@ -529,11 +538,11 @@ mod tests {
         r.mini_batches = 8;
         (r.pull_secs, r.timed_pulls) = (0.002, 1);
         (r.push_secs, r.timed_pushes) = (0.006, 2);
-        m.mini_batch(1, &r, &[]);
+        m.mini_batch(EvaluatorId(1), &r, &[]);
         (r.timed_pulls, r.timed_pushes) = (0, 0);
         (r.pull_secs, r.push_secs) = (0.0, 0.0);
-        m.mini_batch(1, &r, &[]);
-        let e = m.get(1).unwrap();
+        m.mini_batch(EvaluatorId(1), &r, &[]);
+        let e = m.get(EvaluatorId(1)).unwrap();
         assert_eq!(e.batches, 16);
         assert_eq!(e.pull_secs_per_batch.len(), 1);
         assert!((e.pull_secs_per_batch.mean().unwrap() - 0.002).abs() < 1e-12);
@@ -562,48 +571,55 @@ mod tests {
                 mini_batches: n,
                 ..MiniBatchReport::default()
             };
-            m.mini_batch(9, &r, &[]);
+            m.mini_batch(EvaluatorId(9), &r, &[]);
         };
         // The first report only marks where the count starts.
-        m.server(1, &report(0.02, 0.004));
-        m.server(2, &report(0.0, 0.0));
+        m.server(EvaluatorId(1), &report(0.02, 0.004));
+        m.server(EvaluatorId(2), &report(0.0, 0.0));
         batches(&mut m, 40);
-        m.server(1, &report(0.02, 0.004));
-        m.server(2, &report(0.0, 0.0));
+        m.server(EvaluatorId(1), &report(0.02, 0.004));
+        m.server(EvaluatorId(2), &report(0.0, 0.0));
         let w = |m: &Metrics, id, f: fn(&EvalMetrics) -> &Window| f(m.get(id).unwrap()).mean();
         let close = |a: Option<f64>, b: f64| {
             assert!(a.is_some_and(|a| (a - b).abs() < 1e-12), "{a:?} != {b}")
         };
-        close(w(&m, 1, |e| &e.server_secs_per_byte), 4e-7);
-        close(w(&m, 1, |e| &e.server_secs_per_mini_batch), 0.016 / 40.0);
-        close(w(&m, 2, |e| &e.server_secs_per_byte), 1e-7);
-        assert!(w(&m, 2, |e| &e.server_secs_per_mini_batch).is_none());
+        close(w(&m, EvaluatorId(1), |e| &e.server_secs_per_byte), 4e-7);
+        close(
+            w(&m, EvaluatorId(1), |e| &e.server_secs_per_mini_batch),
+            0.016 / 40.0,
+        );
+        close(w(&m, EvaluatorId(2), |e| &e.server_secs_per_byte), 1e-7);
+        assert!(w(&m, EvaluatorId(2), |e| &e.server_secs_per_mini_batch).is_none());
     }
 
     #[test]
     fn capacity_comes_from_bulk_transfers_only() {
         let mut m = Metrics::new(4, 0);
-        m.link(1, 2, 1 << 20, 0.1);
-        assert_eq!(m.capacity(1), None, "mini-batch transfers are not capacity");
-        m.bulk(1, 2, 4 << 20, 0.004);
-        m.bulk(3, 1, 4 << 20, 0.008);
-        m.bulk(3, 4, 1000, 0.1); // too small
-        assert!((m.capacity(1).unwrap() - 1_048_576_000.0).abs() < 1.0);
-        assert!((m.capacity(3).unwrap() - 524_288_000.0).abs() < 1.0);
-        assert_eq!(m.capacity(4), None);
+        m.link(EvaluatorId(1), EvaluatorId(2), 1 << 20, 0.1);
+        assert_eq!(
+            m.capacity(EvaluatorId(1)),
+            None,
+            "mini-batch transfers are not capacity"
+        );
+        m.bulk(EvaluatorId(1), EvaluatorId(2), 4 << 20, 0.004);
+        m.bulk(EvaluatorId(3), EvaluatorId(1), 4 << 20, 0.008);
+        m.bulk(EvaluatorId(3), EvaluatorId(4), 1000, 0.1); // too small
+        assert!((m.capacity(EvaluatorId(1)).unwrap() - 1_048_576_000.0).abs() < 1.0);
+        assert!((m.capacity(EvaluatorId(3)).unwrap() - 524_288_000.0).abs() < 1.0);
+        assert_eq!(m.capacity(EvaluatorId(4)), None);
         assert_eq!(m.view().capacity.len(), 2);
     }
 
     #[test]
     fn links_take_the_slower_direction_and_ignore_tiny_transfers() {
         let mut m = Metrics::new(4, 0);
-        m.link(1, 2, 1_000_000, 0.01); // 100 MB/s
-        m.link(2, 1, 1_000_000, 0.02); // 50 MB/s
-        m.link(1, 3, 100, 0.5); // too small to say
-        assert_eq!(m.bandwidth(1, 2), Some(5e7));
-        assert_eq!(m.bandwidth(1, 3), None);
-        assert_eq!(m.node_bandwidth(1), Some(1e8));
-        m.forget(2);
-        assert_eq!(m.bandwidth(1, 2), None);
+        m.link(EvaluatorId(1), EvaluatorId(2), 1_000_000, 0.01); // 100 MB/s
+        m.link(EvaluatorId(2), EvaluatorId(1), 1_000_000, 0.02); // 50 MB/s
+        m.link(EvaluatorId(1), EvaluatorId(3), 100, 0.5); // too small to say
+        assert_eq!(m.bandwidth(EvaluatorId(1), EvaluatorId(2)), Some(5e7));
+        assert_eq!(m.bandwidth(EvaluatorId(1), EvaluatorId(3)), None);
+        assert_eq!(m.node_bandwidth(EvaluatorId(1)), Some(1e8));
+        m.forget(EvaluatorId(2));
+        assert_eq!(m.bandwidth(EvaluatorId(1), EvaluatorId(2)), None);
     }
 }

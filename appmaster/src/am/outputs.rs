@@ -184,13 +184,16 @@ mod tests {
     #[test]
     fn held_out_splits_are_dealt_round_robin() {
         let o = Outputs::new((0..5).map(split).collect(), None);
-        let a = o.assign(&[7, 9]);
+        let a = o.assign(&[EvaluatorId(7), EvaluatorId(9)]);
         assert_eq!(a.len(), 2);
-        assert_eq!(a[0].0, 7);
+        assert_eq!(a[0].0, EvaluatorId(7));
         assert_eq!(a[0].1, vec![split(0), split(2), split(4)]);
         assert_eq!(a[1].1, vec![split(1), split(3)]);
         let o = Outputs::new(vec![split(0)], None);
-        assert_eq!(o.assign(&[1, 2, 3]), vec![(1, vec![split(0)])]);
+        assert_eq!(
+            o.assign(&[EvaluatorId(1), EvaluatorId(2), EvaluatorId(3)]),
+            vec![(EvaluatorId(1), vec![split(0)])]
+        );
         assert!(!Outputs::default().has_held_out());
     }
 

@@ -578,7 +578,7 @@ mod tests {
                 timed_pushes: 1,
                 ..MiniBatchReport::default()
             };
-            m.mini_batch(1, &r, &[]);
+            m.mini_batch(EvaluatorId(1), &r, &[]);
         }
         let s = one_worker_one_server(&m);
         assert_eq!(s.job.bytes_per_mini_batch, 500.0);
@@ -589,8 +589,8 @@ mod tests {
     /// serving model block 0.
     fn one_worker_one_server(m: &Metrics) -> Snapshot {
         let evals = vec![
-            facts(1, Role::Worker, &[0], &[], false),
-            facts(2, Role::Server, &[], &[0], false),
+            facts(EvaluatorId(1), Role::Worker, &[0], &[], false),
+            facts(EvaluatorId(2), Role::Server, &[], &[0], false),
         ];
         build_snapshot(job_facts(1, 1, 0), &evals, m).0
     }
@@ -617,7 +617,7 @@ mod tests {
                     timed_pushes: 2,
                     ..MiniBatchReport::default()
                 };
-                m.mini_batch(1, &r, &[]);
+                m.mini_batch(EvaluatorId(1), &r, &[]);
             }
             one_worker_one_server(&m).containers[0]
                 .compute_secs_per_record
@@ -634,12 +634,15 @@ mod tests {
 
     #[test]
     fn names_round_trip() {
-        for name in [ContainerName::Evaluator(12), ContainerName::Offer(0)] {
+        for name in [
+            ContainerName::Evaluator(EvaluatorId(12)),
+            ContainerName::Offer(0),
+        ] {
             assert_eq!(ContainerName::parse(&name.to_string()), Some(name));
         }
         assert_eq!(
             ContainerName::parse("e12"),
-            Some(ContainerName::Evaluator(12))
+            Some(ContainerName::Evaluator(EvaluatorId(12)))
         );
         assert_eq!(ContainerName::parse("new3"), Some(ContainerName::Offer(3)));
         for other in ["x1", "e", "e+1", "e1x", "new", "new1x", "renew1", "E1"] {
@@ -650,12 +653,12 @@ mod tests {
     #[test]
     fn snapshot_agrees_with_configuration() {
         let mut m = Metrics::new(4, 0);
-        m.cpu_speed(1, 2.0);
-        m.cpu_speed(2, 4.0);
-        m.link(1, 2, 1 << 20, 0.01);
+        m.cpu_speed(EvaluatorId(1), 2.0);
+        m.cpu_speed(EvaluatorId(2), 4.0);
+        m.link(EvaluatorId(1), EvaluatorId(2), 1 << 20, 0.01);
         let evals = vec![
-            facts(1, Role::Worker, &[0, 1], &[], false),
-            facts(2, Role::Server, &[], &[0, 1, 2], true),
+            facts(EvaluatorId(1), Role::Worker, &[0, 1], &[], false),
+            facts(EvaluatorId(2), Role::Server, &[], &[0, 1, 2], true),
         ];
         let (s, c) = build_snapshot(job_facts(2, 3, 1), &evals, &m);
         assert_eq!(s.containers.len(), 3);
@@ -770,21 +773,30 @@ mod tests {
     #[test]
     fn a_starved_worker_is_not_the_jobs_latency() {
         let evals = vec![
-            test_worker(1, 0),
-            test_server(2),
-            test_worker(3, 1),
-            test_worker(4, 2),
+            test_worker(EvaluatorId(1), 0),
+            test_server(EvaluatorId(2)),
+            test_worker(EvaluatorId(3), 1),
+            test_worker(EvaluatorId(4), 2),
         ];
         let facts = test_job(3, 0);
         let mut m = Metrics::new(8, 0);
         for w in [1, 3, 4] {
-            m.bulk(w, 2, 100 << 20, (100 << 20) as f64 / 1e9);
+            m.bulk(
+                EvaluatorId(w),
+                EvaluatorId(2),
+                100 << 20,
+                (100 << 20) as f64 / 1e9,
+            );
         }
         // Round trips of 1.5 ms (pull and push) where 0.5 ms are predicted
         // for both; worker 4 waits 150 ms for each.
         for (w, rtt) in [(1, 0.0015), (3, 0.0015), (4, 0.150)] {
             for _ in 0..8 {
-                m.mini_batch(w, &ten_mini_batches(rtt, 0.004 + 2.0 * rtt), &[]);
+                m.mini_batch(
+                    EvaluatorId(w),
+                    &ten_mini_batches(rtt, 0.004 + 2.0 * rtt),
+                    &[],
+                );
             }
         }
         let job = build_snapshot(facts, &evals, &m).0.job;
@@ -803,21 +815,26 @@ mod tests {
     #[test]
     fn request_cost_is_priced_per_server_of_the_running_split() {
         let per_server = |depth: u32, servers: u32| {
-            let mut evals = vec![test_worker(1, 0), test_server(2)];
+            let mut evals = vec![test_worker(EvaluatorId(1), 0), test_server(EvaluatorId(2))];
             evals.extend((1..servers).map(|k| EvalFacts {
                 model: BTreeSet::new(),
-                ..test_server(2 + k)
+                ..test_server(EvaluatorId(2 + k))
             }));
             // The model's one block on the first server; the others hold
             // none and are not asked.
             let mut m = Metrics::new(8, 0);
-            m.bulk(1, 2, 100 << 20, (100 << 20) as f64 / 1e9);
+            m.bulk(
+                EvaluatorId(1),
+                EvaluatorId(2),
+                100 << 20,
+                (100 << 20) as f64 / 1e9,
+            );
             for _ in 0..8 {
                 let mut r = ten_mini_batches(0.0015, 0.007);
                 // 5 ms of own time a mini-batch, 1 ms of it for the requests.
                 r.own_secs = 0.05;
                 r.io_secs = 0.01;
-                m.mini_batch(1, &r, &[]);
+                m.mini_batch(EvaluatorId(1), &r, &[]);
             }
             build_snapshot(test_job(1, depth), &evals, &m).0.containers[0]
                 .request_secs_per_server
@@ -834,16 +851,21 @@ mod tests {
     /// serial fraction comes from the mini-batches' wall time.
     #[test]
     fn snapshot_measures_latency_and_overlap() {
-        let evals = vec![test_worker(1, 0), test_server(2)];
+        let evals = vec![test_worker(EvaluatorId(1), 0), test_server(EvaluatorId(2))];
         let job = |pipeline_depth| test_job(1, pipeline_depth);
         // 1 MB per mini-batch, half each way, over a 1 GB/s link (each
         // direction): 0.5 ms predicted; measured round trips 1.5 ms for the
         // pull and as much for the push; compute 4 ms per mini-batch.
         let measured = |pipeline_depth: u32, batch_secs: f64| {
             let mut m = Metrics::new(8, 0);
-            m.bulk(1, 2, 100 << 20, (100 << 20) as f64 / 1e9);
+            m.bulk(
+                EvaluatorId(1),
+                EvaluatorId(2),
+                100 << 20,
+                (100 << 20) as f64 / 1e9,
+            );
             for _ in 0..8 {
-                m.mini_batch(1, &ten_mini_batches(0.0015, batch_secs), &[]);
+                m.mini_batch(EvaluatorId(1), &ten_mini_batches(0.0015, batch_secs), &[]);
             }
             build_snapshot(job(pipeline_depth), &evals, &m).0.job
         };

@@ -21,7 +21,24 @@ use cruise_hdfs::Split;
 pub const PROTOCOL_VERSION: u32 = 1;
 
 /// An evaluator's id within a job, given by the AM at registration.
-pub type EvaluatorId = u32;
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default, Serialize, Deserialize,
+)]
+#[serde(transparent)]
+pub struct EvaluatorId(pub u32);
+
+impl std::fmt::Display for EvaluatorId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::str::FromStr for EvaluatorId {
+    type Err = std::num::ParseIntError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        s.parse().map(EvaluatorId)
+    }
+}
 /// A table's id.
 pub type TableId = u8;
 /// A block's index within its table.

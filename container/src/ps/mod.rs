@@ -777,6 +777,7 @@ async fn worker_loop(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::protocol::EvaluatorId;
 
     /// A worker's own time is its process's CPU time at what a CPU second
     /// costs it, between the loop's own wall time and the mini-batch's.
@@ -873,7 +874,7 @@ mod tests {
     #[tokio::test]
     async fn an_empty_round_trip_is_measured() {
         use crate::protocol::auth::Secret;
-        let store = crate::store::Store::new(1);
+        let store = crate::store::Store::new(EvaluatorId(1));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let cancel = tokio_util::sync::CancellationToken::new();
@@ -885,15 +886,22 @@ mod tests {
             chunk_bytes: 1 << 16,
             drain_timeout: Duration::from_secs(5),
         };
-        let dp =
-            DataPlane::start(1, store, listener, settings, Default::default(), &cancel).unwrap();
+        let dp = DataPlane::start(
+            EvaluatorId(1),
+            store,
+            listener,
+            settings,
+            Default::default(),
+            &cancel,
+        )
+        .unwrap();
         let waits = std::sync::atomic::AtomicU64::new(0);
         assert_eq!(
             round_trip_cpu(&dp, &waits).await,
             None,
             "not in its directory yet"
         );
-        dp.set_peers(&[(1, addr)]);
+        dp.set_peers(&[(EvaluatorId(1), addr)]);
         let cpu = round_trip_cpu(&dp, &waits).await.expect("measured");
         assert!(cpu > 0.0 && cpu < 1e-3, "{cpu}");
         dp.shutdown().await;

@@ -77,7 +77,7 @@ fn values(r: PeerResponse) -> Vec<Vec<f32>> {
 
 #[test]
 fn local_get_and_update_use_init_and_update_fn() {
-    let s = store(1);
+    let s = store(EvaluatorId(1));
     s.create_blocks(MODEL_TABLE, &[0, 1, 2, 3]).unwrap();
     let keys = [5u64, 17, 3];
     assert_eq!(
@@ -94,15 +94,15 @@ fn local_get_and_update_use_init_and_update_fn() {
 
 #[test]
 fn absent_blocks_are_forwarded_to_their_owner_grouped() {
-    let s = store(1);
+    let s = store(EvaluatorId(1));
     s.create_blocks(MODEL_TABLE, &[0]).unwrap();
     s.apply_ownership(&OwnershipUpdate {
         version: 1,
         owners: vec![
-            (MODEL_TABLE, 0, 1),
-            (MODEL_TABLE, 1, 2),
-            (MODEL_TABLE, 2, 2),
-            (MODEL_TABLE, 3, 3),
+            (MODEL_TABLE, 0, EvaluatorId(1)),
+            (MODEL_TABLE, 1, EvaluatorId(2)),
+            (MODEL_TABLE, 2, EvaluatorId(2)),
+            (MODEL_TABLE, 3, EvaluatorId(3)),
         ],
     });
     let mut keys = keys_in_block(0, 2);
@@ -132,7 +132,7 @@ fn absent_blocks_are_forwarded_to_their_owner_grouped() {
     fwd.sort();
     assert_eq!(
         fwd.iter().map(|f| (f.0, f.2)).collect::<Vec<_>>(),
-        vec![(2, 3), (3, 1)]
+        vec![(EvaluatorId(2), 3), (EvaluatorId(3), 1)]
     );
 }
 
@@ -142,10 +142,12 @@ fn absent_blocks_are_forwarded_to_their_owner_grouped() {
 /// owner as before.
 #[tokio::test]
 async fn one_remote_owner_gets_the_operation_whole() {
-    let s = store(1);
+    let s = store(EvaluatorId(1));
     s.apply_ownership(&OwnershipUpdate {
         version: 1,
-        owners: (0..BLOCKS).map(|b| (MODEL_TABLE, b, 2)).collect(),
+        owners: (0..BLOCKS)
+            .map(|b| (MODEL_TABLE, b, EvaluatorId(2)))
+            .collect(),
     });
     let keys: Vec<Key> = (0..BLOCKS).flat_map(|b| keys_in_block(b, 3)).collect();
     let forwarded = |op: &StoreOp| -> Vec<(Vec<usize>, Pending)> {
@@ -162,29 +164,36 @@ async fn one_remote_owner_gets_the_operation_whole() {
         let (positions, pending) = &parts[0];
         assert_eq!(*positions, (0..keys.len()).collect::<Vec<_>>());
         match pending {
-            Pending::Forward { to: 2, op: sent } => assert_eq!(*sent, op, "sent as given"),
+            Pending::Forward {
+                to: EvaluatorId(2),
+                op: sent,
+            } => assert_eq!(*sent, op, "sent as given"),
             _ => panic!("expected a forward to evaluator 2"),
         }
     }
     // A block arriving here: its keys wait for it, the rest go to 2.
-    s.begin_incoming(MODEL_TABLE, 1, 2).unwrap();
+    s.begin_incoming(MODEL_TABLE, 1, EvaluatorId(2)).unwrap();
     let parts = forwarded(&update(&keys, 2.0));
     assert!(
         parts.iter().any(|(_, p)| matches!(p, Pending::Queued(_))),
         "the arriving block's keys are queued"
     );
     assert!(
-        parts
-            .iter()
-            .any(|(pos, p)| matches!(p, Pending::Forward { to: 2, .. }) && pos.len() == 9),
+        parts.iter().any(|(pos, p)| matches!(
+            p,
+            Pending::Forward {
+                to: EvaluatorId(2),
+                ..
+            }
+        ) && pos.len() == 9),
         "the others go to their owner"
     );
     // Another owner for one block: one request per owner.
-    let t = store(1);
+    let t = store(EvaluatorId(1));
     t.apply_ownership(&OwnershipUpdate {
         version: 1,
         owners: (0..BLOCKS)
-            .map(|b| (MODEL_TABLE, b, if b == 3 { 3 } else { 2 }))
+            .map(|b| (MODEL_TABLE, b, EvaluatorId(if b == 3 { 3 } else { 2 })))
             .collect(),
     });
     let mut to: Vec<EvaluatorId> = t
@@ -198,12 +207,12 @@ async fn one_remote_owner_gets_the_operation_whole() {
         })
         .collect();
     to.sort_unstable();
-    assert_eq!(to, [2, 3]);
+    assert_eq!(to, [EvaluatorId(2), EvaluatorId(3)]);
 }
 
 #[test]
 fn unknown_owner_is_retryable() {
-    let s = store(1);
+    let s = store(EvaluatorId(1));
     let sub = s.submit(&get(&[1])).unwrap();
     match &sub.parts[0].pending {
         Pending::Ready(Err(e)) => assert!(e.retry, "{e}"),
@@ -213,20 +222,20 @@ fn unknown_owner_is_retryable() {
 
 #[tokio::test]
 async fn incoming_block_queues_then_applies_in_order() {
-    let src = store(1);
-    let dst = store(2);
+    let src = store(EvaluatorId(1));
+    let dst = store(EvaluatorId(2));
     src.create_blocks(MODEL_TABLE, &[0]).unwrap();
     let k = keys_in_block(0, 1);
     ready(src.submit(&update(&k, 1.0)).unwrap()); // applied at the source
 
-    dst.begin_incoming(MODEL_TABLE, 0, 1).unwrap();
-    let data = src.take_for_move(MODEL_TABLE, 0, 2).unwrap();
+    dst.begin_incoming(MODEL_TABLE, 0, EvaluatorId(1)).unwrap();
+    let data = src.take_for_move(MODEL_TABLE, 0, EvaluatorId(2)).unwrap();
     // The source now forwards.
     let sub = src.submit(&update(&k, 10.0)).unwrap();
     let Pending::Forward { to, op } = sub.parts.into_iter().next().unwrap().pending else {
         panic!("expected forward")
     };
-    assert_eq!(to, 2);
+    assert_eq!(to, EvaluatorId(2));
     // The destination queues the forwarded update and a read after it.
     let q1 = dst.submit(&op).unwrap();
     let q2 = dst.submit(&get(&k)).unwrap();
@@ -255,12 +264,12 @@ async fn incoming_block_queues_then_applies_in_order() {
 
 #[tokio::test]
 async fn aborted_move_restores_source_and_fails_queue_retryably() {
-    let src = store(1);
-    let dst = store(2);
+    let src = store(EvaluatorId(1));
+    let dst = store(EvaluatorId(2));
     src.create_blocks(MODEL_TABLE, &[1]).unwrap();
     let k = keys_in_block(1, 1);
-    dst.begin_incoming(MODEL_TABLE, 1, 1).unwrap();
-    let data = src.take_for_move(MODEL_TABLE, 1, 2).unwrap();
+    dst.begin_incoming(MODEL_TABLE, 1, EvaluatorId(1)).unwrap();
+    let data = src.take_for_move(MODEL_TABLE, 1, EvaluatorId(2)).unwrap();
     let q = dst.submit(&update(&k, 5.0)).unwrap();
     let Pending::Queued(rx) = q.parts.into_iter().next().unwrap().pending else {
         panic!("expected queued")
@@ -286,27 +295,33 @@ async fn aborted_move_restores_source_and_fails_queue_retryably() {
     let sub = dst.submit(&get(&k)).unwrap();
     assert!(matches!(
         sub.parts[0].pending,
-        Pending::Forward { to: 1, .. }
+        Pending::Forward {
+            to: EvaluatorId(1),
+            ..
+        }
     ));
 }
 
 #[test]
 fn illegal_transitions_are_errors() {
-    let s = store(1);
+    let s = store(EvaluatorId(1));
     s.create_blocks(MODEL_TABLE, &[0]).unwrap();
     assert!(
-        s.begin_incoming(MODEL_TABLE, 0, 2).is_err(),
+        s.begin_incoming(MODEL_TABLE, 0, EvaluatorId(2)).is_err(),
         "cannot receive an owned block"
     );
     assert!(
-        s.take_for_move(MODEL_TABLE, 1, 2).is_err(),
+        s.take_for_move(MODEL_TABLE, 1, EvaluatorId(2)).is_err(),
         "cannot move an absent block"
     );
     assert!(
         s.install(MODEL_TABLE, 1, BlockData::Keyed(KeyedBlock::default()))
             .is_err()
     );
-    assert!(s.take_for_move(MODEL_TABLE, 9, 2).is_err(), "no such block");
+    assert!(
+        s.take_for_move(MODEL_TABLE, 9, EvaluatorId(2)).is_err(),
+        "no such block"
+    );
     assert!(
         s.submit(&StoreOp {
             table: INPUT_TABLE,
@@ -324,7 +339,7 @@ fn illegal_transitions_are_errors() {
 
 #[test]
 fn wrong_value_length_rejected_not_applied() {
-    let s = store(1);
+    let s = store(EvaluatorId(1));
     s.create_blocks(MODEL_TABLE, &[0, 1, 2, 3]).unwrap();
     let mut values = ValueBatch::default();
     values.push(&[1.0, 2.0, 3.0]);
@@ -345,36 +360,39 @@ fn values_of(s: &Store, k: Key) -> Vec<f32> {
 
 #[test]
 fn ownership_updates_apply_only_when_newer() {
-    let s = store(1);
+    let s = store(EvaluatorId(1));
     assert_eq!(
         s.apply_ownership(&OwnershipUpdate {
             version: 2,
-            owners: vec![(MODEL_TABLE, 0, 7)]
+            owners: vec![(MODEL_TABLE, 0, EvaluatorId(7))]
         }),
         2
     );
     assert_eq!(
         s.apply_ownership(&OwnershipUpdate {
             version: 1,
-            owners: vec![(MODEL_TABLE, 0, 8)]
+            owners: vec![(MODEL_TABLE, 0, EvaluatorId(8))]
         }),
         2
     );
-    assert_eq!(s.owner(MODEL_TABLE, 0), Some(7));
+    assert_eq!(s.owner(MODEL_TABLE, 0), Some(EvaluatorId(7)));
 }
 
 #[test]
 fn owners_of_a_table_are_counted_once_each() {
-    let s = store(1);
+    let s = store(EvaluatorId(1));
     assert_eq!(s.owner_count(MODEL_TABLE), 0);
     s.apply_ownership(&OwnershipUpdate {
         version: 1,
-        owners: vec![(MODEL_TABLE, 0, 7), (MODEL_TABLE, 1, 7)],
+        owners: vec![
+            (MODEL_TABLE, 0, EvaluatorId(7)),
+            (MODEL_TABLE, 1, EvaluatorId(7)),
+        ],
     });
     assert_eq!(s.owner_count(MODEL_TABLE), 1);
     s.apply_ownership(&OwnershipUpdate {
         version: 2,
-        owners: vec![(MODEL_TABLE, 1, 8)],
+        owners: vec![(MODEL_TABLE, 1, EvaluatorId(8))],
     });
     assert_eq!(s.owner_count(MODEL_TABLE), 2);
 }
@@ -389,59 +407,75 @@ fn a_handover_pointer_gives_way_to_a_newer_view() {
         Pending::Forward { to, .. } => Some(to),
         _ => None,
     };
-    let s = store(1);
+    let s = store(EvaluatorId(1));
     s.create_blocks(MODEL_TABLE, &[2]).unwrap();
     s.apply_ownership(&OwnershipUpdate {
         version: 2,
-        owners: vec![(MODEL_TABLE, 2, 1)],
+        owners: vec![(MODEL_TABLE, 2, EvaluatorId(1))],
     });
-    let _ = s.take_for_move(MODEL_TABLE, 2, 4).unwrap();
+    let _ = s.take_for_move(MODEL_TABLE, 2, EvaluatorId(4)).unwrap();
     s.finish_move(MODEL_TABLE, 2).unwrap();
     let k = keys_in_block(2, 1);
-    assert_eq!(to(&s, &k), Some(4), "the view names this one: the pointer");
+    assert_eq!(
+        to(&s, &k),
+        Some(EvaluatorId(4)),
+        "the view names this one: the pointer"
+    );
     s.apply_ownership(&OwnershipUpdate {
         version: 3,
-        owners: vec![(MODEL_TABLE, 2, 4)],
+        owners: vec![(MODEL_TABLE, 2, EvaluatorId(4))],
     });
-    assert_eq!(to(&s, &k), Some(4), "the view caught up");
+    assert_eq!(to(&s, &k), Some(EvaluatorId(4)), "the view caught up");
     // 4 passed the block on to 6 (and may be about to leave).
     s.apply_ownership(&OwnershipUpdate {
         version: 4,
-        owners: vec![(MODEL_TABLE, 2, 6)],
+        owners: vec![(MODEL_TABLE, 2, EvaluatorId(6))],
     });
-    assert_eq!(to(&s, &k), Some(6), "not through 4");
-    s.set_departed([4]);
-    assert_eq!(to(&s, &k), Some(6), "4 left");
+    assert_eq!(to(&s, &k), Some(EvaluatorId(6)), "not through 4");
+    s.set_departed([EvaluatorId(4)]);
+    assert_eq!(to(&s, &k), Some(EvaluatorId(6)), "4 left");
 }
 
 /// A pointer to an evaluator that left is not followed: the view is.
 #[test]
 fn departed_forward_target_falls_back_to_owner_view() {
-    let s = store(1);
+    let s = store(EvaluatorId(1));
     s.create_blocks(MODEL_TABLE, &[2]).unwrap();
-    let _ = s.take_for_move(MODEL_TABLE, 2, 4).unwrap();
+    let _ = s.take_for_move(MODEL_TABLE, 2, EvaluatorId(4)).unwrap();
     s.finish_move(MODEL_TABLE, 2).unwrap();
     let k = keys_in_block(2, 1);
     let sub = s.submit(&get(&k)).unwrap();
     assert!(
-        matches!(sub.parts[0].pending, Pending::Forward { to: 4, .. }),
+        matches!(
+            sub.parts[0].pending,
+            Pending::Forward {
+                to: EvaluatorId(4),
+                ..
+            }
+        ),
         "follows the pointer"
     );
-    s.set_departed([4]);
+    s.set_departed([EvaluatorId(4)]);
     s.apply_ownership(&OwnershipUpdate {
         version: 3,
-        owners: vec![(MODEL_TABLE, 2, 6)],
+        owners: vec![(MODEL_TABLE, 2, EvaluatorId(6))],
     });
     let sub = s.submit(&get(&k)).unwrap();
     assert!(
-        matches!(sub.parts[0].pending, Pending::Forward { to: 6, .. }),
+        matches!(
+            sub.parts[0].pending,
+            Pending::Forward {
+                to: EvaluatorId(6),
+                ..
+            }
+        ),
         "4 left: use the view"
     );
 }
 
 #[test]
 fn state_blocks_are_held_during_access() {
-    let s = store(1);
+    let s = store(EvaluatorId(1));
     s.put_block(
         STATE_TABLE,
         0,
@@ -456,7 +490,7 @@ fn state_blocks_are_held_during_access() {
         st.floats[0]
     });
     assert_eq!(r, Some(2.0));
-    let d = s.take_for_move(STATE_TABLE, 0, 2).unwrap();
+    let d = s.take_for_move(STATE_TABLE, 0, EvaluatorId(2)).unwrap();
     assert_eq!(s.with_state(0, |_| ()), None, "moved away");
     assert_eq!(
         d,
@@ -473,12 +507,12 @@ fn state_blocks_are_held_during_access() {
 /// operation applied once.
 #[tokio::test]
 async fn recall_after_a_lost_answer_hands_the_queue_to_the_destination() {
-    let src = store(1);
-    let dst = store(2);
+    let src = store(EvaluatorId(1));
+    let dst = store(EvaluatorId(2));
     src.create_blocks(MODEL_TABLE, &[2]).unwrap();
     let k = keys_in_block(2, 1);
-    dst.begin_incoming(MODEL_TABLE, 2, 1).unwrap();
-    let data = src.take_for_move(MODEL_TABLE, 2, 2).unwrap();
+    dst.begin_incoming(MODEL_TABLE, 2, EvaluatorId(1)).unwrap();
+    let data = src.take_for_move(MODEL_TABLE, 2, EvaluatorId(2)).unwrap();
     dst.install(MODEL_TABLE, 2, data.clone()).unwrap();
     // The source did not hear back: it queues operations and asks.
     src.recall(MODEL_TABLE, 2).unwrap();
@@ -498,7 +532,11 @@ async fn recall_after_a_lost_answer_hands_the_queue_to_the_destination() {
     assert_eq!(dst.slot_kind(MODEL_TABLE, 2).unwrap(), SlotKind::Owned);
     // Sent again, it is forwarded to the destination and applied there once.
     let sub = src.submit(&update(&k, 3.0)).unwrap();
-    let Pending::Forward { to: 2, op } = sub.parts.into_iter().next().unwrap().pending else {
+    let Pending::Forward {
+        to: EvaluatorId(2),
+        op,
+    } = sub.parts.into_iter().next().unwrap().pending
+    else {
         panic!("expected a forward to the destination")
     };
     ready(dst.submit(&op).unwrap());
@@ -512,12 +550,12 @@ async fn recall_after_a_lost_answer_hands_the_queue_to_the_destination() {
 /// own data and applies what queued meanwhile.
 #[tokio::test]
 async fn recall_then_not_installed_restores_and_applies_the_queue() {
-    let src = store(1);
-    let dst = store(2);
+    let src = store(EvaluatorId(1));
+    let dst = store(EvaluatorId(2));
     src.create_blocks(MODEL_TABLE, &[3]).unwrap();
     let k = keys_in_block(3, 1);
-    dst.begin_incoming(MODEL_TABLE, 3, 1).unwrap();
-    let data = src.take_for_move(MODEL_TABLE, 3, 2).unwrap();
+    dst.begin_incoming(MODEL_TABLE, 3, EvaluatorId(1)).unwrap();
+    let data = src.take_for_move(MODEL_TABLE, 3, EvaluatorId(2)).unwrap();
     src.recall(MODEL_TABLE, 3).unwrap();
     let q = src.submit(&update(&k, 4.0)).unwrap();
     let Pending::Queued(rx) = q.parts.into_iter().next().unwrap().pending else {
@@ -561,11 +599,13 @@ impl ModelFunctions for Wide {
 /// whatever order they come in, reassemble into the answer.
 #[test]
 fn large_reads_are_split_in_key_order_and_reassembled() {
-    let s = Store::new(1);
+    let s = Store::new(EvaluatorId(1));
     s.configure(&[(MODEL_TABLE, BLOCKS)], Arc::new(Wide));
     s.apply_ownership(&OwnershipUpdate {
         version: 1,
-        owners: (0..BLOCKS).map(|b| (MODEL_TABLE, b, 2)).collect(),
+        owners: (0..BLOCKS)
+            .map(|b| (MODEL_TABLE, b, EvaluatorId(2)))
+            .collect(),
     });
     let n = 3000usize; // 12 MB of values: three requests
     let keys: Vec<Key> = (0..n as u64).rev().collect();
@@ -574,7 +614,11 @@ fn large_reads_are_split_in_key_order_and_reassembled() {
     let mut answers = Vec::new();
     let mut next = 0;
     for p in sub.parts {
-        let Pending::Forward { to: 2, op } = p.pending else {
+        let Pending::Forward {
+            to: EvaluatorId(2),
+            op,
+        } = p.pending
+        else {
             panic!("expected forwards to evaluator 2")
         };
         assert!(op.keys.len() * 4096 <= MAX_REQUEST_VALUE_BYTES);
@@ -604,11 +648,13 @@ fn large_reads_are_split_in_key_order_and_reassembled() {
 /// one piece laid out in the operation's order.
 #[test]
 fn large_writes_split_and_local_reads_come_back_in_order() {
-    let s = Store::new(1);
+    let s = Store::new(EvaluatorId(1));
     s.configure(&[(MODEL_TABLE, BLOCKS)], Arc::new(Wide));
     s.apply_ownership(&OwnershipUpdate {
         version: 1,
-        owners: (0..BLOCKS).map(|b| (MODEL_TABLE, b, 2)).collect(),
+        owners: (0..BLOCKS)
+            .map(|b| (MODEL_TABLE, b, EvaluatorId(2)))
+            .collect(),
     });
     let n = 2100usize;
     let keys: Vec<Key> = (0..n as u64).collect();
@@ -625,7 +671,7 @@ fn large_writes_split_and_local_reads_come_back_in_order() {
     let sub = s.submit(&op).unwrap();
     assert_eq!(sub.parts.len(), 3);
     // The owner applies them.
-    let owner = Store::new(2);
+    let owner = Store::new(EvaluatorId(2));
     owner.configure(&[(MODEL_TABLE, BLOCKS)], Arc::new(Wide));
     owner
         .create_blocks(MODEL_TABLE, &(0..BLOCKS).collect::<Vec<_>>())

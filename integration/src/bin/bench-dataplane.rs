@@ -11,6 +11,7 @@
 //!
 //! Target (issue #2): a 64 MiB pull at ≥ 0.5× iperf3.
 
+use cruise_container::protocol::EvaluatorId;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -29,8 +30,8 @@ use cruise_integration::bench::{
 /// Floats per key: 4 KiB values, like a dense model row block.
 const VALUE_LEN: usize = 1024;
 const MODEL_BLOCKS: u32 = 64;
-const SERVER: u32 = 1;
-const WORKER: u32 = 2;
+const SERVER: EvaluatorId = EvaluatorId(1);
+const WORKER: EvaluatorId = EvaluatorId(2);
 
 fn op(kind: OpKind, keys: &[Key], values: ValueBatch) -> StoreOp {
     StoreOp {

@@ -38,9 +38,9 @@ const INPUT_BLOCKS: u32 = 10;
 const TOTAL_BYTES: usize = 100 << 20;
 const MODEL_BLOCKS: u32 = 16;
 const VALUE_LEN: usize = 64;
-const SOURCE: EvaluatorId = 1;
-const DEST: EvaluatorId = 2;
-const CLIENT: EvaluatorId = 3;
+const SOURCE: EvaluatorId = EvaluatorId(1);
+const DEST: EvaluatorId = EvaluatorId(2);
+const CLIENT: EvaluatorId = EvaluatorId(3);
 /// Keys per `get` in the latency probe.
 const GET_KEYS: u64 = 8;
 /// One probe `get` this often.

@@ -228,7 +228,7 @@ impl Driver {
             started: now,
             evaluators: BTreeMap::new(),
             containers: HashMap::new(),
-            next_eval: 1,
+            next_eval: EvaluatorId(1),
             owners: OwnerTable::new(),
             records_per_epoch: 0,
             records_done: 0,
@@ -520,7 +520,7 @@ impl Driver {
             return Ok(());
         }
         let id = self.next_eval;
-        self.next_eval += 1;
+        self.next_eval.0 += 1;
         let (sink, stream) = framed.split();
         let conn_cancel = self.cancel.child_token();
         let faults = Faults::default();
@@ -635,7 +635,7 @@ impl Driver {
             EvalToAm::InputLoaded { blocks } => self.on_input_loaded(id, blocks).await?,
             EvalToAm::InputDropped { blocks } => self.on_input_dropped(id, blocks).await,
             EvalToAm::TaskStarted { task } => {
-                tracing::debug!(evaluator = id, ?task, "task started");
+                tracing::debug!(evaluator = %id, ?task, "task started");
             }
             EvalToAm::TaskStopped { task } => {
                 if self.phase == Phase::Training {
@@ -684,12 +684,12 @@ impl Driver {
                 secs,
             } => self.on_move_finished(move_id, result, secs),
             EvalToAm::BandwidthProbe { to, bytes, secs } => {
-                tracing::debug!(from = id, to, bytes, secs, "bandwidth probe");
+                tracing::debug!(from = %id, %to, bytes, secs, "bandwidth probe");
                 self.rc.metrics.bulk(id, to, bytes, secs);
                 self.on_start_probe(id, to).await?;
             }
             EvalToAm::ProbeFailed { to, error } => {
-                tracing::warn!(from = id, to, "bandwidth probe failed: {error}");
+                tracing::warn!(from = %id, %to, "bandwidth probe failed: {error}");
                 self.on_start_probe(id, to).await?;
             }
             EvalToAm::Fatal { error } => {
@@ -720,7 +720,7 @@ impl Driver {
             .ok_or_else(|| AmError::JobFailed(format!("evaluator {id} vanished")))?;
         e.data_addr = Some(data_addr);
         e.pid = pid;
-        tracing::info!(evaluator = id, container = %e.container, pid, %host, %data_addr, "evaluator registered");
+        tracing::info!(evaluator = %id, container = %e.container, pid, %host, %data_addr, "evaluator registered");
         let setup = JobSetup {
             evaluator: id,
             config: self.config.clone(),
@@ -781,12 +781,12 @@ impl Driver {
         if self.phase != Phase::Loading {
             // Blocks re-read while training (a scale-in).
             if !self.on_input_reloaded(id, &blocks).await {
-                tracing::warn!(evaluator = id, "unexpected InputLoaded");
+                tracing::warn!(evaluator = %id, "unexpected InputLoaded");
             }
             return Ok(());
         }
         if !self.answered(id, Answer::InputLoaded) {
-            tracing::warn!(evaluator = id, "unexpected InputLoaded");
+            tracing::warn!(evaluator = %id, "unexpected InputLoaded");
             return Ok(());
         }
         let bytes: u64 = blocks.iter().map(|b| b.2).sum();

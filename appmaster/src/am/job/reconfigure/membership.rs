@@ -135,7 +135,7 @@ impl Driver {
         } else {
             DeleteStage::Draining(self.owners.version())
         };
-        tracing::debug!(evaluator = id, ?stage, "delete started");
+        tracing::debug!(evaluator = %id, ?stage, "delete started");
         self.rc.deletes.insert(id, DeleteOp { stage, reply });
         if let Some(m) = task {
             self.send(id, m).await;
@@ -172,7 +172,7 @@ impl Driver {
         let (leaving, waiting) = ready_to_leave(&stages, &acked);
         for (id, version, behind) in waiting {
             tracing::debug!(
-                evaluator = id,
+                evaluator = %id,
                 version,
                 ?behind,
                 "delete waits for members to acknowledge the ownership"

@@ -519,8 +519,17 @@ mod tests {
     #[test]
     fn a_delete_waiting_for_a_leaver_is_released_with_it() {
         use DeleteStage::{Draining, Exiting, Stopping};
-        let acked = |v: &[(u32, u64)]| v.iter().copied().collect::<BTreeMap<_, _>>();
-        let stages = |v: &[(u32, DeleteStage)]| v.iter().copied().collect::<BTreeMap<_, _>>();
+        let acked = |v: &[(u32, u64)]| {
+            v.iter()
+                .map(|&(id, version)| (EvaluatorId(id), version))
+                .collect::<BTreeMap<_, _>>()
+        };
+        let stages = |v: &[(u32, DeleteStage)]| {
+            v.iter()
+                .map(|&(id, stage)| (EvaluatorId(id), stage))
+                .collect::<BTreeMap<_, _>>()
+        };
+        let ids = |v: &[u32]| v.iter().copied().map(EvaluatorId).collect::<Vec<_>>();
         // 3 waits for 4 (which has not applied version 5); 4 waits for
         // nobody. Checked in id order, 3 comes first: a single pass let 4 go
         // and left 3 waiting for an evaluator that acknowledges nothing more.
@@ -528,7 +537,7 @@ mod tests {
             &stages(&[(3, Draining(5)), (4, Draining(5))]),
             &acked(&[(1, 5), (2, 5), (3, 5), (4, 4)]),
         );
-        assert_eq!(leaving, vec![4, 3]);
+        assert_eq!(leaving, ids(&[4, 3]));
         assert!(waiting.is_empty(), "{waiting:?}");
         // A member still behind (2, not leaving) holds both.
         let (leaving, waiting) = ready_to_leave(
@@ -536,13 +545,19 @@ mod tests {
             &acked(&[(1, 5), (2, 4), (3, 4), (4, 4)]),
         );
         assert!(leaving.is_empty());
-        assert_eq!(waiting, vec![(3, 5, vec![2, 4]), (4, 5, vec![2, 3])]);
+        assert_eq!(
+            waiting,
+            vec![
+                (EvaluatorId(3), 5, ids(&[2, 4])),
+                (EvaluatorId(4), 5, ids(&[2, 3]))
+            ]
+        );
         // Exiting members are not waited for; stopping ones are not released.
         let (leaving, waiting) = ready_to_leave(
             &stages(&[(2, Stopping), (3, Exiting), (4, Draining(6))]),
             &acked(&[(1, 6), (2, 6), (3, 2), (4, 6)]),
         );
-        assert_eq!(leaving, vec![4]);
+        assert_eq!(leaving, ids(&[4]));
         assert!(waiting.is_empty());
     }
 
@@ -556,7 +571,7 @@ mod tests {
         for other in ["new", "new1x", "e3", "renew1"] {
             assert!(!rc.unrealized_offer(other), "{other}");
         }
-        rc.added_offers.insert(0, 7);
+        rc.added_offers.insert(0, EvaluatorId(7));
         assert!(!rc.unrealized_offer("new0"), "added: a real delete");
     }
 

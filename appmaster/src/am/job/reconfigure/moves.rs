@@ -116,8 +116,8 @@ impl Driver {
         );
         if scale_in {
             tracing::info!(
-                from,
-                to,
+                %from,
+                %to,
                 blocks = blocks.len(),
                 bytes,
                 "scale-in: {} the input blocks: {why}",
@@ -140,7 +140,7 @@ impl Driver {
             .iter_mut()
             .find(|r| r.from == id && r.loading_since.is_none() && r.blocks == blocks)
         else {
-            tracing::warn!(evaluator = id, ?blocks, "unexpected InputDropped");
+            tracing::warn!(evaluator = %id, ?blocks, "unexpected InputDropped");
             return;
         };
         r.loading_since = Some(Instant::now());
@@ -179,8 +179,8 @@ impl Driver {
             .collect();
         self.broadcast_ownership(update).await;
         tracing::info!(
-            from = r.from,
-            to = id,
+            from = %r.from,
+            to = %id,
             ?blocks,
             bytes,
             "input blocks re-read from the job's input"
