@@ -10,8 +10,10 @@
 //! * One plan at a time per executor; a second concurrent call gets
 //!   [`ExecutorError::Busy`].
 //!
-//! Everything runs inside the calling task (no spawned task outlives the call). The
-//! [`ExecutionReport`] tells which operations took effect, so the caller can compute the
+//! [`PlanTracker`] is the graph alone, stepped by its owner (the AM's event loop
+//! runs plans with it); [`PlanExecutor`] drives a tracker with an
+//! [`OperationRunner`] inside the calling task (no spawned task outlives the call).
+//! The [`ExecutionReport`] tells which operations took effect, so the caller can compute the
 //! configuration the job is left in with [`ExecutionReport::resulting_configuration`].
 
 use std::collections::BTreeSet;
@@ -167,7 +169,148 @@ pub enum ExecutorError {
     InvalidPlan(#[from] OptimizerError),
 }
 
-/// Runs plans, one at a time.
+/// A running plan's dependency graph, stepped by its owner: the owner asks
+/// for the operations that may start ([`PlanTracker::next_ready`]), carries
+/// them out however it likes, and reports each one's end
+/// ([`PlanTracker::finished`]). It does no I/O and spawns nothing, so an event
+/// loop can run a plan inside itself; [`PlanExecutor`] drives one with an
+/// [`OperationRunner`].
+#[derive(Debug)]
+pub struct PlanTracker {
+    plan: Plan,
+    max_parallel: usize,
+    dependents: Vec<Vec<usize>>,
+    missing: Vec<usize>,
+    state: Vec<State>,
+    started: Vec<Option<Instant>>,
+    outcomes: Vec<Option<OpOutcome>>,
+    ready: BTreeSet<usize>,
+    running: usize,
+    cancelled: bool,
+    start: Instant,
+}
+
+impl PlanTracker {
+    /// Tracks `plan` (checked first) with at most `config.max_parallel`
+    /// operations running at once (0 is taken as 1).
+    pub fn new(plan: Plan, config: ExecutorConfig) -> Result<PlanTracker, OptimizerError> {
+        plan.validate()?;
+        let n = plan.ops.len();
+        let mut dependents: Vec<Vec<usize>> = vec![Vec::new(); n];
+        let mut missing: Vec<usize> = vec![0; n];
+        for (i, p) in plan.ops.iter().enumerate() {
+            let deps: BTreeSet<usize> = p.deps.iter().copied().collect();
+            missing[i] = deps.len();
+            for d in deps {
+                dependents[d].push(i);
+            }
+        }
+        let ready = (0..n).filter(|&i| missing[i] == 0).collect();
+        Ok(PlanTracker {
+            plan,
+            max_parallel: config.max_parallel.max(1),
+            dependents,
+            missing,
+            state: vec![State::Waiting; n],
+            started: vec![None; n],
+            outcomes: vec![None; n],
+            ready,
+            running: 0,
+            cancelled: false,
+            start: Instant::now(),
+        })
+    }
+
+    /// The plan.
+    pub fn plan(&self) -> &Plan {
+        &self.plan
+    }
+
+    /// The next operation that may start now, in plan order: all its
+    /// dependencies succeeded, fewer than `max_parallel` run, and the plan
+    /// is not cancelled. It counts as running from now on.
+    pub fn next_ready(&mut self) -> Option<(usize, Operation)> {
+        if self.cancelled || self.running >= self.max_parallel {
+            return None;
+        }
+        let i = self.ready.pop_first()?;
+        self.state[i] = State::Running;
+        self.started[i] = Some(Instant::now());
+        self.running += 1;
+        Some((i, self.plan.ops[i].op.clone()))
+    }
+
+    /// Operation `i` ended. A success may let its dependents start; a
+    /// failure skips every (transitive) dependent. An operation that is not
+    /// running is ignored (returns false).
+    pub fn finished(&mut self, i: usize, result: Result<OpReport, OpError>) -> bool {
+        if self.state.get(i) != Some(&State::Running) {
+            return false;
+        }
+        self.state[i] = State::Done;
+        self.running -= 1;
+        let duration = self.started[i].map_or(Duration::ZERO, |t| t.elapsed());
+        match result {
+            Ok(report) => {
+                self.outcomes[i] = Some(OpOutcome::Succeeded { duration, report });
+                for &d in &self.dependents[i] {
+                    self.missing[d] -= 1;
+                    if self.missing[d] == 0 && self.state[d] == State::Waiting {
+                        self.ready.insert(d);
+                    }
+                }
+            }
+            Err(error) => {
+                self.outcomes[i] = Some(OpOutcome::Failed { duration, error });
+                for d in self.plan.dependents(i) {
+                    if self.state[d] == State::Waiting {
+                        self.state[d] = State::Done;
+                        self.ready.remove(&d);
+                        self.outcomes[d] = Some(OpOutcome::Skipped {
+                            reason: SkipReason::DependencyFailed { failed: i },
+                        });
+                    }
+                }
+            }
+        }
+        true
+    }
+
+    /// Starts nothing more; the running operations may still finish.
+    pub fn cancel(&mut self) {
+        self.cancelled = true;
+    }
+
+    /// Whether the plan has ended: nothing runs and nothing more can start.
+    pub fn is_done(&self) -> bool {
+        self.running == 0 && (self.cancelled || self.ready.is_empty())
+    }
+
+    /// The operations running now, by index.
+    pub fn running(&self) -> impl Iterator<Item = usize> + '_ {
+        (0..self.state.len()).filter(|&i| self.state[i] == State::Running)
+    }
+
+    /// How every operation ended; those that never started are reported
+    /// as cancelled.
+    pub fn report(&self) -> ExecutionReport {
+        let outcomes = self
+            .outcomes
+            .iter()
+            .map(|o| {
+                o.clone().unwrap_or(OpOutcome::Skipped {
+                    reason: SkipReason::Cancelled,
+                })
+            })
+            .collect();
+        ExecutionReport {
+            outcomes,
+            elapsed: self.start.elapsed(),
+        }
+    }
+}
+
+/// Runs plans, one at a time, with an [`OperationRunner`].
 #[derive(Debug, Default)]
 pub struct PlanExecutor {
     config: ExecutorConfig,
@@ -206,83 +349,131 @@ impl PlanExecutor {
         cancel: &CancellationToken,
     ) -> Result<ExecutionReport, ExecutorError> {
         let _guard = self.running.try_lock().map_err(|_| ExecutorError::Busy)?;
-        plan.validate()?;
-        let n = plan.ops.len();
-        let start = Instant::now();
-        let mut dependents: Vec<Vec<usize>> = vec![Vec::new(); n];
-        let mut missing: Vec<usize> = vec![0; n];
-        for (i, p) in plan.ops.iter().enumerate() {
-            let deps: BTreeSet<usize> = p.deps.iter().copied().collect();
-            missing[i] = deps.len();
-            for d in deps {
-                dependents[d].push(i);
-            }
+        let mut tracker = PlanTracker::new(plan.clone(), self.config)?;
+        if cancel.is_cancelled() {
+            tracker.cancel();
         }
-        let mut outcomes: Vec<Option<OpOutcome>> = vec![None; n];
-        let mut state = vec![State::Waiting; n];
-        let mut ready: BTreeSet<usize> = (0..n).filter(|&i| missing[i] == 0).collect();
         let mut in_flight = FuturesUnordered::new();
-        let mut cancelled = cancel.is_cancelled();
         loop {
-            if !cancelled {
-                while in_flight.len() < self.config.max_parallel {
-                    let Some(i) = ready.pop_first() else { break };
-                    state[i] = State::Running;
-                    let op = &plan.ops[i].op;
-                    in_flight.push(async move {
-                        let t0 = Instant::now();
-                        let r = runner.execute(op).await;
-                        (i, r, t0.elapsed())
-                    });
-                }
+            while let Some((i, op)) = tracker.next_ready() {
+                in_flight.push(async move { (i, runner.execute(&op).await) });
             }
-            if in_flight.is_empty() {
+            if tracker.is_done() || in_flight.is_empty() {
                 break;
             }
             tokio::select! {
                 biased;
-                _ = cancel.cancelled(), if !cancelled => {
-                    cancelled = true;
-                }
-                Some((i, result, duration)) = in_flight.next() => {
-                    state[i] = State::Done;
-                    match result {
-                        Ok(report) => {
-                            outcomes[i] = Some(OpOutcome::Succeeded { duration, report });
-                            for &d in &dependents[i] {
-                                missing[d] -= 1;
-                                if missing[d] == 0 && state[d] == State::Waiting {
-                                    ready.insert(d);
-                                }
-                            }
-                        }
-                        Err(error) => {
-                            outcomes[i] = Some(OpOutcome::Failed { duration, error });
-                            for d in plan.dependents(i) {
-                                if state[d] == State::Waiting {
-                                    state[d] = State::Done;
-                                    ready.remove(&d);
-                                    outcomes[d] = Some(OpOutcome::Skipped {
-                                        reason: SkipReason::DependencyFailed { failed: i },
-                                    });
-                                }
-                            }
-                        }
-                    }
+                _ = cancel.cancelled(), if !tracker.cancelled => tracker.cancel(),
+                Some((i, result)) = in_flight.next() => {
+                    tracker.finished(i, result);
                 }
             }
         }
-        let outcomes = outcomes
-            .into_iter()
-            .map(|o| {
-                o.unwrap_or(OpOutcome::Skipped {
-                    reason: SkipReason::Cancelled,
-                })
-            })
-            .collect();
-        Ok(ExecutionReport {
-            outcomes,
-            elapsed: start.elapsed(),
-        })
+        Ok(tracker.report())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::PlannedOp;
+    use crate::snapshot::Role;
+
+    fn switch(container: &str) -> Operation {
+        Operation::Switch {
+            container: container.into(),
+            to_role: Role::Server,
+        }
+    }
+
+    /// a; b after a; c after b; d alone.
+    fn chain() -> Plan {
+        let op = |c: &str, deps: Vec<usize>| PlannedOp {
+            op: switch(c),
+            deps,
+        };
+        Plan {
+            ops: vec![
+                op("a", vec![]),
+                op("b", vec![0]),
+                op("c", vec![1]),
+                op("d", vec![]),
+            ],
+            relaxed: Vec::new(),
+        }
+    }
+
+    fn started(t: &mut PlanTracker) -> Vec<usize> {
+        std::iter::from_fn(|| t.next_ready().map(|(i, _)| i)).collect()
+    }
+
+    #[test]
+    fn operations_start_when_their_dependencies_succeeded_within_the_bound() {
+        let mut t = PlanTracker::new(chain(), ExecutorConfig { max_parallel: 1 }).unwrap();
+        assert_eq!(started(&mut t), [0], "one at a time, in plan order");
+        assert!(t.finished(0, Ok(OpReport::default())));
+        assert!(!t.finished(0, Ok(OpReport::default())), "ended twice");
+        assert_eq!(started(&mut t), [1]);
+        assert!(t.finished(1, Ok(OpReport::default())));
+        assert_eq!(started(&mut t), [2], "c became ready before d was started");
+        t.finished(2, Ok(OpReport::default()));
+        assert_eq!(started(&mut t), [3]);
+        assert!(!t.is_done());
+        t.finished(3, Ok(OpReport::default()));
+        assert!(t.is_done());
+        assert!(t.report().all_succeeded());
+    }
+
+    #[test]
+    fn a_failure_skips_its_dependents_and_the_rest_goes_on() {
+        let mut t = PlanTracker::new(chain(), ExecutorConfig { max_parallel: 8 }).unwrap();
+        assert_eq!(started(&mut t), [0, 3]);
+        t.finished(0, Err(OpError::new("no")));
+        assert!(started(&mut t).is_empty());
+        assert!(!t.is_done(), "d still runs");
+        t.finished(3, Ok(OpReport::default()));
+        assert!(t.is_done());
+        let r = t.report();
+        assert_eq!(r.failed(), [0]);
+        assert!(r.succeeded(3));
+        for i in [1, 2] {
+            assert_eq!(
+                r.outcomes[i],
+                OpOutcome::Skipped {
+                    reason: SkipReason::DependencyFailed { failed: 0 }
+                }
+            );
+        }
+    }
+
+    #[test]
+    fn a_cancelled_plan_starts_nothing_more_and_ends_when_the_running_finish() {
+        let mut t = PlanTracker::new(chain(), ExecutorConfig { max_parallel: 8 }).unwrap();
+        assert_eq!(started(&mut t), [0, 3]);
+        t.cancel();
+        t.finished(0, Ok(OpReport::default()));
+        assert!(
+            started(&mut t).is_empty(),
+            "b is ready but the plan is cancelled"
+        );
+        assert!(!t.is_done());
+        assert_eq!(t.running().collect::<Vec<_>>(), [3]);
+        t.finished(3, Ok(OpReport::default()));
+        assert!(t.is_done());
+        let r = t.report();
+        assert!(r.succeeded(0) && r.succeeded(3));
+        assert_eq!(
+            r.outcomes[1],
+            OpOutcome::Skipped {
+                reason: SkipReason::Cancelled
+            }
+        );
+    }
+
+    #[test]
+    fn a_malformed_plan_is_refused() {
+        let mut plan = chain();
+        plan.ops[0].deps = vec![2];
+        assert!(PlanTracker::new(plan, ExecutorConfig::default()).is_err());
     }
 }

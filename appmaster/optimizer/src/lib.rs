@@ -115,7 +115,7 @@ pub use cost::{Bottleneck, Breakdown, CommBound, CostModel, Placement, Target, W
 pub use error::OptimizerError;
 pub use executor::{
     ExecutionReport, ExecutorConfig, ExecutorError, OpError, OpOutcome, OpReport, OperationRunner,
-    PlanExecutor, SkipReason,
+    PlanExecutor, PlanTracker, SkipReason,
 };
 pub use plan::{Configuration, Holding, OpKind, Operation, Plan, PlannedOp, Table};
 pub use snapshot::{ContainerMetrics, Job, Link, Role, Snapshot};

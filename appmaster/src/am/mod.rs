@@ -277,24 +277,10 @@ pub enum Event {
         /// Why.
         reason: String,
     },
-    /// The plan executor asks for an operation to be carried out.
-    PlanOp {
-        /// The operation.
-        op: cruise_optimizer::Operation,
-        /// Where to answer when it has taken effect or failed.
-        reply: tokio::sync::oneshot::Sender<
-            Result<cruise_optimizer::OpReport, cruise_optimizer::OpError>,
-        >,
-    },
     /// The optimizer decided (off the loop) what to do with the job.
     Decided {
         /// The snapshot it decided on and its decision, or why there is none.
         decided: Result<(Box<cruise_optimizer::Snapshot>, cruise_optimizer::Decision), String>,
-    },
-    /// The plan executor finished (or could not run the plan).
-    PlanDone {
-        /// The outcome of every operation.
-        result: Result<cruise_optimizer::ExecutionReport, String>,
     },
 }
 

@@ -40,7 +40,6 @@ use super::{
 };
 
 mod reconfigure;
-mod runner;
 
 pub use reconfigure::PlanRecord;
 use reconfigure::Reconfig;
@@ -325,6 +324,7 @@ impl Driver {
                     self.publish_status(None);
                 }
             }
+            self.step_plan().await?;
             if self.phase == Phase::Finishing && self.all_containers_done() {
                 return Ok(());
             }
@@ -493,8 +493,6 @@ impl Driver {
                 });
             }
             Event::Message { eval, msg } => self.on_message(eval, msg).await?,
-            Event::PlanOp { op, reply } => self.on_plan_op(op, reply).await,
-            Event::PlanDone { result } => self.on_plan_done(result).await?,
             Event::Decided { decided } => self.on_decided(decided),
         }
         Ok(())

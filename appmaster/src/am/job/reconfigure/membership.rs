@@ -10,7 +10,7 @@ use cruise_container::protocol::{AmToEval, EvaluatorId, INPUT_TABLE, MODEL_TABLE
 use cruise_optimizer::{OpError, OpReport};
 use cruise_rm::{ContainerId, ContainerRequest};
 
-use super::{AddOp, DeleteOp, DeleteStage, Reply, SwitchOp, ready_to_leave};
+use super::{AddOp, DeleteOp, DeleteStage, OpIndex, SwitchOp, ready_to_leave};
 use crate::am::Role;
 use crate::am::job::Driver;
 use crate::am::snapshot::ContainerName;
@@ -20,15 +20,12 @@ impl Driver {
         &mut self,
         name: String,
         role: Role,
-        reply: Reply,
-    ) -> Result<(), (Reply, OpError)> {
+        op: OpIndex,
+    ) -> Result<(), OpError> {
         let Some(name @ ContainerName::Offer(_)) = ContainerName::parse(&name) else {
-            return Err((
-                reply,
-                OpError::new(format!(
-                    "cannot add `{name}`: only a container the job was offered (`new<k>`) can be added"
-                )),
-            ));
+            return Err(OpError::new(format!(
+                "cannot add `{name}`: only a container the job was offered (`new<k>`) can be added"
+            )));
         };
         let req = ContainerRequest {
             count: 1,
@@ -37,15 +34,14 @@ impl Driver {
             hosts: Vec::new(),
         };
         if let Err(e) = self.rm.request(req).await {
-            return Err((
-                reply,
-                OpError::new(format!("requesting a container for `{name}`: {e}")),
-            ));
+            return Err(OpError::new(format!(
+                "requesting a container for `{name}`: {e}"
+            )));
         }
         self.rc.adds.push_back(AddOp {
             name,
             role,
-            reply,
+            op,
             since: Instant::now(),
         });
         Ok(())
@@ -87,16 +83,12 @@ impl Driver {
         // The first ownership a joining evaluator applies is the full table
         // sent when it joined: it can serve and route from now on.
         if let Some(add) = self.rc.joining.remove(&id) {
-            let _ = add.reply.send(Ok(OpReport::default()));
+            self.rc.op_done(add.op, Ok(OpReport::default()));
         }
         self.progress_deletes().await;
     }
 
-    pub(super) async fn start_delete(
-        &mut self,
-        name: &str,
-        reply: Reply,
-    ) -> Result<(), (Reply, OpError)> {
+    pub(super) async fn start_delete(&mut self, name: &str, op: OpIndex) -> Result<(), OpError> {
         if self.rc.unrealized_offer(name) {
             // A container the resource manager offered that the job never
             // added: the optimizer left it idle, and there is nothing to give
@@ -106,24 +98,21 @@ impl Driver {
                 container = name,
                 "delete of an offer never taken: nothing to do"
             );
-            let _ = reply.send(Ok(OpReport::default()));
+            self.rc.op_done(op, Ok(OpReport::default()));
             return Ok(());
         }
         let id = match self.resolve(name) {
             Ok(id) => id,
-            Err(e) => return Err((reply, e)),
+            Err(e) => return Err(e),
         };
         let (i, m) = (
             self.owned(INPUT_TABLE, id).len(),
             self.owned(MODEL_TABLE, id).len(),
         );
         if i + m > 0 {
-            return Err((
-                reply,
-                OpError::new(format!(
-                    "evaluator {id} still owns {i} input and {m} model blocks"
-                )),
-            ));
+            return Err(OpError::new(format!(
+                "evaluator {id} still owns {i} input and {m} model blocks"
+            )));
         }
         let task = match self.evaluators[&id].role {
             Role::Worker => Some(AmToEval::StopWorker),
@@ -136,7 +125,7 @@ impl Driver {
             DeleteStage::Draining(self.owners.version())
         };
         tracing::debug!(evaluator = %id, ?stage, "delete started");
-        self.rc.deletes.insert(id, DeleteOp { stage, reply });
+        self.rc.deletes.insert(id, DeleteOp { stage, op });
         if let Some(m) = task {
             self.send(id, m).await;
         }
@@ -232,7 +221,7 @@ impl Driver {
                 "evaluator {id} is now a {}",
                 crate::am::job::role_name(sw.to)
             );
-            let _ = sw.reply.send(Ok(OpReport::default()));
+            self.rc.op_done(sw.op, Ok(OpReport::default()));
         }
     }
 
@@ -240,28 +229,27 @@ impl Driver {
         &mut self,
         name: &str,
         to: Role,
-        reply: Reply,
-    ) -> Result<(), (Reply, OpError)> {
+        op: OpIndex,
+    ) -> Result<(), OpError> {
         let id = match self.resolve(name) {
             Ok(id) => id,
-            Err(e) => return Err((reply, e)),
+            Err(e) => return Err(e),
         };
         let from = self.evaluators[&id].role;
         if from == to {
-            let _ = reply.send(Ok(OpReport::default()));
+            self.rc.op_done(op, Ok(OpReport::default()));
             return Ok(());
         }
         let stop = match from {
             Role::Worker => AmToEval::StopWorker,
             Role::Server => AmToEval::StopServer,
             Role::Idle => {
-                return Err((
-                    reply,
-                    OpError::new(format!("evaluator {id} has no role to switch from")),
-                ));
+                return Err(OpError::new(format!(
+                    "evaluator {id} has no role to switch from"
+                )));
             }
         };
-        self.rc.switches.insert(id, SwitchOp { to, reply });
+        self.rc.switches.insert(id, SwitchOp { to, op });
         self.send(id, stop).await;
         Ok(())
     }
@@ -282,7 +270,7 @@ impl Driver {
         }
         self.rc.metrics.forget(id);
         self.broadcast_peers().await;
-        let _ = d.reply.send(Ok(OpReport::default()));
+        self.rc.op_done(d.op, Ok(OpReport::default()));
         true
     }
 
@@ -291,10 +279,13 @@ impl Driver {
     pub(in crate::am::job) fn on_allocation_failed(&mut self, reason: &str) -> bool {
         match self.rc.adds.pop_front() {
             Some(add) => {
-                let _ = add.reply.send(Err(OpError::new(format!(
-                    "no container for `{}`: {reason}",
-                    add.name
-                ))));
+                self.rc.op_done(
+                    add.op,
+                    Err(OpError::new(format!(
+                        "no container for `{}`: {reason}",
+                        add.name
+                    ))),
+                );
                 true
             }
             None => false,
@@ -311,11 +302,14 @@ impl Driver {
             .is_some_and(|a| a.since.elapsed() > limit)
         {
             if let Some(add) = self.rc.adds.pop_front() {
-                let _ = add.reply.send(Err(OpError::new(format!(
-                    "no container for `{}` within {:.0} s (runtime.allocation_timeout_ms)",
-                    add.name,
-                    limit.as_secs_f64()
-                ))));
+                self.rc.op_done(
+                    add.op,
+                    Err(OpError::new(format!(
+                        "no container for `{}` within {:.0} s (runtime.allocation_timeout_ms)",
+                        add.name,
+                        limit.as_secs_f64()
+                    ))),
+                );
             }
         }
     }

@@ -2,10 +2,11 @@
 //!
 //! Every `optimizer.interval_ms` while training (at once when the resource
 //! manager takes capacity back), the loop builds a snapshot of the job's
-//! measurements and asks the trigger policy what to do. A plan runs in its own
-//! task ([`cruise_optimizer::PlanExecutor`]); each of its operations comes back
-//! to the loop as an [`Event::PlanOp`] and is carried out here as a small state
-//! machine driven by the evaluators' messages:
+//! measurements and asks the trigger policy what to do. A plan runs inside the
+//! loop: after every event the loop asks the plan's [`PlanTracker`] for the
+//! operations that may start, and each is carried out here as a small state
+//! machine driven by the evaluators' messages, which tells the tracker when it
+//! ends:
 //!
 //! | operation | steps | done when |
 //! |---|---|---|
@@ -14,7 +15,7 @@
 //! | switch | stop the current task (a worker finishes its mini-batch and flushes its pushes), start the other | at once after the stop |
 //! | delete | stop its task; wait until every evaluator has applied the ownership that no longer names it; `Shutdown` and release | its container has ended |
 //!
-//! A failed operation makes the executor skip its dependents; the job goes on
+//! A failed operation makes the tracker skip its dependents; the job goes on
 //! in the configuration the operations that did succeed produced (the AM's
 //! ownership table only ever records blocks that were installed).
 //!
@@ -27,13 +28,12 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
-use tokio::sync::oneshot;
 
 use cruise_container::protocol::{
     AmToEval, BlockId, EvaluatorId, INPUT_TABLE, MODEL_TABLE, TableId,
 };
 use cruise_optimizer::{
-    Job, OpCost, OpError, OpKind, OpReport, Plan, ReconfigCostModel, Table, TriggerConfig,
+    Job, OpCost, OpError, OpKind, OpReport, PlanTracker, ReconfigCostModel, Table, TriggerConfig,
     TriggerPolicy,
 };
 
@@ -48,14 +48,17 @@ mod plan;
 mod probes;
 mod trigger;
 
-type Reply = oneshot::Sender<Result<OpReport, OpError>>;
+/// An operation of the running plan: its index in the plan, which the
+/// plan's [`PlanTracker`] is told of when the operation ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct OpIndex(usize);
 
 struct MoveOp {
     from: EvaluatorId,
     to: EvaluatorId,
     bytes: u64,
     blocks: usize,
-    reply: Reply,
+    op: OpIndex,
 }
 
 /// Moves whose blocks average less than this do not measure a link's
@@ -80,14 +83,14 @@ struct ReloadOp {
     /// Since when the destination loads them (`None`: the source has not
     /// dropped them yet).
     loading_since: Option<Instant>,
-    reply: Reply,
+    op: OpIndex,
 }
 
 struct AddOp {
     /// The offer it realises ([`ContainerName::Offer`]).
     name: ContainerName,
     role: Role,
-    reply: Reply,
+    op: OpIndex,
     since: Instant,
 }
 
@@ -103,22 +106,22 @@ enum DeleteStage {
 
 struct DeleteOp {
     stage: DeleteStage,
-    reply: Reply,
+    op: OpIndex,
 }
 
 struct SwitchOp {
     to: Role,
-    reply: Reply,
+    op: OpIndex,
 }
 
 struct RunningPlan {
-    plan: Plan,
+    /// Its operations: which may start, which run, how each ended.
+    tracker: PlanTracker,
     job: Job,
     started: Instant,
     /// How many times it was reported slow (`optimizer.slow_plan_report_secs`).
     reported_slow: u32,
     summary: String,
-    cancel: tokio_util::sync::CancellationToken,
 }
 
 /// A plan that ran, for the status endpoint and the summary.
@@ -259,6 +262,13 @@ impl Reconfig {
     fn unrealized_offer(&self, name: &str) -> bool {
         matches!(ContainerName::parse(name),
             Some(ContainerName::Offer(k)) if !self.added_offers.contains_key(&k))
+    }
+
+    /// Operation `op` of the running plan ended.
+    fn op_done(&mut self, op: OpIndex, result: Result<OpReport, OpError>) {
+        if let Some(p) = &mut self.plan {
+            p.tracker.finished(op.0, result);
+        }
     }
 
     /// Whether an evaluator is on its way out (its end is expected).

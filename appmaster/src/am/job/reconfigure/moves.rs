@@ -10,7 +10,7 @@ use cruise_container::protocol::{
 };
 use cruise_optimizer::{OpError, OpReport, Operation, Table};
 
-use super::{MoveOp, ReloadOp, Reply, measures_capacity, reload_or_move, table_of};
+use super::{MoveOp, OpIndex, ReloadOp, measures_capacity, reload_or_move, table_of};
 use crate::am::job::Driver;
 
 impl Driver {
@@ -20,11 +20,11 @@ impl Driver {
         blocks: Vec<u32>,
         from: &str,
         to: &str,
-        reply: Reply,
-    ) -> Result<(), (Reply, OpError)> {
+        op: OpIndex,
+    ) -> Result<(), OpError> {
         let (from, to) = match (self.resolve(from), self.resolve(to)) {
             (Ok(f), Ok(t)) => (f, t),
-            (Err(e), _) | (_, Err(e)) => return Err((reply, e)),
+            (Err(e), _) | (_, Err(e)) => return Err(e),
         };
         let t = table_of(table);
         let not_there: Vec<u32> = blocks
@@ -33,12 +33,9 @@ impl Driver {
             .filter(|&b| self.owners.owner(t, b) != Some(from))
             .collect();
         if !not_there.is_empty() {
-            return Err((
-                reply,
-                OpError::new(format!(
-                    "evaluator {from} does not own {table:?} blocks {not_there:?}"
-                )),
-            ));
+            return Err(OpError::new(format!(
+                "evaluator {from} does not own {table:?} blocks {not_there:?}"
+            )));
         }
         if t == INPUT_TABLE && self.reload_instead(from, to, &blocks) {
             self.send(
@@ -53,7 +50,7 @@ impl Driver {
                 to,
                 blocks,
                 loading_since: None,
-                reply,
+                op,
             });
             return Ok(());
         }
@@ -66,7 +63,7 @@ impl Driver {
                 to,
                 bytes: 0,
                 blocks: blocks.len(),
-                reply,
+                op,
             },
         );
         self.send(
@@ -92,7 +89,8 @@ impl Driver {
         blocks: &[BlockId],
     ) -> bool {
         let scale_in = self.rc.plan.as_ref().is_some_and(|p| {
-            p.plan
+            p.tracker
+                .plan()
                 .ops
                 .iter()
                 .any(|o| matches!(o.op, Operation::Delete { .. }))
@@ -185,10 +183,13 @@ impl Driver {
             bytes,
             "input blocks re-read from the job's input"
         );
-        let _ = r.reply.send(Ok(OpReport {
-            bytes_moved: 0,
-            reloaded: true,
-        }));
+        self.rc.op_done(
+            r.op,
+            Ok(OpReport {
+                bytes_moved: 0,
+                reloaded: true,
+            }),
+        );
         true
     }
 
@@ -230,6 +231,6 @@ impl Driver {
                 m.from, m.to
             ))),
         };
-        let _ = m.reply.send(r);
+        self.rc.op_done(m.op, r);
     }
 }

@@ -1,47 +1,61 @@
-//! A running plan: its start, the operations the executor hands to the
-//! loop, its end, and what a slow plan is waiting for.
+//! A running plan: its start, the operations its tracker lets start, its
+//! end, and what a slow plan is waiting for.
 
 use std::time::Instant;
 
-use cruise_optimizer::{
-    ExecutionReport, ExecutorConfig, Job, OpOutcome, Operation, Plan, PlanExecutor,
-};
+use cruise_optimizer::{ExecutorConfig, Job, OpOutcome, Operation, Plan, PlanTracker};
 
-use super::{DeleteStage, PlanRecord, Reply, RunningPlan, ready_to_leave};
-use crate::am::job::runner::AmRunner;
+use super::{DeleteStage, OpIndex, PlanRecord, RunningPlan, ready_to_leave};
+use crate::am::AmError;
 use crate::am::job::{Driver, plural, split_text};
-use crate::am::{AmError, Event};
 
 impl Driver {
+    /// Starts `plan`; its first operations start at the loop's next step
+    /// ([`Driver::step_plan`]).
     pub(super) fn start_plan(&mut self, plan: Plan, job: Job, summary: String) {
-        let cancel = self.cancel.child_token();
-        let runner = AmRunner::new(self.events.clone());
-        let executor = PlanExecutor::new(ExecutorConfig {
+        let config = ExecutorConfig {
             max_parallel: self.config.optimizer.max_parallel as usize,
-        });
-        let (p, c, events) = (plan.clone(), cancel.clone(), self.events.clone());
-        self.tracker.spawn(async move {
-            let result = executor
-                .execute(&p, &runner, &c)
-                .await
-                .map_err(|e| e.to_string());
-            let _ = events.send(Event::PlanDone { result }).await;
-        });
-        self.rc.plan = Some(RunningPlan {
-            plan,
-            job,
-            started: Instant::now(),
-            reported_slow: 0,
-            summary,
-            cancel,
-        });
+        };
+        match PlanTracker::new(plan, config) {
+            Ok(tracker) => {
+                self.rc.plan = Some(RunningPlan {
+                    tracker,
+                    job,
+                    started: Instant::now(),
+                    reported_slow: 0,
+                    summary,
+                });
+            }
+            Err(e) => {
+                tracing::warn!("the optimizer's plan is malformed, not run: {e}; {summary}");
+                self.note_decision(format!("plan not run (malformed: {e}): {summary}"));
+            }
+        }
+    }
+
+    /// Starts every operation of the running plan that may start, and ends
+    /// the plan when nothing runs and nothing more can start. The loop calls
+    /// it after every event: operations end on the evaluators' messages.
+    pub(in crate::am::job) async fn step_plan(&mut self) -> Result<(), AmError> {
+        loop {
+            let Some(p) = &mut self.rc.plan else {
+                return Ok(());
+            };
+            if let Some((i, op)) = p.tracker.next_ready() {
+                self.start_op(OpIndex(i), op).await;
+            } else if p.tracker.is_done() {
+                return self.on_plan_done().await;
+            } else {
+                return Ok(());
+            }
+        }
     }
 
     /// The last epoch ended: stop planning; finish the running plan first.
     pub(in crate::am::job) fn end_reconfiguration(&mut self) -> bool {
-        match &self.rc.plan {
+        match &mut self.rc.plan {
             Some(p) => {
-                p.cancel.cancel();
+                p.tracker.cancel();
                 self.rc.stop_after_plan = true;
                 true
             }
@@ -67,7 +81,7 @@ impl Driver {
         let text = format!(
             "reconfiguration still running after {secs:.0} s: {}",
             if waiting.is_empty() {
-                "no operation is waiting here (the executor is finishing)".to_string()
+                "no operation is waiting here".to_string()
             } else {
                 waiting.join("; ")
             }
@@ -146,14 +160,12 @@ impl Driver {
         out
     }
 
-    /// The plan executor finished.
-    pub(in crate::am::job) async fn on_plan_done(
-        &mut self,
-        result: Result<ExecutionReport, String>,
-    ) -> Result<(), AmError> {
+    /// The running plan ended: records how, and lets the job go on.
+    async fn on_plan_done(&mut self) -> Result<(), AmError> {
         let Some(running) = self.rc.plan.take() else {
             return Ok(());
         };
+        let report = running.tracker.report();
         let secs = running.started.elapsed().as_secs_f64();
         let mut record = PlanRecord {
             at_secs: self.started.elapsed().as_secs_f64(),
@@ -165,33 +177,29 @@ impl Driver {
             op_secs: Vec::new(),
             bytes_moved: 0,
         };
-        match result {
-            Ok(report) => {
-                for (i, o) in report.outcomes.iter().enumerate() {
-                    let op = &running.plan.ops[i].op;
-                    match o {
-                        OpOutcome::Succeeded { duration, report } => {
-                            record.succeeded += 1;
-                            record.bytes_moved += report.bytes_moved;
-                            let kind = if report.reloaded {
-                                "reload input"
-                            } else {
-                                op.kind().name()
-                            };
-                            record
-                                .op_secs
-                                .push((kind.to_string(), duration.as_secs_f64()));
-                        }
-                        OpOutcome::Failed { error, .. } => {
-                            record.failed.push(format!("{op:?}: {error}"));
-                        }
-                        OpOutcome::Skipped { .. } => record.skipped += 1,
-                    }
+        let plan = running.tracker.plan();
+        for (i, o) in report.outcomes.iter().enumerate() {
+            let op = &plan.ops[i].op;
+            match o {
+                OpOutcome::Succeeded { duration, report } => {
+                    record.succeeded += 1;
+                    record.bytes_moved += report.bytes_moved;
+                    let kind = if report.reloaded {
+                        "reload input"
+                    } else {
+                        op.kind().name()
+                    };
+                    record
+                        .op_secs
+                        .push((kind.to_string(), duration.as_secs_f64()));
                 }
-                self.rc.policy.observe(&running.plan, &report, &running.job);
+                OpOutcome::Failed { error, .. } => {
+                    record.failed.push(format!("{op:?}: {error}"));
+                }
+                OpOutcome::Skipped { .. } => record.skipped += 1,
             }
-            Err(e) => record.failed.push(format!("the plan did not run: {e}")),
         }
+        self.rc.policy.observe(plan, &report, &running.job);
         if record.failed.is_empty() {
             tracing::info!(
                 "reconfiguration done in {secs:.2} s: {} ({} operations, {} bytes moved)",
@@ -241,27 +249,24 @@ impl Driver {
         Ok(())
     }
 
-    // ------------------------------------------------------------------
-    // Carrying out operations
-    // ------------------------------------------------------------------
-
-    /// An operation of the running plan.
-    pub(in crate::am::job) async fn on_plan_op(&mut self, op: Operation, reply: Reply) {
-        let r = match op {
+    /// Starts an operation of the running plan; one that cannot start
+    /// ends at once as failed.
+    async fn start_op(&mut self, i: OpIndex, op: Operation) {
+        let started = match op {
             Operation::Move {
                 table,
                 blocks,
                 from,
                 to,
-            } => self.start_move(table, blocks, &from, &to, reply).await,
-            Operation::Add { container, role } => self.start_add(container, role, reply).await,
-            Operation::Delete { container } => self.start_delete(&container, reply).await,
+            } => self.start_move(table, blocks, &from, &to, i).await,
+            Operation::Add { container, role } => self.start_add(container, role, i).await,
+            Operation::Delete { container } => self.start_delete(&container, i).await,
             Operation::Switch { container, to_role } => {
-                self.start_switch(&container, to_role, reply).await
+                self.start_switch(&container, to_role, i).await
             }
         };
-        if let Err((reply, e)) = r {
-            let _ = reply.send(Err(e));
+        if let Err(e) = started {
+            self.rc.op_done(i, Err(e));
         }
     }
 }
