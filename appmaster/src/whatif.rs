@@ -314,9 +314,11 @@ pub fn report(
             }
         );
     }
-    let policy = policy_of(&snap, min_gain);
+    let mut policy = policy_of(&snap, min_gain);
     write_policy(&mut out, &snap, &policy);
     let decision = policy.decide(&snap, &config).map_err(bad)?;
+    // Counted against the looks the job had made, as the job counted it.
+    let decision = policy.confirm(decision);
     write_decision(&mut out, &decision);
     Ok(out)
 }
@@ -434,13 +436,28 @@ fn write_policy(out: &mut String, snap: &Snapshot, policy: &TriggerPolicy) {
         .collect();
     let _ = writeln!(
         out,
-        "\npolicy ({}): least gain {:.1}%, reconfiguration costs: {}",
+        "\npolicy ({}): least gain {:.1}%, {}, reconfiguration costs: {}",
         if snap.policy.is_some() {
             "the job's, from the snapshot"
         } else {
             "defaults: the snapshot has none"
         },
         policy.config.min_gain * 100.0,
+        match policy.proposed {
+            Some(l) if policy.config.confirmations > 1 => format!(
+                "{} looks in a row to reconfigure ({} workers + {} servers proposed on the last {})",
+                policy.config.confirmations, l.workers, l.servers, l.looks
+            ),
+            _ => format!(
+                "{} look{} in a row to reconfigure",
+                policy.config.confirmations,
+                if policy.config.confirmations == 1 {
+                    ""
+                } else {
+                    "s"
+                }
+            ),
+        },
         costs.join(", ")
     );
 }
@@ -460,6 +477,19 @@ fn write_decision(out: &mut String, decision: &Decision) {
                 out,
                 "decision: stay (now {current_epoch_secs:.4} s, best {best_epoch_secs:.4} s, gain {:.1}%): {reason}",
                 gain * 100.0
+            );
+        }
+        Decision::Considering {
+            workers,
+            servers,
+            look,
+            of,
+            current_epoch_secs,
+            predicted_epoch_secs,
+        } => {
+            let _ = writeln!(
+                out,
+                "decision: considering {workers} workers + {servers} servers ({current_epoch_secs:.4} s -> {predicted_epoch_secs:.4} s), look {look} of {of}: the job looks again before it reconfigures"
             );
         }
         Decision::Reconfigure(p) => {
@@ -635,6 +665,34 @@ mod tests {
         std::fs::write(&p, with_policy.replace("0.002", "-1")).unwrap();
         let e = report(&p, None, None).unwrap_err().to_string();
         assert!(e.contains("policy.op_costs[0].per_op"), "{e}");
+
+        // The job counted its looks: on the first of two it only considers
+        // the split; on the second, with the first recorded, it reconfigures.
+        let first = with_policy.replace(
+            "\"max_parallel\": 8,",
+            "\"max_parallel\": 8, \"confirmations\": 2,",
+        );
+        std::fs::write(&p, &first).unwrap();
+        let r = report(&p, None, None).unwrap();
+        assert!(r.contains("2 looks in a row to reconfigure"), "{r}");
+        assert!(
+            r.contains("decision: considering 3 workers + 1 servers") && r.contains("look 1 of 2"),
+            "{r}"
+        );
+        let second = first.replace(
+            "\"confirmations\": 2,",
+            "\"confirmations\": 2, \"proposed\": {\"workers\": 3, \"servers\": 1, \"looks\": 1},",
+        );
+        std::fs::write(&p, &second).unwrap();
+        let r = report(&p, None, None).unwrap();
+        assert!(
+            r.contains("decision: reconfigure to 3 workers + 1 servers"),
+            "{r}"
+        );
+        // A proposal of another split does not count.
+        std::fs::write(&p, second.replace("\"workers\": 3,", "\"workers\": 2,")).unwrap();
+        let r = report(&p, None, None).unwrap();
+        assert!(r.contains("look 1 of 2"), "{r}");
     }
 
     #[test]

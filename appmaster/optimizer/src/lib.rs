@@ -124,6 +124,6 @@ pub use solver::{
     solve_heterogeneous, solve_heterogeneous_with, solve_homogeneous, solve_input_for,
 };
 pub use trigger::{
-    Decision, OpCost, OpCostEstimate, PolicyState, Proposal, ReconfigCostModel, STRAGGLER_FACTOR,
-    TriggerConfig, TriggerPolicy,
+    Decision, Looks, OpCost, OpCostEstimate, PolicyState, Proposal, ReconfigCostModel,
+    STRAGGLER_FACTOR, TriggerConfig, TriggerPolicy,
 };

@@ -11,7 +11,10 @@
 //!   [`TriggerConfig::min_gain`] (5% by default) *and* the time it saves over the
 //!   remaining epochs exceeds the plan's predicted duration. A job at its optimum
 //!   therefore never reconfigures.
-//! * **Reconfigure** with a plan otherwise. Containers offered by the resource manager
+//! * **Reconfigure** with a plan otherwise, once
+//!   [`TriggerConfig::confirmations`] looks in a row have proposed the same split
+//!   ([`TriggerPolicy::confirm`]; until then the decision is **Considering**), so
+//!   that one noisy look does not move the job. Containers offered by the resource manager
 //!   (role `idle`) are candidates like any other. Containers marked `reclaimed` force a
 //!   plan regardless of gain: they are emptied and deleted, and the survivors either
 //!   keep their roles (only the partition changes) or get the fully re-optimised
@@ -51,6 +54,9 @@ pub struct TriggerConfig {
     pub min_gain: f64,
     /// Parallelism of the plan executor, for the plan duration prediction.
     pub max_parallel: usize,
+    /// Looks in a row that must propose the same split before a plan runs
+    /// (at least 1; a forced plan runs at once).
+    pub confirmations: u32,
 }
 
 impl Default for TriggerConfig {
@@ -59,6 +65,7 @@ impl Default for TriggerConfig {
             min_mini_batches: 5,
             min_gain: 0.05,
             max_parallel: 8,
+            confirmations: 1,
         }
     }
 }
@@ -247,6 +254,28 @@ pub struct PolicyState {
     pub max_parallel: usize,
     /// The predicted cost of each operation kind.
     pub op_costs: Vec<OpCostEstimate>,
+    /// Looks in a row that must propose the same split.
+    #[serde(default = "one")]
+    pub confirmations: u32,
+    /// The split the previous looks proposed, and on how many in a row.
+    #[serde(default)]
+    pub proposed: Option<Looks>,
+}
+
+fn one() -> u32 {
+    1
+}
+
+/// A split the trigger proposed, and on how many looks in a row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Looks {
+    /// Workers of the proposed split.
+    pub workers: u32,
+    /// Servers of the proposed split.
+    pub servers: u32,
+    /// Looks in a row that proposed it.
+    pub looks: u32,
 }
 
 impl PolicyState {
@@ -261,6 +290,12 @@ impl PolicyState {
         if self.max_parallel == 0 {
             return Err(OptimizerError::invalid(
                 format!("{at}.max_parallel"),
+                "must be > 0",
+            ));
+        }
+        if self.confirmations == 0 {
+            return Err(OptimizerError::invalid(
+                format!("{at}.confirmations"),
                 "must be > 0",
             ));
         }
@@ -330,6 +365,22 @@ pub enum Decision {
         /// Why.
         reason: String,
     },
+    /// A reconfiguration worth doing, proposed on fewer looks in a row than
+    /// [`TriggerConfig::confirmations`] so far.
+    Considering {
+        /// Workers of the proposed split.
+        workers: u32,
+        /// Servers of the proposed split.
+        servers: u32,
+        /// Looks in a row that proposed it, this one included.
+        look: u32,
+        /// Looks it needs.
+        of: u32,
+        /// Predicted epoch time now.
+        current_epoch_secs: f64,
+        /// Predicted epoch time after the plan.
+        predicted_epoch_secs: f64,
+    },
     /// Run this plan.
     Reconfigure(Box<Proposal>),
 }
@@ -341,6 +392,8 @@ pub struct TriggerPolicy {
     pub config: TriggerConfig,
     /// Reconfiguration cost model.
     pub costs: ReconfigCostModel,
+    /// The split the previous looks proposed ([`TriggerPolicy::confirm`]).
+    pub proposed: Option<Looks>,
 }
 
 impl TriggerPolicy {
@@ -349,6 +402,7 @@ impl TriggerPolicy {
         TriggerPolicy {
             config,
             costs: ReconfigCostModel::default(),
+            proposed: None,
         }
     }
 
@@ -376,12 +430,14 @@ impl TriggerPolicy {
                     }
                 })
                 .collect(),
+            confirmations: self.config.confirmations,
+            proposed: self.proposed,
         }
     }
 
     /// The policy `state` describes (its estimates as the prior, so they
-    /// are what it predicts until it observes plans of its own), planning
-    /// after `min_mini_batches`.
+    /// are what it predicts until it observes plans of its own, and the looks
+    /// so far), planning after `min_mini_batches`.
     pub fn from_state(state: &PolicyState, min_mini_batches: u32) -> TriggerPolicy {
         let defaults = ReconfigCostModel::default();
         let mut prior = defaults.prior.clone();
@@ -399,12 +455,50 @@ impl TriggerPolicy {
                 min_mini_batches,
                 min_gain: state.min_gain,
                 max_parallel: state.max_parallel,
+                confirmations: state.confirmations,
             },
             costs: ReconfigCostModel::with_prior(
                 prior,
                 defaults.prior_weight,
                 defaults.prior_bytes,
             ),
+            proposed: state.proposed,
+        }
+    }
+
+    /// Counts a look's decision against [`TriggerConfig::confirmations`]: a
+    /// plan that is not forced stands only once that many looks in a row
+    /// proposed its split; before, it becomes [`Decision::Considering`]. Any
+    /// other decision starts the count again. Call it once per look, in
+    /// order, with what [`TriggerPolicy::decide`] returned.
+    pub fn confirm(&mut self, decision: Decision) -> Decision {
+        let Decision::Reconfigure(p) = decision else {
+            self.proposed = None;
+            return decision;
+        };
+        let count = |role| p.target.values().filter(|x| x.role == role).count() as u32;
+        let (workers, servers) = (count(Role::Worker), count(Role::Server));
+        let look = match self.proposed {
+            Some(l) if (l.workers, l.servers) == (workers, servers) => l.looks + 1,
+            _ => 1,
+        };
+        let of = self.config.confirmations.max(1);
+        if p.forced || look >= of {
+            self.proposed = None;
+            return Decision::Reconfigure(p);
+        }
+        self.proposed = Some(Looks {
+            workers,
+            servers,
+            looks: look,
+        });
+        Decision::Considering {
+            workers,
+            servers,
+            look,
+            of,
+            current_epoch_secs: p.current_epoch_secs,
+            predicted_epoch_secs: p.predicted_epoch_secs,
         }
     }
 

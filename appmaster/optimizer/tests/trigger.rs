@@ -591,6 +591,8 @@ fn a_policys_state_round_trips() {
     let json = serde_json::to_string(&p.state()).unwrap();
     let back: PolicyState = serde_json::from_str(&json).unwrap();
     let q = TriggerPolicy::from_state(&back, 7);
+    assert_eq!(q.config.confirmations, p.config.confirmations);
+    assert_eq!(q.proposed, p.proposed);
     assert_eq!(q.config.min_gain, 0.2);
     assert_eq!(q.config.max_parallel, 3);
     assert_eq!(q.config.min_mini_batches, 7);
@@ -608,4 +610,63 @@ fn a_policys_state_round_trips() {
         (p.costs.estimate(OpKind::Switch).per_op - (0.004 + 2.0 * 2.0) / 3.0).abs() < 1e-9,
         "learned, not the prior alone"
     );
+}
+
+/// A plan runs once `confirmations` looks in a row proposed its split; any
+/// other decision starts the count again; a forced plan runs at once; and
+/// a policy rebuilt from a snapshot's state counts on from where the job was.
+#[test]
+fn a_split_must_be_proposed_on_enough_looks_in_a_row() {
+    let j = job(64, 16, 1000.0);
+    let specs = hetero_specs();
+    let cfg = config(
+        &j,
+        &["net0", "net1", "slow0", "slow1", "slow2", "slow3"],
+        &["fast0", "fast1"],
+        &[],
+    );
+    let snap = snapshot(&j, &specs, &cfg, 50);
+    let mut policy = TriggerPolicy::new(TriggerConfig {
+        confirmations: 3,
+        ..TriggerConfig::default()
+    });
+    let look = |policy: &mut TriggerPolicy| {
+        let d = policy.decide(&snap, &cfg).unwrap();
+        policy.confirm(d)
+    };
+    for n in 1..=2 {
+        let d = look(&mut policy);
+        assert!(
+            matches!(d, Decision::Considering { look, of: 3, .. } if look == n),
+            "{d:?}"
+        );
+    }
+    // The job is looked at from a snapshot written now: the rebuilt policy
+    // decides as the job does.
+    let mut replay = TriggerPolicy::from_state(&policy.state(), 0);
+    assert!(matches!(look(&mut replay), Decision::Reconfigure(_)));
+    assert!(matches!(look(&mut policy), Decision::Reconfigure(_)));
+    assert_eq!(policy.proposed, None, "counted from zero after a plan");
+    // Another decision in between starts the count again.
+    look(&mut policy);
+    let stay = policy.confirm(Decision::Wait {
+        reason: "a worker has not reported".into(),
+    });
+    assert!(matches!(stay, Decision::Wait { .. }));
+    assert!(matches!(
+        look(&mut policy),
+        Decision::Considering { look: 1, .. }
+    ));
+    // A forced plan is not counted.
+    let all = ids(0..8);
+    let uniform = uniform_specs(8);
+    let cfg = config(&j, &refs(&all[..6]), &refs(&all[6..]), &[]);
+    let mut snap = snapshot(&j, &uniform, &cfg, 0);
+    snap.containers[0].reclaimed = true;
+    let mut policy = TriggerPolicy::new(TriggerConfig {
+        confirmations: 3,
+        ..TriggerConfig::default()
+    });
+    let d = policy.decide(&snap, &cfg).unwrap();
+    assert!(matches!(policy.confirm(d), Decision::Reconfigure(p) if p.forced));
 }

@@ -146,14 +146,6 @@ pub struct PlanRecord {
     pub bytes_moved: u64,
 }
 
-/// A split the optimizer proposed, and in how many looks in a row.
-#[derive(Debug, Clone, Copy)]
-struct Proposal {
-    workers: u32,
-    servers: u32,
-    looks: u32,
-}
-
 /// The reconfiguration state of a job.
 /// The link measurements taken before training starts
 /// ([`Driver::probe_before_training`]).
@@ -207,8 +199,6 @@ pub(super) struct Reconfig {
     /// Stop training once the running plan is done (the last epoch ended).
     pub(super) stop_after_plan: bool,
     pub(super) last_decision: Option<String>,
-    /// The split the last looks proposed, and how many looks in a row did.
-    proposed: Option<Proposal>,
     pub(super) history: Vec<PlanRecord>,
     /// Bytes of each input block (from loading), for the optimizer.
     pub(super) input_bytes: HashMap<BlockId, u64>,
@@ -228,8 +218,10 @@ impl Reconfig {
                     min_mini_batches: o.min_mini_batches,
                     min_gain: o.min_gain,
                     max_parallel: o.max_parallel as usize,
+                    confirmations: o.confirmations,
                 },
                 costs: prior_costs(o),
+                proposed: None,
             },
             enabled: o.enabled,
             interval: Duration::from_millis(o.interval_ms),
@@ -250,7 +242,6 @@ impl Reconfig {
             reclaim: None,
             stop_after_plan: false,
             last_decision: None,
-            proposed: None,
             history: Vec::new(),
             input_bytes: HashMap::new(),
             mini_batches_per_epoch: 0,

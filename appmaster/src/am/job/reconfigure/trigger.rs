@@ -9,7 +9,7 @@ use std::time::Instant;
 use cruise_container::protocol::{EvaluatorId, INPUT_TABLE, MODEL_TABLE};
 use cruise_optimizer::{Decision, Snapshot};
 
-use super::{Proposal, effective_mini_batch, plan_snapshot_path, write_snapshot};
+use super::{effective_mini_batch, plan_snapshot_path, write_snapshot};
 use crate::am::job::{Driver, Phase, plural, split_text};
 use crate::am::snapshot::{EvalFacts, JobFacts, build_snapshot};
 use crate::am::{Event, Role};
@@ -158,10 +158,7 @@ impl Driver {
                 return;
             }
         };
-        if !matches!(decision, Decision::Reconfigure(_)) {
-            self.rc.proposed = None;
-        }
-        match decision {
+        match self.rc.policy.confirm(decision) {
             Decision::Wait { reason } => self.note_decision(format!("waiting: {reason}")),
             Decision::Stay {
                 current_epoch_secs,
@@ -173,30 +170,21 @@ impl Driver {
                 split_text(self.role_counts().0, self.role_counts().1),
                 gain * 100.0
             )),
+            Decision::Considering {
+                workers,
+                servers,
+                look,
+                of,
+                current_epoch_secs,
+                predicted_epoch_secs,
+            } => self.note_decision(format!(
+                "considering {} (look {look} of {of}): predicted epoch {current_epoch_secs:.3} s → {predicted_epoch_secs:.3} s",
+                split_text(workers, servers),
+            )),
             Decision::Reconfigure(p) => {
                 let (w, s) = self.role_counts();
                 let tw = p.target.values().filter(|x| x.role == Role::Worker).count() as u32;
                 let ts = p.target.values().filter(|x| x.role == Role::Server).count() as u32;
-                let seen = match self.rc.proposed {
-                    Some(p) if (p.workers, p.servers) == (tw, ts) => p.looks + 1,
-                    _ => 1,
-                };
-                self.rc.proposed = Some(Proposal {
-                    workers: tw,
-                    servers: ts,
-                    looks: seen,
-                });
-                if !p.forced && seen < self.config.optimizer.confirmations {
-                    self.note_decision(format!(
-                        "considering {} (look {seen} of {}): predicted epoch {:.3} s → {:.3} s",
-                        split_text(tw, ts),
-                        self.config.optimizer.confirmations,
-                        p.current_epoch_secs,
-                        p.predicted_epoch_secs
-                    ));
-                    return;
-                }
-                self.rc.proposed = None;
                 if !p.forced && self.config.optimizer.advise_only {
                     self.note_decision(format!(
                         "would reconfigure to {} (optimizer.advise_only): predicted epoch {:.3} s → {:.3} s ({:.1}% gain)",
