@@ -29,7 +29,7 @@
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
-use super::Key;
+use super::search::Key;
 use crate::cost::CostModel;
 
 /// Relative margin by which the branch and bound must beat its incumbent. It keeps

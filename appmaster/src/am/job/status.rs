@@ -1,6 +1,5 @@
 //! What the job shows: the live status and the summary at its end.
 
-
 use cruise_container::os;
 use cruise_container::protocol::{INPUT_TABLE, MODEL_TABLE};
 

@@ -4,7 +4,6 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-
 use cruise_conf::SyncMode;
 use cruise_container::protocol::{
     AmToEval, BlockId, EvaluatorId, INPUT_TABLE, MODEL_TABLE, STATE_TABLE, Stats, WorkerTask,
