@@ -143,6 +143,8 @@ struct Proc {
     dir: PathBuf,
     released: bool,
     preempted: bool,
+    /// Cancels the kill deadline of a released process once it has exited.
+    exited: CancellationToken,
 }
 
 struct Actor {
@@ -366,6 +368,7 @@ impl Actor {
                         dir,
                         released: false,
                         preempted: false,
+                        exited: CancellationToken::new(),
                     },
                 );
                 let _ = self.events.send(RmEvent::Running {
@@ -408,9 +411,14 @@ impl Actor {
         let tx = int_tx.clone();
         let grace = self.config.release_grace;
         let id = id.clone();
+        let exited = p.exited.clone();
         self.tracker.spawn(async move {
-            tokio::time::sleep(grace).await;
-            let _ = tx.send(Internal::KillDeadline { id });
+            tokio::select! {
+                _ = tokio::time::sleep(grace) => {
+                    let _ = tx.send(Internal::KillDeadline { id });
+                }
+                _ = exited.cancelled() => {}
+            }
         });
         Ok(())
     }
@@ -424,6 +432,7 @@ impl Actor {
         let Some(p) = self.running.remove(&id) else {
             return;
         };
+        p.exited.cancel();
         if let Some(e) = &mut self.emulation {
             e.release(&id);
         }
@@ -653,6 +662,38 @@ mod tests {
         assert_eq!(exit, ExitStatus::Signal(9));
         assert!(released);
         rm.shutdown().await.unwrap();
+    }
+
+    /// A released process that exits at SIGTERM ends its kill deadline: the
+    /// shutdown does not sit out the grace period (10 min here; the wait
+    /// below gives up long before).
+    #[tokio::test]
+    async fn shutdown_does_not_wait_out_the_grace_of_exited_processes() {
+        let dir = tempfile::tempdir().unwrap();
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let cfg = LocalConfig {
+            max_containers: 1,
+            release_grace: Duration::from_secs(600),
+            id_prefix: "container_test".into(),
+            capacity_schedule: Vec::new(),
+            reclaim_deadline: Duration::from_secs(30),
+        };
+        let launch = spec(dir.path(), "/bin/sh", &["-c", "exec sleep 600"]);
+        let rm = LocalRm::start_emulated(cfg, launch, tx, None);
+        rm.request(one_container()).await.unwrap();
+        let id = loop {
+            if let Some(RmEvent::Running { container, .. }) = rx.recv().await {
+                break container;
+            }
+        };
+        rm.release(&id).await.unwrap();
+        let (_, exit, _, released) = next_completed(&mut rx).await;
+        assert_eq!(exit, ExitStatus::Signal(15));
+        assert!(released);
+        tokio::time::timeout(Duration::from_secs(60), rm.shutdown())
+            .await
+            .expect("the shutdown waited for a moot kill deadline")
+            .unwrap();
     }
 
     #[tokio::test]
