@@ -634,6 +634,11 @@ pub struct StoreConfig {
     pub input_blocks: u32,
     /// Chunk size for streaming a block during a move, bytes.
     pub move_chunk_bytes: u64,
+    /// Longest an evaluator waits for another evaluator's answer to a data
+    /// request (a pull, a push, a handover) or for a moved block to be
+    /// installed, milliseconds. Past it the connection is given up: its
+    /// requests fail with an error naming the evaluator and the wait.
+    pub request_timeout_ms: u64,
 }
 
 impl Default for StoreConfig {
@@ -642,6 +647,7 @@ impl Default for StoreConfig {
             model_blocks: 64,
             input_blocks: 0,
             move_chunk_bytes: 4 << 20,
+            request_timeout_ms: 60_000,
         }
     }
 }
@@ -1151,6 +1157,12 @@ impl CruiseConfig {
         }
         if self.store.model_blocks == 0 {
             return bad("store.model_blocks", "must be at least 1".to_string());
+        }
+        if self.store.request_timeout_ms < 100 {
+            return bad(
+                "store.request_timeout_ms",
+                format!("{} is below 100", self.store.request_timeout_ms),
+            );
         }
         if self.store.move_chunk_bytes < 4096
             || self.store.move_chunk_bytes > ch.data_max_frame_bytes / 2

@@ -573,6 +573,7 @@ fn start_job(
         connect_timeout: Duration::from_millis(ch.connect_timeout_ms),
         chunk_bytes: config.store.move_chunk_bytes as usize,
         drain_timeout: Duration::from_millis(ch.heartbeat_timeout_ms),
+        request_timeout: Duration::from_millis(config.store.request_timeout_ms),
     };
     // The data plane gets a token of its own, not one derived from the
     // process's shutdown signal: leaving must drain (GoAway until every

@@ -423,6 +423,7 @@ impl Driver {
                 // Small chunks: every block travels in several frames.
                 chunk_bytes: 512,
                 drain_timeout: Duration::from_secs(5),
+                request_timeout: Duration::from_secs(60),
             },
             nodes: BTreeMap::new(),
             next_id: EvaluatorId(1),

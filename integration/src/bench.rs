@@ -236,6 +236,7 @@ pub fn default_settings() -> PeerSettings {
         connect_timeout: Duration::from_millis(ch.connect_timeout_ms),
         chunk_bytes: store.move_chunk_bytes as usize,
         drain_timeout: Duration::from_secs(5),
+        request_timeout: Duration::from_millis(store.request_timeout_ms),
     }
 }
 

@@ -195,14 +195,27 @@ impl DataPlane {
             peer: to,
             message: e.to_string(),
         };
-        bulk.feed(BulkToDest::Begin {
+        // Each write, and the destination's answer, within the request
+        // timeout: a destination that stops reading or answering does not
+        // hold the move (and the block's queued operations) forever.
+        let timeout = self.inner.settings.request_timeout;
+        let stalled = |what: &str| PeerError::Connection {
+            peer: to,
+            message: format!(
+                "{what} for {:.1} s (store.request_timeout_ms)",
+                timeout.as_secs_f64()
+            ),
+        };
+        let begin = BulkToDest::Begin {
             move_id,
             table,
             block,
             bytes,
-        })
-        .await
-        .map_err(conn_err)?;
+        };
+        tokio::time::timeout(timeout, bulk.feed(begin))
+            .await
+            .map_err(|_| stalled("the destination took no data"))?
+            .map_err(conn_err)?;
         for chunk in chunks {
             if self.bulk_broken() {
                 return Err(PeerError::Connection {
@@ -210,13 +223,20 @@ impl DataPlane {
                     message: "connection broken (injected fault)".into(),
                 });
             }
-            bulk.send(BulkToDest::Chunk(chunk))
+            tokio::time::timeout(timeout, bulk.send(BulkToDest::Chunk(chunk)))
                 .await
+                .map_err(|_| stalled("the destination took no data"))?
                 .map_err(conn_err)?;
         }
-        bulk.send(BulkToDest::End).await.map_err(conn_err)?;
+        tokio::time::timeout(timeout, bulk.send(BulkToDest::End))
+            .await
+            .map_err(|_| stalled("the destination took no data"))?
+            .map_err(conn_err)?;
         let answer = tokio::select! {
-            a = bulk.next() => a,
+            a = tokio::time::timeout(timeout, bulk.next()) => match a {
+                Ok(a) => a,
+                Err(_) => return Err(stalled("no answer after the block was sent")),
+            },
             _ = self.inner.cancel.cancelled() => None,
             _ = self.inner.faults.broken() => None,
             _ = self.inner.bulk_faults.broken() => None,

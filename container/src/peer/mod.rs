@@ -100,6 +100,10 @@ pub struct PeerSettings {
     pub chunk_bytes: usize,
     /// How long [`DataPlane::shutdown`] waits for clients to acknowledge.
     pub drain_timeout: Duration,
+    /// Longest wait for a peer's answer to a request, or for a moved block
+    /// to be installed: past it the connection is given up and what it
+    /// carried fails with an error naming the peer and the wait.
+    pub request_timeout: Duration,
 }
 
 /// Counters of requests served for other evaluators (server metrics).

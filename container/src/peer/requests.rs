@@ -8,6 +8,13 @@
 //! with a retryable error and is sent again, with backoff, after re-routing.
 //! A request written on a connection that then broke fails for good: whether
 //! it was applied is unknown, and retrying could apply it twice.
+//!
+//! No answer is waited for forever: when the oldest request on a connection
+//! has waited longer than [`PeerSettings::request_timeout`](super::PeerSettings::request_timeout)
+//! (`store.request_timeout_ms`) the connection is given up like a broken
+//! one, and the error names the peer, the request and the wait. Giving up
+//! also releases the in-flight marks that an ownership acknowledgement
+//! waits for.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::SocketAddr;
@@ -300,11 +307,28 @@ impl DataPlane {
         };
         let (mut sink, mut stream) = framed.split();
         let mut said_goodbye = false;
+        let timeout = self.inner.settings.request_timeout;
+        let mut deadlines = tokio::time::interval(
+            (timeout / 4).clamp(Duration::from_millis(10), Duration::from_secs(1)),
+        );
+        deadlines.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let reason = loop {
             tokio::select! {
                 biased;
                 _ = self.inner.cancel.cancelled() => break "the data plane is shutting down".to_string(),
                 _ = self.inner.faults.broken() => break "connection broken (injected fault)".to_string(),
+                _ = deadlines.tick() => {
+                    if let Some((id, kind, waited)) = conn.oldest_pending()
+                        && waited > timeout
+                    {
+                        tracing::warn!(%peer, request = id, kind, waited_secs = waited.as_secs_f64(), "no answer within store.request_timeout_ms; giving up the connection");
+                        break format!(
+                            "no answer to {kind} request {id} for {:.1} s (store.request_timeout_ms = {})",
+                            waited.as_secs_f64(),
+                            timeout.as_millis()
+                        );
+                    }
+                }
                 frame = stream.next() => match frame {
                     Some(Ok(ToClient::Response { id, result })) => {
                         progress.fetch_add(1, Ordering::Relaxed);
@@ -371,6 +395,18 @@ impl DataPlane {
     }
 }
 
+/// A request's kind, for messages.
+fn request_kind(req: &PeerRequest) -> &'static str {
+    match req {
+        PeerRequest::Get { .. } => "get",
+        PeerRequest::Put { .. } => "put",
+        PeerRequest::Update { .. } => "update",
+        PeerRequest::Handover { .. } => "handover",
+        PeerRequest::Probe { .. } => "probe",
+        PeerRequest::AbortHandover { .. } => "call-off",
+    }
+}
+
 enum Wait {
     Ready(PartResult),
     /// Queued here until the block lands.
@@ -383,10 +419,20 @@ enum Wait {
 type Answer = (PartResult, Instant);
 
 /// One outbound request connection.
+/// A request written (or queued) and not answered yet.
+struct Unanswered {
+    answer: oneshot::Sender<Answer>,
+    _inflight: InflightGuard,
+    /// When it was queued.
+    since: Instant,
+    /// What it asks for (`get`, `update`, `handover`...).
+    kind: &'static str,
+}
+
 pub(super) struct OutConn {
     peer: EvaluatorId,
     tx: mpsc::UnboundedSender<ToOwner>,
-    pending: Mutex<HashMap<u64, (oneshot::Sender<Answer>, InflightGuard)>>,
+    pending: Mutex<HashMap<u64, Unanswered>>,
     inflight: Arc<Inflight>,
     next_id: AtomicU64,
     closed: AtomicBool,
@@ -413,11 +459,17 @@ impl OutConn {
             return rx;
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        lock(&self.pending).insert(id, (tx, guard));
+        let pending = Unanswered {
+            answer: tx,
+            _inflight: guard,
+            since: Instant::now(),
+            kind: request_kind(&req),
+        };
+        lock(&self.pending).insert(id, pending);
         if self.tx.send(ToOwner::Request { id, req }).is_err()
-            && let Some((tx, _)) = lock(&self.pending).remove(&id)
+            && let Some(p) = lock(&self.pending).remove(&id)
         {
-            let _ = tx.send((
+            let _ = p.answer.send((
                 Err(RemoteError::retry(format!(
                     "connection to evaluator {} is closed",
                     self.peer
@@ -429,9 +481,17 @@ impl OutConn {
     }
 
     fn complete(&self, id: u64, result: PartResult) {
-        if let Some((tx, _)) = lock(&self.pending).remove(&id) {
-            let _ = tx.send((result, Instant::now()));
+        if let Some(p) = lock(&self.pending).remove(&id) {
+            let _ = p.answer.send((result, Instant::now()));
         }
+    }
+
+    /// The request waiting longest for its answer: its id, kind and wait.
+    fn oldest_pending(&self) -> Option<(u64, &'static str, Duration)> {
+        lock(&self.pending)
+            .iter()
+            .min_by_key(|(_, p)| p.since)
+            .map(|(&id, p)| (id, p.kind, p.since.elapsed()))
     }
 
     fn pending_count(&self) -> usize {
@@ -440,8 +500,8 @@ impl OutConn {
 
     pub(super) fn fail_all(&self, err: RemoteError) {
         let now = Instant::now();
-        for (_, (tx, _)) in lock(&self.pending).drain() {
-            let _ = tx.send((Err(err.clone()), now));
+        for (_, p) in lock(&self.pending).drain() {
+            let _ = p.answer.send((Err(err.clone()), now));
         }
     }
 
@@ -568,5 +628,118 @@ mod tests {
         assert!(finished(&mut done).await, "waits for nothing newer");
         drop(later);
         assert!(lock(&inflight.state).1.is_empty());
+    }
+}
+
+#[cfg(test)]
+mod deadline_tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use futures::StreamExt;
+    use tokio::net::TcpListener;
+    use tokio_util::sync::CancellationToken;
+
+    use crate::emulate::Throttled;
+    use crate::peer::{DataPlane, PeerSettings};
+    use crate::protocol::{
+        self, EvaluatorId, Faults, FrameOptions, Key, MODEL_TABLE, OwnershipUpdate, Secret,
+        ToClient, ToOwner, ValueBatch,
+    };
+    use crate::store::{ModelFunctions, OpKind, Store, StoreOp};
+
+    struct Sum;
+
+    impl ModelFunctions for Sum {
+        fn value_len(&self) -> usize {
+            1
+        }
+        fn init(&self, _key: Key) -> Vec<f32> {
+            vec![0.0]
+        }
+        fn update(&self, _key: Key, value: &mut [f32], delta: &[f32]) {
+            value[0] += delta[0];
+        }
+    }
+
+    /// A peer that owns every model block, takes requests and never
+    /// answers (a hung process, or a partition the AM cannot see): the
+    /// request fails once `request_timeout` has passed, naming the peer,
+    /// the request and the wait, and the in-flight mark an ownership
+    /// acknowledgement waits for is released.
+    #[tokio::test]
+    async fn a_peer_that_never_answers_fails_the_request_after_the_timeout() {
+        let settings = PeerSettings {
+            job_id: "job_deadline_0001".into(),
+            secret: Secret::generate(),
+            frames: FrameOptions::data(&cruise_conf::ChannelConfig::default()),
+            connect_timeout: Duration::from_secs(10),
+            chunk_bytes: 1 << 20,
+            drain_timeout: Duration::from_secs(1),
+            request_timeout: Duration::from_millis(300),
+        };
+        let silent = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let silent_addr = silent.local_addr().unwrap();
+        let (secret, job, frames) = (
+            settings.secret.clone(),
+            settings.job_id.clone(),
+            settings.frames,
+        );
+        let hung = tokio::spawn(async move {
+            let (stream, _) = silent.accept().await.unwrap();
+            let (_, mut framed) = protocol::auth::accept::<_, ToClient, ToOwner>(
+                Throttled::new(stream),
+                &secret,
+                &job,
+                frames,
+                Duration::from_secs(10),
+                |_| Ok(()),
+            )
+            .await
+            .unwrap();
+            // Reads every request, answers none.
+            while let Some(Ok(_)) = framed.next().await {}
+        });
+
+        let me = EvaluatorId(1);
+        let store = Store::new(me);
+        store.configure(&[(MODEL_TABLE, 4)], Arc::new(Sum));
+        store.apply_ownership(&OwnershipUpdate {
+            version: 1,
+            owners: (0..4).map(|b| (MODEL_TABLE, b, EvaluatorId(2))).collect(),
+        });
+        let cancel = CancellationToken::new();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let dp =
+            DataPlane::start(me, store, listener, settings, Faults::default(), &cancel).unwrap();
+        dp.set_peers(&[(me, dp.local_addr()), (EvaluatorId(2), silent_addr)]);
+
+        let get = StoreOp {
+            kind: OpKind::Get,
+            table: MODEL_TABLE,
+            keys: (0..16).collect(),
+            values: ValueBatch::default(),
+        };
+        // The request is written before `execute` returns: the mark
+        // taken now waits for it.
+        let answer = dp.execute(get);
+        let mark = dp.request_mark();
+        let answer = tokio::time::timeout(Duration::from_secs(60), answer)
+            .await
+            .expect("the request was never given up");
+        let error = answer.expect_err("a peer that never answers cannot have answered");
+        assert!(!error.retry, "it may have been applied: {error:?}");
+        for part in [
+            "evaluator 2",
+            "no answer to get request",
+            "store.request_timeout_ms",
+        ] {
+            assert!(error.message.contains(part), "{part}: {}", error.message);
+        }
+        tokio::time::timeout(Duration::from_secs(60), dp.requests_done_before(mark))
+            .await
+            .expect("the mark still waits for the given-up request");
+        dp.stop().await;
+        hung.abort();
     }
 }

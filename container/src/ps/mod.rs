@@ -885,6 +885,7 @@ mod tests {
             connect_timeout: Duration::from_secs(5),
             chunk_bytes: 1 << 16,
             drain_timeout: Duration::from_secs(5),
+            request_timeout: Duration::from_secs(60),
         };
         let dp = DataPlane::start(
             EvaluatorId(1),
