@@ -140,22 +140,7 @@ impl OwnerTable {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::protocol::Key;
-    use crate::store::{ModelFunctions, Store};
-
-    struct Sum;
-
-    impl ModelFunctions for Sum {
-        fn value_len(&self) -> usize {
-            1
-        }
-        fn init(&self, _key: Key) -> Vec<f32> {
-            vec![0.0]
-        }
-        fn update(&self, _key: Key, value: &mut [f32], delta: &[f32]) {
-            value[0] += delta[0];
-        }
-    }
+    use crate::store::{Store, SumModel};
 
     fn ids(v: &[u32]) -> Vec<EvaluatorId> {
         v.iter().copied().map(EvaluatorId).collect()
@@ -167,7 +152,7 @@ mod tests {
 
     fn configured(me: EvaluatorId) -> Store {
         let s = Store::new(me);
-        s.configure(&[(0, 3)], std::sync::Arc::new(Sum));
+        s.configure(&[(0, 3)], std::sync::Arc::new(SumModel));
         s
     }
 

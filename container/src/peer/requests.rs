@@ -643,24 +643,10 @@ mod deadline_tests {
     use crate::emulate::Throttled;
     use crate::peer::{DataPlane, PeerSettings};
     use crate::protocol::{
-        self, EvaluatorId, Faults, FrameOptions, Key, MODEL_TABLE, OwnershipUpdate, Secret,
-        ToClient, ToOwner, ValueBatch,
+        self, EvaluatorId, Faults, FrameOptions, MODEL_TABLE, OwnershipUpdate, Secret, ToClient,
+        ToOwner, ValueBatch,
     };
-    use crate::store::{ModelFunctions, OpKind, Store, StoreOp};
-
-    struct Sum;
-
-    impl ModelFunctions for Sum {
-        fn value_len(&self) -> usize {
-            1
-        }
-        fn init(&self, _key: Key) -> Vec<f32> {
-            vec![0.0]
-        }
-        fn update(&self, _key: Key, value: &mut [f32], delta: &[f32]) {
-            value[0] += delta[0];
-        }
-    }
+    use crate::store::{OpKind, Store, StoreOp, SumModel};
 
     /// A peer that owns every model block, takes requests and never
     /// answers (a hung process, or a partition the AM cannot see): the
@@ -703,7 +689,7 @@ mod deadline_tests {
 
         let me = EvaluatorId(1);
         let store = Store::new(me);
-        store.configure(&[(MODEL_TABLE, 4)], Arc::new(Sum));
+        store.configure(&[(MODEL_TABLE, 4)], Arc::new(SumModel));
         store.apply_ownership(&OwnershipUpdate {
             version: 1,
             owners: (0..4).map(|b| (MODEL_TABLE, b, EvaluatorId(2))).collect(),

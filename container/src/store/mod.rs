@@ -501,5 +501,22 @@ impl Store {
     }
 }
 
+/// A model of one float per key that adds its deltas, for tests.
+#[cfg(test)]
+pub(crate) struct SumModel;
+
+#[cfg(test)]
+impl ModelFunctions for SumModel {
+    fn value_len(&self) -> usize {
+        1
+    }
+    fn init(&self, _key: Key) -> Vec<f32> {
+        vec![0.0]
+    }
+    fn update(&self, _key: Key, value: &mut [f32], delta: &[f32]) {
+        value[0] += delta[0];
+    }
+}
+
 #[cfg(test)]
 mod tests;
