@@ -310,3 +310,39 @@ async fn a_slow_plan_reports_what_it_waits_for() {
     }
     stop(cluster).await;
 }
+
+/// An operation that waits longer than `optimizer.op_timeout_ms` fails,
+/// saying what it waited for, and the job goes on: the container the
+/// forced scale-in gives back answers 3 s late, ten times the timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operation_that_waits_too_long_fails_and_the_job_goes_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = config(4, 3, 1_000_000);
+    c.optimizer.enabled = true;
+    c.optimizer.op_timeout_ms = 300;
+    let mut cluster = Cluster::start(c, data(dir.path(), 4000), dir.path().join("w"));
+    training(&mut cluster).await;
+    // The scale-in gives back the newest container.
+    let st = cluster.status();
+    let newest = st.evaluators.iter().max_by_key(|e| e.id).unwrap();
+    assert!(cluster.delay_messages(&newest.container, Duration::from_secs(3)));
+    assert!(cluster.set_capacity(3));
+    let timed_out = |s: &cruise_appmaster::am::Status| {
+        s.reconfigurations
+            .iter()
+            .flat_map(|r| &r.failed)
+            .find(|f| f.contains("optimizer.op_timeout_ms"))
+            .cloned()
+    };
+    let st = cluster
+        .await_status(WAIT, |s| timed_out(s).is_some())
+        .await
+        .unwrap();
+    let failure = timed_out(&st).unwrap();
+    assert!(
+        failure.contains("did not finish within 0.3 s") && failure.contains("waiting: "),
+        "{failure}"
+    );
+    assert_eq!(st.failure, None);
+    stop(cluster).await;
+}

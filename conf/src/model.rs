@@ -428,6 +428,10 @@ pub struct OptimizerConfig {
     /// (on the console and in the log), with the operations it waits for
     /// and what for; again after every further such period.
     pub slow_plan_report_secs: f64,
+    /// An operation of a plan still running after this many milliseconds
+    /// fails, with what it was waiting for; the plan skips its dependents and
+    /// the job goes on.
+    pub op_timeout_ms: u64,
 }
 
 impl Default for OptimizerConfig {
@@ -454,6 +458,7 @@ impl Default for OptimizerConfig {
             snapshot_file: String::new(),
             scale_in_input: ScaleInInput::Auto,
             slow_plan_report_secs: 30.0,
+            op_timeout_ms: 600_000,
         }
     }
 }
@@ -1078,6 +1083,12 @@ impl CruiseConfig {
             if !(v >= 0.0 && v.is_finite()) {
                 return bad(key, format!("is {v}, must be >= 0"));
             }
+        }
+        if o.op_timeout_ms < 100 {
+            return bad(
+                "optimizer.op_timeout_ms",
+                format!("{} is below 100", o.op_timeout_ms),
+            );
         }
         if !(o.slow_plan_report_secs > 0.0 && o.slow_plan_report_secs.is_finite()) {
             return bad(

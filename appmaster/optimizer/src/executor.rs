@@ -286,6 +286,13 @@ impl PlanTracker {
         self.running == 0 && (self.cancelled || self.ready.is_empty())
     }
 
+    /// The operations that have been running for longer than `limit`.
+    pub fn overdue(&self, limit: Duration) -> Vec<usize> {
+        self.running()
+            .filter(|&i| self.started[i].is_some_and(|t| t.elapsed() > limit))
+            .collect()
+    }
+
     /// The operations running now, by index.
     pub fn running(&self) -> impl Iterator<Item = usize> + '_ {
         (0..self.state.len()).filter(|&i| self.state[i] == State::Running)
@@ -468,6 +475,20 @@ mod tests {
                 reason: SkipReason::Cancelled
             }
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn operations_running_too_long_are_overdue() {
+        let mut t = PlanTracker::new(chain(), ExecutorConfig { max_parallel: 8 }).unwrap();
+        assert_eq!(started(&mut t), [0, 3]);
+        tokio::time::advance(Duration::from_secs(5)).await;
+        t.finished(3, Ok(OpReport::default()));
+        assert!(t.overdue(Duration::from_secs(10)).is_empty());
+        tokio::time::advance(Duration::from_secs(6)).await;
+        assert_eq!(t.overdue(Duration::from_secs(10)), [0], "d has ended");
+        t.finished(0, Err(OpError::new("timed out")));
+        assert_eq!(started(&mut t), Vec::<usize>::new(), "b is skipped");
+        assert!(t.is_done());
     }
 
     #[test]

@@ -323,6 +323,7 @@ impl Driver {
                     self.expire_start_probes().await?;
                     self.expire_adds();
                     self.report_slow_plan();
+                    self.expire_ops();
                     self.maybe_reconfigure();
                     self.publish_status(None);
                 }

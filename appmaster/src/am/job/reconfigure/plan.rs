@@ -63,6 +63,37 @@ impl Driver {
         }
     }
 
+    /// Fails the operations of the running plan that have run for longer
+    /// than `optimizer.op_timeout_ms`, saying what they were waiting for:
+    /// operations wait for evaluators' messages, and none waits forever.
+    /// What such an operation had begun may still finish later; the plan
+    /// no longer counts on it.
+    pub(in crate::am::job) fn expire_ops(&mut self) {
+        let limit = std::time::Duration::from_millis(self.config.optimizer.op_timeout_ms);
+        let Some(p) = &self.rc.plan else { return };
+        let overdue = p.tracker.overdue(limit);
+        if overdue.is_empty() {
+            return;
+        }
+        let waiting = self.waiting_operations().join("; ");
+        for i in overdue {
+            let Some(p) = &self.rc.plan else { return };
+            let op = format!("{:?}", p.tracker.plan().ops[i].op);
+            let message = format!(
+                "did not finish within {:.1} s (optimizer.op_timeout_ms); waiting: {}",
+                limit.as_secs_f64(),
+                if waiting.is_empty() {
+                    "nothing here"
+                } else {
+                    waiting.as_str()
+                }
+            );
+            tracing::warn!("{op} {message}");
+            self.rc
+                .op_done(OpIndex(i), Err(cruise_optimizer::OpError::new(message)));
+        }
+    }
+
     /// Reports a plan that has run for longer than
     /// `optimizer.slow_plan_report_secs` (once per period), naming the
     /// operations still waiting and what for: operations wait for messages
