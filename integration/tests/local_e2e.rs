@@ -231,9 +231,15 @@ async fn evaluator_is_reused_for_worker_then_server() {
 /// Starts `cruise run` with a practically endless number of epochs and
 /// returns it with its status endpoint's address.
 async fn endless_job(work: &std::path::Path) -> (Spawned, String) {
+    endless_job_with(work, &[]).await
+}
+
+/// [`endless_job`] with more `cruise run` arguments.
+async fn endless_job_with(work: &std::path::Path, args: &[&str]) -> (Spawned, String) {
     let mut c = cruise();
     c.args(["run", "--epochs", "100000", "--work-dir"])
-        .arg(work);
+        .arg(work)
+        .args(args);
     let job = Spawned::spawn(c).unwrap();
     let addr = status_address(&job, WAIT).await.unwrap();
     (job, addr)
@@ -315,6 +321,43 @@ async fn killed_evaluator_fails_the_job() {
     assert!(err.contains(worker["container"].as_str().unwrap()), "{err}");
     assert!(err.contains(&format!("pid {pid}")), "{err}");
     assert!(err.contains("killed by signal 9"), "{err}");
+}
+
+/// A stopped evaluator (`SIGSTOP`: a hung process, alive to the resource
+/// manager) is found by its silence within `channel.heartbeat_timeout_ms`;
+/// the job fails naming it and the silence, and nothing hangs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stopped_evaluator_is_detected_by_its_silence() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut job, addr) =
+        endless_job_with(dir.path(), &["--set", "channel.heartbeat_timeout_ms=3000"]).await;
+    let st = await_status(&addr, WAIT, |s| {
+        s["phase"] == "training" && s["records_processed"].as_u64().unwrap_or(0) > 0
+    })
+    .await
+    .unwrap();
+    let server = st["evaluators"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["role"] == "server")
+        .unwrap()
+        .clone();
+    let pid = nix::unistd::Pid::from_raw(server["pid"].as_u64().unwrap() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    let s = job.wait(WAIT).await;
+    // Whatever happened, do not leave a stopped process behind.
+    let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT);
+    let s = s.unwrap();
+    assert!(!s.success(), "the job must fail");
+    let err = job.stderr();
+    let id = server["id"].as_u64().unwrap();
+    assert!(err.contains(&format!("evaluator {id}")), "{err}");
+    assert!(err.contains(&format!("pid {pid}")), "{err}");
+    assert!(
+        err.contains("sent nothing for") && err.contains("channel.heartbeat_timeout_ms = 3000"),
+        "{err}"
+    );
 }
 
 #[tokio::test]
