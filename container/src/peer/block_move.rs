@@ -272,11 +272,28 @@ impl DataPlane {
         let (mut sink, mut stream) = framed.split();
         let mut current: Option<Arriving> = None;
         loop {
+            let idle = self.inner.settings.request_timeout;
             let frame = tokio::select! {
                 _ = self.inner.cancel.cancelled() => return,
                 _ = self.inner.faults.broken() => return,
                 _ = self.inner.bulk_faults.broken() => return,
                 f = stream.next() => f,
+                // A source that stops sending mid-block (hung, or cut off)
+                // would leave the block arriving, and the operations queued
+                // on it, waiting for good: call the move off here, as the
+                // source would (the block stays the source's).
+                _ = tokio::time::sleep(idle), if current.is_some() => {
+                    if let Some(a) = current.take() {
+                        tracing::warn!(
+                            "bulk transfer from evaluator {peer}: nothing for {:.1} s (store.request_timeout_ms) with {} of {} bytes of block {} of table {} received; calling the move off",
+                            idle.as_secs_f64(), a.got, a.bytes, a.block, a.table
+                        );
+                        if let Err(e) = self.inner.store.abort_incoming(a.table, a.block) {
+                            tracing::warn!("calling off block {} of table {}: {e}", a.block, a.table);
+                        }
+                    }
+                    return;
+                }
             };
             let frame = match frame {
                 Some(Ok(f)) => {
@@ -367,4 +384,138 @@ struct Arriving {
     got: u64,
     /// The pieces, in order.
     pieces: Vec<Vec<u8>>,
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    use futures::{SinkExt, StreamExt};
+    use tokio::net::{TcpListener, TcpStream};
+    use tokio_util::codec::Framed;
+    use tokio_util::sync::CancellationToken;
+
+    use crate::emulate::Throttled;
+    use crate::peer::{DataPlane, PeerSettings};
+    use crate::protocol::{
+        self, BulkToDest, BulkToSource, EvaluatorId, Faults, FrameCodec, FrameOptions, MODEL_TABLE,
+        OwnershipUpdate, PeerRequest, PeerResponse, Purpose, Secret, ToClient, ToOwner,
+    };
+    use crate::store::{SlotKind, Store, SumModel};
+
+    /// A source that hands a block over, sends part of it and goes silent
+    /// (hung, or cut off) does not leave it arriving for good: after the
+    /// request timeout the destination calls the move off, so operations
+    /// on the block stop queueing behind data that will not come.
+    #[tokio::test]
+    async fn a_source_that_goes_silent_mid_block_has_its_move_called_off() {
+        let settings = PeerSettings {
+            job_id: "job_bulk_0001".into(),
+            secret: Secret::generate(),
+            frames: FrameOptions::data(&cruise_conf::ChannelConfig::default()),
+            connect_timeout: Duration::from_secs(10),
+            chunk_bytes: 1 << 20,
+            drain_timeout: Duration::from_secs(1),
+            request_timeout: Duration::from_millis(300),
+        };
+        let (dest, source) = (EvaluatorId(1), EvaluatorId(2));
+        let store = Store::new(dest);
+        store.configure(&[(MODEL_TABLE, 2)], Arc::new(SumModel));
+        store.apply_ownership(&OwnershipUpdate {
+            version: 1,
+            owners: vec![(MODEL_TABLE, 0, source), (MODEL_TABLE, 1, source)],
+        });
+        let cancel = CancellationToken::new();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let dp = DataPlane::start(
+            dest,
+            store.clone(),
+            listener,
+            settings.clone(),
+            Faults::default(),
+            &cancel,
+        )
+        .unwrap();
+        let connect = |purpose| {
+            let s = settings.clone();
+            let addr = dp.local_addr();
+            async move {
+                let stream = Throttled::new(TcpStream::connect(addr).await.unwrap());
+                (stream, s, purpose)
+            }
+        };
+
+        // The handover, on the ordered request connection.
+        let (stream, s, purpose) = connect(Purpose::Requests).await;
+        let mut requests: Framed<_, FrameCodec<ToOwner, ToClient>> = protocol::auth::connect(
+            stream,
+            &s.secret,
+            &s.job_id,
+            &source.to_string(),
+            purpose,
+            s.frames,
+            s.connect_timeout,
+        )
+        .await
+        .unwrap();
+        let handover = PeerRequest::Handover {
+            table: MODEL_TABLE,
+            block: 0,
+            move_id: 7,
+        };
+        requests
+            .send(ToOwner::Request {
+                id: 1,
+                req: handover,
+            })
+            .await
+            .unwrap();
+        match requests.next().await {
+            Some(Ok(ToClient::Response { id: 1, result })) => {
+                assert!(matches!(result, Ok(PeerResponse::Done)), "{result:?}")
+            }
+            other => panic!("no answer to the handover: {other:?}"),
+        }
+        assert_eq!(store.slot_kind(MODEL_TABLE, 0).unwrap(), SlotKind::Incoming);
+
+        // A piece of the block, then silence.
+        let (stream, s, purpose) = connect(Purpose::Bulk).await;
+        let mut bulk: Framed<_, FrameCodec<BulkToDest, BulkToSource>> = protocol::auth::connect(
+            stream,
+            &s.secret,
+            &s.job_id,
+            &source.to_string(),
+            purpose,
+            s.frames,
+            s.connect_timeout,
+        )
+        .await
+        .unwrap();
+        bulk.send(BulkToDest::Begin {
+            move_id: 7,
+            table: MODEL_TABLE,
+            block: 0,
+            bytes: 1000,
+        })
+        .await
+        .unwrap();
+        bulk.send(BulkToDest::Chunk(vec![0; 10])).await.unwrap();
+
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while store.slot_kind(MODEL_TABLE, 0).unwrap() == SlotKind::Incoming {
+            assert!(Instant::now() < deadline, "the block is still arriving");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        // Called off: the destination does not hold it, and says so to
+        // the source's call-off as the protocol has it.
+        assert_ne!(store.slot_kind(MODEL_TABLE, 0).unwrap(), SlotKind::Owned);
+        assert!(matches!(
+            store.abort_incoming(MODEL_TABLE, 0),
+            Ok(crate::store::AbortOutcome::Aborted)
+        ));
+        // The bulk connection was given up.
+        assert!(matches!(bulk.next().await, None | Some(Err(_))));
+        dp.stop().await;
+    }
 }
