@@ -399,10 +399,31 @@ mod tests {
     use crate::emulate::Throttled;
     use crate::peer::{DataPlane, PeerSettings};
     use crate::protocol::{
-        self, BulkToDest, BulkToSource, EvaluatorId, Faults, FrameCodec, FrameOptions, MODEL_TABLE,
-        OwnershipUpdate, PeerRequest, PeerResponse, Purpose, Secret, ToClient, ToOwner,
+        self, BulkToDest, BulkToSource, EvaluatorId, Faults, FrameCodec, MODEL_TABLE,
+        OwnershipUpdate, PeerRequest, PeerResponse, Purpose, ToClient, ToOwner,
     };
     use crate::store::{SlotKind, Store, SumModel};
+
+    /// A connection as evaluator `source` opens one to `addr`.
+    async fn source_connection<Out, In>(
+        addr: std::net::SocketAddr,
+        s: &PeerSettings,
+        source: EvaluatorId,
+        purpose: Purpose,
+    ) -> Framed<Throttled<TcpStream>, FrameCodec<Out, In>> {
+        let stream = Throttled::new(TcpStream::connect(addr).await.unwrap());
+        protocol::auth::connect(
+            stream,
+            &s.secret,
+            &s.job_id,
+            &source.to_string(),
+            purpose,
+            s.frames,
+            s.connect_timeout,
+        )
+        .await
+        .unwrap()
+    }
 
     /// A source that hands a block over, sends part of it and goes silent
     /// (hung, or cut off) does not leave it arriving for good: after the
@@ -410,15 +431,7 @@ mod tests {
     /// on the block stop queueing behind data that will not come.
     #[tokio::test]
     async fn a_source_that_goes_silent_mid_block_has_its_move_called_off() {
-        let settings = PeerSettings {
-            job_id: "job_bulk_0001".into(),
-            secret: Secret::generate(),
-            frames: FrameOptions::data(&cruise_conf::ChannelConfig::default()),
-            connect_timeout: Duration::from_secs(10),
-            chunk_bytes: 1 << 20,
-            drain_timeout: Duration::from_secs(1),
-            request_timeout: Duration::from_millis(300),
-        };
+        let settings = PeerSettings::for_tests(Duration::from_millis(300));
         let (dest, source) = (EvaluatorId(1), EvaluatorId(2));
         let store = Store::new(dest);
         store.configure(&[(MODEL_TABLE, 2)], Arc::new(SumModel));
@@ -437,28 +450,9 @@ mod tests {
             &cancel,
         )
         .unwrap();
-        let connect = |purpose| {
-            let s = settings.clone();
-            let addr = dp.local_addr();
-            async move {
-                let stream = Throttled::new(TcpStream::connect(addr).await.unwrap());
-                (stream, s, purpose)
-            }
-        };
-
         // The handover, on the ordered request connection.
-        let (stream, s, purpose) = connect(Purpose::Requests).await;
-        let mut requests: Framed<_, FrameCodec<ToOwner, ToClient>> = protocol::auth::connect(
-            stream,
-            &s.secret,
-            &s.job_id,
-            &source.to_string(),
-            purpose,
-            s.frames,
-            s.connect_timeout,
-        )
-        .await
-        .unwrap();
+        let mut requests: Framed<_, FrameCodec<ToOwner, ToClient>> =
+            source_connection(dp.local_addr(), &settings, source, Purpose::Requests).await;
         let handover = PeerRequest::Handover {
             table: MODEL_TABLE,
             block: 0,
@@ -480,18 +474,8 @@ mod tests {
         assert_eq!(store.slot_kind(MODEL_TABLE, 0).unwrap(), SlotKind::Incoming);
 
         // A piece of the block, then silence.
-        let (stream, s, purpose) = connect(Purpose::Bulk).await;
-        let mut bulk: Framed<_, FrameCodec<BulkToDest, BulkToSource>> = protocol::auth::connect(
-            stream,
-            &s.secret,
-            &s.job_id,
-            &source.to_string(),
-            purpose,
-            s.frames,
-            s.connect_timeout,
-        )
-        .await
-        .unwrap();
+        let mut bulk: Framed<_, FrameCodec<BulkToDest, BulkToSource>> =
+            source_connection(dp.local_addr(), &settings, source, Purpose::Bulk).await;
         bulk.send(BulkToDest::Begin {
             move_id: 7,
             table: MODEL_TABLE,

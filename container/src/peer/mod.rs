@@ -106,6 +106,23 @@ pub struct PeerSettings {
     pub request_timeout: Duration,
 }
 
+impl PeerSettings {
+    /// Settings for tests on loopback: a fresh secret, the default frames,
+    /// and the given request timeout.
+    #[cfg(test)]
+    pub(crate) fn for_tests(request_timeout: Duration) -> PeerSettings {
+        PeerSettings {
+            job_id: "job_test_0001".into(),
+            secret: Secret::generate(),
+            frames: FrameOptions::data(&cruise_conf::ChannelConfig::default()),
+            connect_timeout: Duration::from_secs(10),
+            chunk_bytes: 1 << 20,
+            drain_timeout: Duration::from_secs(1),
+            request_timeout,
+        }
+    }
+}
+
 /// Counters of requests served for other evaluators (server metrics).
 #[derive(Debug, Default)]
 pub struct ServeCounters {

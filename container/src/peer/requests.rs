@@ -643,8 +643,7 @@ mod deadline_tests {
     use crate::emulate::Throttled;
     use crate::peer::{DataPlane, PeerSettings};
     use crate::protocol::{
-        self, EvaluatorId, Faults, FrameOptions, MODEL_TABLE, OwnershipUpdate, Secret, ToClient,
-        ToOwner, ValueBatch,
+        self, EvaluatorId, Faults, MODEL_TABLE, OwnershipUpdate, ToClient, ToOwner, ValueBatch,
     };
     use crate::store::{OpKind, Store, StoreOp, SumModel};
 
@@ -655,15 +654,7 @@ mod deadline_tests {
     /// acknowledgement waits for is released.
     #[tokio::test]
     async fn a_peer_that_never_answers_fails_the_request_after_the_timeout() {
-        let settings = PeerSettings {
-            job_id: "job_deadline_0001".into(),
-            secret: Secret::generate(),
-            frames: FrameOptions::data(&cruise_conf::ChannelConfig::default()),
-            connect_timeout: Duration::from_secs(10),
-            chunk_bytes: 1 << 20,
-            drain_timeout: Duration::from_secs(1),
-            request_timeout: Duration::from_millis(300),
-        };
+        let settings = PeerSettings::for_tests(Duration::from_millis(300));
         let silent = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let silent_addr = silent.local_addr().unwrap();
         let (secret, job, frames) = (
