@@ -41,7 +41,7 @@ impl OwnerTable {
 
     /// The owner of `block` of `table`, if the table has it.
     pub fn owner(&self, table: TableId, block: BlockId) -> Option<EvaluatorId> {
-        self.tables.get(&table)?.get(block as usize).copied()
+        self.tables.get(&table)?.get(block.index()).copied()
     }
 
     /// The blocks of `table` that `id` owns, ascending.
@@ -52,7 +52,7 @@ impl OwnerTable {
                 (0..)
                     .zip(owners)
                     .filter(|&(_, &o)| o == id)
-                    .map(|(b, _)| b)
+                    .map(|(b, _)| BlockId(b))
                     .collect()
             })
             .unwrap_or_default()
@@ -81,7 +81,7 @@ impl OwnerTable {
     pub fn entries(&self) -> impl Iterator<Item = (TableId, BlockId, EvaluatorId)> + '_ {
         self.tables
             .iter()
-            .flat_map(|(&t, owners)| (0..).zip(owners).map(move |(b, &o)| (t, b, o)))
+            .flat_map(|(&t, owners)| (0..).zip(owners).map(move |(b, &o)| (t, BlockId(b), o)))
     }
 
     /// Sets whole tables (`owners[b]` owns block `b`) as the next version,
@@ -92,7 +92,7 @@ impl OwnerTable {
     ) -> OwnershipUpdate {
         let mut owners = Vec::new();
         for (t, v) in tables {
-            owners.extend((0..).zip(&v).map(|(b, &o)| (t, b, o)));
+            owners.extend((0..).zip(&v).map(|(b, &o)| (t, BlockId(b), o)));
             self.tables.insert(t, v);
         }
         self.version += 1;
@@ -116,7 +116,7 @@ impl OwnerTable {
             return Err(UnknownBlock { table, block });
         }
         for &(t, b, o) in &changes {
-            if let Some(slot) = self.tables.get_mut(&t).and_then(|v| v.get_mut(b as usize)) {
+            if let Some(slot) = self.tables.get_mut(&t).and_then(|v| v.get_mut(b.index())) {
                 *slot = o;
             }
         }
@@ -164,13 +164,18 @@ mod tests {
         assert_eq!(first.version, 1);
         assert_eq!(
             first.owners,
-            entries(&[(0, 0, 1), (0, 1, 2), (0, 2, 1), (1, 0, 3)])
+            entries(&[
+                (0, BlockId(0), 1),
+                (0, BlockId(1), 2),
+                (0, BlockId(2), 1),
+                (1, BlockId(0), 3)
+            ])
         );
-        assert_eq!(t.blocks_of(0, EvaluatorId(1)), vec![0, 2]);
+        assert_eq!(t.blocks_of(0, EvaluatorId(1)), vec![BlockId(0), BlockId(2)]);
         assert_eq!(t.owners_of(0), BTreeSet::from_iter(ids(&[1, 2])));
-        let delta = t.change(vec![(0, 1, EvaluatorId(1))]).unwrap();
+        let delta = t.change(vec![(0, BlockId(1), EvaluatorId(1))]).unwrap();
         assert_eq!(delta.version, 2);
-        assert_eq!(delta.owners, entries(&[(0, 1, 1)]));
+        assert_eq!(delta.owners, entries(&[(0, BlockId(1), 1)]));
         assert_eq!(t.owners_of(0), BTreeSet::from_iter(ids(&[1])));
         assert_eq!(t.counts()[&(0, EvaluatorId(1))], 3);
         assert_eq!(t.full().owners.len(), 4);
@@ -183,10 +188,21 @@ mod tests {
         t.assign([(0, ids(&[1, 2]))]);
         let before = t.clone();
         assert_eq!(
-            t.change(vec![(0, 0, EvaluatorId(2)), (0, 5, EvaluatorId(2))]),
-            Err(UnknownBlock { table: 0, block: 5 })
+            t.change(vec![
+                (0, BlockId(0), EvaluatorId(2)),
+                (0, BlockId(5), EvaluatorId(2))
+            ]),
+            Err(UnknownBlock {
+                table: 0,
+                block: BlockId(5)
+            })
         );
-        assert_eq!(t.change(vec![(7, 0, EvaluatorId(2))]).unwrap_err().table, 7);
+        assert_eq!(
+            t.change(vec![(7, BlockId(0), EvaluatorId(2))])
+                .unwrap_err()
+                .table,
+            7
+        );
         assert_eq!(t, before);
     }
 
@@ -198,7 +214,7 @@ mod tests {
         let store = configured(EvaluatorId(1));
         store.apply_ownership(&t.assign([(0, ids(&[1, 2, 2]))]));
         assert_eq!(
-            store.apply_ownership(&t.change(vec![(0, 2, EvaluatorId(1))]).unwrap()),
+            store.apply_ownership(&t.change(vec![(0, BlockId(2), EvaluatorId(1))]).unwrap()),
             2
         );
         let late = configured(EvaluatorId(2));

@@ -75,6 +75,7 @@ impl ModelFunctions for AddVector {
 /// The records of input block `b` (distinct per block, so a swapped or
 /// truncated block is noticed).
 fn input_block(b: BlockId) -> InputBlock {
+    let b = b.0;
     let mut block = InputBlock::new();
     for r in 0..(40 + 13 * b) {
         let n = (r % 7) + 1;
@@ -941,7 +942,7 @@ impl Driver {
             self.nodes[&o]
                 .dp
                 .store()
-                .create_blocks(MODEL_TABLE, &[b as BlockId])
+                .create_blocks(MODEL_TABLE, &[BlockId(b as u32)])
                 .map_err(|e| e.to_string())?;
         }
         for (b, &o) in input.iter().enumerate() {
@@ -950,8 +951,8 @@ impl Driver {
                 .store()
                 .put_block(
                     INPUT_TABLE,
-                    b as BlockId,
-                    BlockData::Input(Arc::new(input_block(b as BlockId))),
+                    BlockId(b as u32),
+                    BlockData::Input(Arc::new(input_block(BlockId(b as u32)))),
                 )
                 .map_err(|e| e.to_string())?;
         }

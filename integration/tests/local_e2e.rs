@@ -1,7 +1,7 @@
 //! Multi-process end-to-end tests on the local runtime: `cruise` and its
 //! evaluators are separate OS processes talking over real sockets.
 
-use cruise_container::protocol::EvaluatorId;
+use cruise_container::protocol::{BlockId, EvaluatorId};
 use std::time::Duration;
 
 use tokio::process::Command;
@@ -103,17 +103,17 @@ async fn evaluator_is_reused_for_worker_then_server() {
     conn.send(AmToEval::Ownership(OwnershipUpdate {
         version: 1,
         owners: vec![
-            (MODEL_TABLE, 0, EvaluatorId(1)),
-            (MODEL_TABLE, 1, EvaluatorId(1)),
-            (INPUT_TABLE, 0, EvaluatorId(1)),
-            (STATE_TABLE, 0, EvaluatorId(1)),
+            (MODEL_TABLE, BlockId(0), EvaluatorId(1)),
+            (MODEL_TABLE, BlockId(1), EvaluatorId(1)),
+            (INPUT_TABLE, BlockId(0), EvaluatorId(1)),
+            (STATE_TABLE, BlockId(0), EvaluatorId(1)),
         ],
     }))
     .await
     .unwrap();
     conn.send(AmToEval::CreateBlocks {
         table: MODEL_TABLE,
-        blocks: vec![0, 1],
+        blocks: vec![BlockId(0), BlockId(1)],
     })
     .await
     .unwrap();
@@ -128,7 +128,7 @@ async fn evaluator_is_reused_for_worker_then_server() {
         end: len,
     };
     conn.send(AmToEval::LoadInput {
-        blocks: vec![(0, split)],
+        blocks: vec![(BlockId(0), split)],
     })
     .await
     .unwrap();

@@ -434,7 +434,7 @@ impl App for Lda {
     fn init_state(&self, block: BlockId, input: &InputBlock) -> Option<StateBlock> {
         let l = Layout::new(input.len(), self.topics);
         let mut ints = vec![0u32; l.z];
-        ints[0] = block;
+        ints[0] = block.0;
         ints[1] = 0;
         ints[2] = input.len() as u32;
         ints[3] = self.topics as u32;
@@ -722,7 +722,7 @@ mod tests {
         assert_eq!(b.len(), 3);
         assert_eq!(b.record(0), (7.0, &[1u32, 9][..], &[2.0f32, 1.0][..]));
         assert_eq!(b.record(1).1.len(), 0);
-        let s = a.init_state(4, &b).unwrap();
+        let s = a.init_state(BlockId(4), &b).unwrap();
         let l = Layout::of(&s, &b, 3).unwrap();
         assert_eq!(&s.ints[..HEADER], &[4, 0, 3, 3]);
         assert_eq!(&s.ints[l.tok_off..l.ndk], &[0, 3, 3, 8]);
@@ -845,7 +845,7 @@ mod tests {
         let mut buf = Vec::new();
         generate(&p, &mut buf).unwrap();
         let input = a.parse(&buf).unwrap();
-        let mut state = a.init_state(0, &input);
+        let mut state = a.init_state(BlockId(0), &input);
         let mut model = Model::new();
         train_with_state(&a, &input, &mut state, 3, 7, &mut model);
         let s = state.unwrap();
@@ -913,7 +913,7 @@ mod tests {
         // figures on larger corpora.
         let a = Lda::new(&c, &params(&c).unwrap(), 1).unwrap();
         let input = a.parse(&buf).unwrap();
-        let mut state = a.init_state(0, &input);
+        let mut state = a.init_state(BlockId(0), &input);
         let mut model = Model::new();
         let epochs = train_with_state(&a, &input, &mut state, 40, 50, &mut model);
         let nll: Vec<f64> = epochs.iter().map(Stats::mean_loss).collect();

@@ -530,7 +530,7 @@ mod tests {
         };
         let a = app(&c);
         let input = a.parse(b"5: 1,2.0\n").unwrap();
-        let mut state = a.init_state(0, &input).unwrap();
+        let mut state = a.init_state(BlockId(0), &input).unwrap();
         let l0 = state.floats.clone();
         let mut keys = Vec::new();
         a.keys(&input, 0..1, &mut keys);
@@ -647,7 +647,7 @@ mod tests {
         let input = a.parse(&buf).unwrap();
         assert_eq!(input.len(), 400);
         assert_eq!(input.indices.len() as u64, truth.entries);
-        let mut state = a.init_state(0, &input);
+        let mut state = a.init_state(BlockId(0), &input);
         let mut model = Model::new();
         let epochs = train_with_state(&a, &input, &mut state, 40, 20, &mut model);
         let first = epochs[0].mean_loss().sqrt();

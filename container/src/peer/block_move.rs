@@ -399,7 +399,7 @@ mod tests {
     use crate::emulate::Throttled;
     use crate::peer::{DataPlane, PeerSettings};
     use crate::protocol::{
-        self, BulkToDest, BulkToSource, EvaluatorId, Faults, FrameCodec, MODEL_TABLE,
+        self, BlockId, BulkToDest, BulkToSource, EvaluatorId, Faults, FrameCodec, MODEL_TABLE,
         OwnershipUpdate, PeerRequest, PeerResponse, Purpose, ToClient, ToOwner,
     };
     use crate::store::{SlotKind, Store, SumModel};
@@ -437,7 +437,10 @@ mod tests {
         store.configure(&[(MODEL_TABLE, 2)], Arc::new(SumModel));
         store.apply_ownership(&OwnershipUpdate {
             version: 1,
-            owners: vec![(MODEL_TABLE, 0, source), (MODEL_TABLE, 1, source)],
+            owners: vec![
+                (MODEL_TABLE, BlockId(0), source),
+                (MODEL_TABLE, BlockId(1), source),
+            ],
         });
         let cancel = CancellationToken::new();
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -455,7 +458,7 @@ mod tests {
             source_connection(dp.local_addr(), &settings, source, Purpose::Requests).await;
         let handover = PeerRequest::Handover {
             table: MODEL_TABLE,
-            block: 0,
+            block: BlockId(0),
             move_id: 7,
         };
         requests
@@ -471,7 +474,10 @@ mod tests {
             }
             other => panic!("no answer to the handover: {other:?}"),
         }
-        assert_eq!(store.slot_kind(MODEL_TABLE, 0).unwrap(), SlotKind::Incoming);
+        assert_eq!(
+            store.slot_kind(MODEL_TABLE, BlockId(0)).unwrap(),
+            SlotKind::Incoming
+        );
 
         // A piece of the block, then silence.
         let mut bulk: Framed<_, FrameCodec<BulkToDest, BulkToSource>> =
@@ -479,7 +485,7 @@ mod tests {
         bulk.send(BulkToDest::Begin {
             move_id: 7,
             table: MODEL_TABLE,
-            block: 0,
+            block: BlockId(0),
             bytes: 1000,
         })
         .await
@@ -487,15 +493,18 @@ mod tests {
         bulk.send(BulkToDest::Chunk(vec![0; 10])).await.unwrap();
 
         let deadline = Instant::now() + Duration::from_secs(60);
-        while store.slot_kind(MODEL_TABLE, 0).unwrap() == SlotKind::Incoming {
+        while store.slot_kind(MODEL_TABLE, BlockId(0)).unwrap() == SlotKind::Incoming {
             assert!(Instant::now() < deadline, "the block is still arriving");
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         // Called off: the destination does not hold it, and says so to
         // the source's call-off as the protocol has it.
-        assert_ne!(store.slot_kind(MODEL_TABLE, 0).unwrap(), SlotKind::Owned);
+        assert_ne!(
+            store.slot_kind(MODEL_TABLE, BlockId(0)).unwrap(),
+            SlotKind::Owned
+        );
         assert!(matches!(
-            store.abort_incoming(MODEL_TABLE, 0),
+            store.abort_incoming(MODEL_TABLE, BlockId(0)),
             Ok(crate::store::AbortOutcome::Aborted)
         ));
         // The bulk connection was given up.

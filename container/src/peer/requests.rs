@@ -643,7 +643,8 @@ mod deadline_tests {
     use crate::emulate::Throttled;
     use crate::peer::{DataPlane, PeerSettings};
     use crate::protocol::{
-        self, EvaluatorId, Faults, MODEL_TABLE, OwnershipUpdate, ToClient, ToOwner, ValueBatch,
+        self, BlockId, EvaluatorId, Faults, MODEL_TABLE, OwnershipUpdate, ToClient, ToOwner,
+        ValueBatch,
     };
     use crate::store::{OpKind, Store, StoreOp, SumModel};
 
@@ -683,7 +684,9 @@ mod deadline_tests {
         store.configure(&[(MODEL_TABLE, 4)], Arc::new(SumModel));
         store.apply_ownership(&OwnershipUpdate {
             version: 1,
-            owners: (0..4).map(|b| (MODEL_TABLE, b, EvaluatorId(2))).collect(),
+            owners: BlockId::all(4)
+                .map(|b| (MODEL_TABLE, b, EvaluatorId(2)))
+                .collect(),
         });
         let cancel = CancellationToken::new();
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -42,7 +42,29 @@ impl std::str::FromStr for EvaluatorId {
 /// A table's id.
 pub type TableId = u8;
 /// A block's index within its table.
-pub type BlockId = u32;
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default, Serialize, Deserialize,
+)]
+#[serde(transparent)]
+pub struct BlockId(pub u32);
+
+impl BlockId {
+    /// Its position in its table's list of blocks.
+    pub fn index(self) -> usize {
+        self.0 as usize
+    }
+
+    /// Blocks `0..n` of a table.
+    pub fn all(n: u32) -> impl DoubleEndedIterator<Item = BlockId> + ExactSizeIterator {
+        (0..n).map(BlockId)
+    }
+}
+
+impl std::fmt::Display for BlockId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
 /// A key within a table.
 pub type Key = u64;
 

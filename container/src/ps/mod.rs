@@ -947,17 +947,17 @@ mod tests {
         let b = Arc::new(app.parse(b"0 7:1\n1 8:1\n2 5:1\n").unwrap());
         let mut cache = KeyCache::default();
         for _ in 0..2 {
-            assert_eq!(cache.keys(&app, 0, &a, 0..2), listed(&a, 0..2));
-            assert_eq!(cache.keys(&app, 0, &a, 2..3), listed(&a, 2..3));
+            assert_eq!(cache.keys(&app, BlockId(0), &a, 0..2), listed(&a, 0..2));
+            assert_eq!(cache.keys(&app, BlockId(0), &a, 2..3), listed(&a, 2..3));
         }
         assert!(cache.bytes > 0);
         // Block 0 now holds other records: listed from them.
         assert_ne!(listed(&a, 0..2), listed(&b, 0..2));
-        assert_eq!(cache.keys(&app, 0, &b, 0..2), listed(&b, 0..2));
-        assert_eq!(cache.keys(&app, 1, &a, 0..2), listed(&a, 0..2));
-        cache.retain(|block| block == 1);
+        assert_eq!(cache.keys(&app, BlockId(0), &b, 0..2), listed(&b, 0..2));
+        assert_eq!(cache.keys(&app, BlockId(1), &a, 0..2), listed(&a, 0..2));
+        cache.retain(|block| block == BlockId(1));
         assert_eq!(cache.blocks.len(), 1);
-        cache.forget(1);
+        cache.forget(BlockId(1));
         assert_eq!(cache.bytes, 0);
         assert!(cache.blocks.is_empty());
     }

@@ -189,7 +189,7 @@ pub fn block_of_key(key: Key, blocks: u32) -> BlockId {
     x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
     x ^= x >> 31;
-    (x % u64::from(blocks.max(1))) as BlockId
+    BlockId((x % u64::from(blocks.max(1))) as u32)
 }
 
 impl Store {
@@ -254,7 +254,7 @@ impl Store {
 
     fn slot(t: &Table, table: TableId, block: BlockId) -> Result<&Mutex<Slot>, StoreError> {
         t.slots
-            .get(block as usize)
+            .get(block.index())
             .ok_or(StoreError::NoBlock { table, block })
     }
 
@@ -278,7 +278,7 @@ impl Store {
             if let Some(slot) = own
                 .owners
                 .get_mut(&table)
-                .and_then(|v| v.get_mut(block as usize))
+                .and_then(|v| v.get_mut(block.index()))
             {
                 *slot = Some(owner);
             }
@@ -295,7 +295,7 @@ impl Store {
             .unwrap_or_else(|p| p.into_inner())
             .owners
             .get(&table)
-            .and_then(|v| v.get(block as usize).copied().flatten())
+            .and_then(|v| v.get(block.index()).copied().flatten())
     }
 
     /// How many evaluators own blocks of `table` in this evaluator's view
@@ -433,7 +433,7 @@ impl Store {
             .iter()
             .enumerate()
             .filter(|(_, s)| matches!(&*lock(s), Slot::Owned(_)))
-            .map(|(i, _)| i as BlockId)
+            .map(|(i, _)| BlockId(i as u32))
             .collect()
     }
 
@@ -443,14 +443,14 @@ impl Store {
             return false;
         };
         t.slots
-            .get(block as usize)
+            .get(block.index())
             .is_some_and(|s| matches!(&*lock(s), Slot::Owned(_)))
     }
 
     /// An input block owned here (shared, read-only).
     pub fn input_block(&self, block: BlockId) -> Option<Arc<InputBlock>> {
         let t = self.table(INPUT_TABLE).ok()?;
-        let slot = lock(t.slots.get(block as usize)?);
+        let slot = lock(t.slots.get(block.index())?);
         match &*slot {
             Slot::Owned(BlockData::Input(b)) => Some(Arc::clone(b)),
             _ => None,
@@ -462,7 +462,7 @@ impl Store {
     /// block is not here (e.g. it was just moved away).
     pub fn with_state<R>(&self, block: BlockId, f: impl FnOnce(&mut StateBlock) -> R) -> Option<R> {
         let t = self.table(STATE_TABLE).ok()?;
-        let mut slot = lock(t.slots.get(block as usize)?);
+        let mut slot = lock(t.slots.get(block.index())?);
         match &mut *slot {
             Slot::Owned(BlockData::State(s)) => Some(f(s)),
             _ => None,
@@ -472,7 +472,7 @@ impl Store {
     /// Reads a whole keyed block owned here (for checks and evaluation).
     pub fn keyed_snapshot(&self, block: BlockId) -> Option<KeyedBlock> {
         let t = self.table(MODEL_TABLE).ok()?;
-        let slot = lock(t.slots.get(block as usize)?);
+        let slot = lock(t.slots.get(block.index())?);
         match &*slot {
             Slot::Owned(BlockData::Keyed(b)) => Some(b.clone()),
             _ => None,

@@ -152,17 +152,17 @@ pub(super) fn group_by_block(blocks: &[BlockId], nblocks: u32) -> (Vec<(BlockId,
     if (nblocks as usize) <= 4 * n + 16 {
         let mut next = vec![0u32; nblocks as usize + 1];
         for &b in blocks {
-            next[b as usize + 1] += 1;
+            next[b.index() + 1] += 1;
         }
         for b in 0..nblocks as usize {
             if next[b + 1] > 0 {
-                starts.push((b as BlockId, next[b]));
+                starts.push((BlockId(b as u32), next[b]));
             }
             next[b + 1] += next[b];
         }
         order.resize(n, 0);
         for (p, &b) in blocks.iter().enumerate() {
-            let at = &mut next[b as usize];
+            let at = &mut next[b.index()];
             order[*at as usize] = p as u32;
             *at += 1;
         }
@@ -180,7 +180,7 @@ pub(super) fn group_by_block(blocks: &[BlockId], nblocks: u32) -> (Vec<(BlockId,
             order.push(p);
         }
     }
-    starts.push((nblocks, n as u32));
+    starts.push((BlockId(nblocks), n as u32));
     (starts, order)
 }
 

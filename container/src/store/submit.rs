@@ -397,7 +397,7 @@ impl Store {
         let mut owner = None;
         for &k in &op.keys {
             let block = block_of_key(k, nblocks);
-            let (word, bit) = (block as usize / 64, 1u64 << (block % 64));
+            let (word, bit) = (block.index() / 64, 1u64 << (block.0 % 64));
             if seen[word] & bit != 0 {
                 continue;
             }

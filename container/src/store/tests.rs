@@ -78,7 +78,11 @@ fn values(r: PeerResponse) -> Vec<Vec<f32>> {
 #[test]
 fn local_get_and_update_use_init_and_update_fn() {
     let s = store(EvaluatorId(1));
-    s.create_blocks(MODEL_TABLE, &[0, 1, 2, 3]).unwrap();
+    s.create_blocks(
+        MODEL_TABLE,
+        &[BlockId(0), BlockId(1), BlockId(2), BlockId(3)],
+    )
+    .unwrap();
     let keys = [5u64, 17, 3];
     assert_eq!(
         values(ready(s.submit(&get(&keys)).unwrap())),
@@ -95,20 +99,20 @@ fn local_get_and_update_use_init_and_update_fn() {
 #[test]
 fn absent_blocks_are_forwarded_to_their_owner_grouped() {
     let s = store(EvaluatorId(1));
-    s.create_blocks(MODEL_TABLE, &[0]).unwrap();
+    s.create_blocks(MODEL_TABLE, &[BlockId(0)]).unwrap();
     s.apply_ownership(&OwnershipUpdate {
         version: 1,
         owners: vec![
-            (MODEL_TABLE, 0, EvaluatorId(1)),
-            (MODEL_TABLE, 1, EvaluatorId(2)),
-            (MODEL_TABLE, 2, EvaluatorId(2)),
-            (MODEL_TABLE, 3, EvaluatorId(3)),
+            (MODEL_TABLE, BlockId(0), EvaluatorId(1)),
+            (MODEL_TABLE, BlockId(1), EvaluatorId(2)),
+            (MODEL_TABLE, BlockId(2), EvaluatorId(2)),
+            (MODEL_TABLE, BlockId(3), EvaluatorId(3)),
         ],
     });
-    let mut keys = keys_in_block(0, 2);
-    keys.extend(keys_in_block(1, 2));
-    keys.extend(keys_in_block(2, 1));
-    keys.extend(keys_in_block(3, 1));
+    let mut keys = keys_in_block(BlockId(0), 2);
+    keys.extend(keys_in_block(BlockId(1), 2));
+    keys.extend(keys_in_block(BlockId(2), 1));
+    keys.extend(keys_in_block(BlockId(3), 1));
     let sub = s.submit(&update(&keys, 1.0)).unwrap();
     let mut fwd: Vec<(EvaluatorId, Vec<usize>, usize)> = Vec::new();
     let mut local = 0;
@@ -145,11 +149,13 @@ async fn one_remote_owner_gets_the_operation_whole() {
     let s = store(EvaluatorId(1));
     s.apply_ownership(&OwnershipUpdate {
         version: 1,
-        owners: (0..BLOCKS)
+        owners: BlockId::all(BLOCKS)
             .map(|b| (MODEL_TABLE, b, EvaluatorId(2)))
             .collect(),
     });
-    let keys: Vec<Key> = (0..BLOCKS).flat_map(|b| keys_in_block(b, 3)).collect();
+    let keys: Vec<Key> = (0..BLOCKS)
+        .flat_map(|b| keys_in_block(BlockId(b), 3))
+        .collect();
     let forwarded = |op: &StoreOp| -> Vec<(Vec<usize>, Pending)> {
         s.submit(op)
             .unwrap()
@@ -172,7 +178,8 @@ async fn one_remote_owner_gets_the_operation_whole() {
         }
     }
     // A block arriving here: its keys wait for it, the rest go to 2.
-    s.begin_incoming(MODEL_TABLE, 1, EvaluatorId(2)).unwrap();
+    s.begin_incoming(MODEL_TABLE, BlockId(1), EvaluatorId(2))
+        .unwrap();
     let parts = forwarded(&update(&keys, 2.0));
     assert!(
         parts.iter().any(|(_, p)| matches!(p, Pending::Queued(_))),
@@ -192,8 +199,14 @@ async fn one_remote_owner_gets_the_operation_whole() {
     let t = store(EvaluatorId(1));
     t.apply_ownership(&OwnershipUpdate {
         version: 1,
-        owners: (0..BLOCKS)
-            .map(|b| (MODEL_TABLE, b, EvaluatorId(if b == 3 { 3 } else { 2 })))
+        owners: BlockId::all(BLOCKS)
+            .map(|b| {
+                (
+                    MODEL_TABLE,
+                    b,
+                    EvaluatorId(if b == BlockId(3) { 3 } else { 2 }),
+                )
+            })
             .collect(),
     });
     let mut to: Vec<EvaluatorId> = t
@@ -224,12 +237,15 @@ fn unknown_owner_is_retryable() {
 async fn incoming_block_queues_then_applies_in_order() {
     let src = store(EvaluatorId(1));
     let dst = store(EvaluatorId(2));
-    src.create_blocks(MODEL_TABLE, &[0]).unwrap();
-    let k = keys_in_block(0, 1);
+    src.create_blocks(MODEL_TABLE, &[BlockId(0)]).unwrap();
+    let k = keys_in_block(BlockId(0), 1);
     ready(src.submit(&update(&k, 1.0)).unwrap()); // applied at the source
 
-    dst.begin_incoming(MODEL_TABLE, 0, EvaluatorId(1)).unwrap();
-    let data = src.take_for_move(MODEL_TABLE, 0, EvaluatorId(2)).unwrap();
+    dst.begin_incoming(MODEL_TABLE, BlockId(0), EvaluatorId(1))
+        .unwrap();
+    let data = src
+        .take_for_move(MODEL_TABLE, BlockId(0), EvaluatorId(2))
+        .unwrap();
     // The source now forwards.
     let sub = src.submit(&update(&k, 10.0)).unwrap();
     let Pending::Forward { to, op } = sub.parts.into_iter().next().unwrap().pending else {
@@ -249,8 +265,8 @@ async fn incoming_block_queues_then_applies_in_order() {
     };
     // Data lands: encoded and decoded like a real move.
     let data = BlockData::decode(&data.encode()).unwrap();
-    dst.install(MODEL_TABLE, 0, data).unwrap();
-    src.finish_move(MODEL_TABLE, 0).unwrap();
+    dst.install(MODEL_TABLE, BlockId(0), data).unwrap();
+    src.finish_move(MODEL_TABLE, BlockId(0)).unwrap();
     assert_eq!(rx1.await.unwrap().unwrap(), PeerResponse::Done);
     let v = values(rx2.await.unwrap().unwrap());
     assert_eq!(
@@ -258,7 +274,7 @@ async fn incoming_block_queues_then_applies_in_order() {
         vec![k[0] as f32 + 11.0, 2.0],
         "both updates, once each, in order"
     );
-    assert_eq!(dst.local_blocks(MODEL_TABLE), vec![0]);
+    assert_eq!(dst.local_blocks(MODEL_TABLE), vec![BlockId(0)]);
     assert!(src.local_blocks(MODEL_TABLE).is_empty());
 }
 
@@ -266,21 +282,24 @@ async fn incoming_block_queues_then_applies_in_order() {
 async fn aborted_move_restores_source_and_fails_queue_retryably() {
     let src = store(EvaluatorId(1));
     let dst = store(EvaluatorId(2));
-    src.create_blocks(MODEL_TABLE, &[1]).unwrap();
-    let k = keys_in_block(1, 1);
-    dst.begin_incoming(MODEL_TABLE, 1, EvaluatorId(1)).unwrap();
-    let data = src.take_for_move(MODEL_TABLE, 1, EvaluatorId(2)).unwrap();
+    src.create_blocks(MODEL_TABLE, &[BlockId(1)]).unwrap();
+    let k = keys_in_block(BlockId(1), 1);
+    dst.begin_incoming(MODEL_TABLE, BlockId(1), EvaluatorId(1))
+        .unwrap();
+    let data = src
+        .take_for_move(MODEL_TABLE, BlockId(1), EvaluatorId(2))
+        .unwrap();
     let q = dst.submit(&update(&k, 5.0)).unwrap();
     let Pending::Queued(rx) = q.parts.into_iter().next().unwrap().pending else {
         panic!("expected queued")
     };
-    src.restore(MODEL_TABLE, 1, data).unwrap();
+    src.restore(MODEL_TABLE, BlockId(1), data).unwrap();
     assert_eq!(
-        dst.abort_incoming(MODEL_TABLE, 1).unwrap(),
+        dst.abort_incoming(MODEL_TABLE, BlockId(1)).unwrap(),
         AbortOutcome::Aborted
     );
     assert_eq!(
-        dst.abort_incoming(MODEL_TABLE, 1).unwrap(),
+        dst.abort_incoming(MODEL_TABLE, BlockId(1)).unwrap(),
         AbortOutcome::Aborted,
         "calling off twice is harmless"
     );
@@ -305,21 +324,28 @@ async fn aborted_move_restores_source_and_fails_queue_retryably() {
 #[test]
 fn illegal_transitions_are_errors() {
     let s = store(EvaluatorId(1));
-    s.create_blocks(MODEL_TABLE, &[0]).unwrap();
+    s.create_blocks(MODEL_TABLE, &[BlockId(0)]).unwrap();
     assert!(
-        s.begin_incoming(MODEL_TABLE, 0, EvaluatorId(2)).is_err(),
+        s.begin_incoming(MODEL_TABLE, BlockId(0), EvaluatorId(2))
+            .is_err(),
         "cannot receive an owned block"
     );
     assert!(
-        s.take_for_move(MODEL_TABLE, 1, EvaluatorId(2)).is_err(),
+        s.take_for_move(MODEL_TABLE, BlockId(1), EvaluatorId(2))
+            .is_err(),
         "cannot move an absent block"
     );
     assert!(
-        s.install(MODEL_TABLE, 1, BlockData::Keyed(KeyedBlock::default()))
-            .is_err()
+        s.install(
+            MODEL_TABLE,
+            BlockId(1),
+            BlockData::Keyed(KeyedBlock::default())
+        )
+        .is_err()
     );
     assert!(
-        s.take_for_move(MODEL_TABLE, 9, EvaluatorId(2)).is_err(),
+        s.take_for_move(MODEL_TABLE, BlockId(9), EvaluatorId(2))
+            .is_err(),
         "no such block"
     );
     assert!(
@@ -340,7 +366,11 @@ fn illegal_transitions_are_errors() {
 #[test]
 fn wrong_value_length_rejected_not_applied() {
     let s = store(EvaluatorId(1));
-    s.create_blocks(MODEL_TABLE, &[0, 1, 2, 3]).unwrap();
+    s.create_blocks(
+        MODEL_TABLE,
+        &[BlockId(0), BlockId(1), BlockId(2), BlockId(3)],
+    )
+    .unwrap();
     let mut values = ValueBatch::default();
     values.push(&[1.0, 2.0, 3.0]);
     let op = StoreOp {
@@ -364,18 +394,18 @@ fn ownership_updates_apply_only_when_newer() {
     assert_eq!(
         s.apply_ownership(&OwnershipUpdate {
             version: 2,
-            owners: vec![(MODEL_TABLE, 0, EvaluatorId(7))]
+            owners: vec![(MODEL_TABLE, BlockId(0), EvaluatorId(7))]
         }),
         2
     );
     assert_eq!(
         s.apply_ownership(&OwnershipUpdate {
             version: 1,
-            owners: vec![(MODEL_TABLE, 0, EvaluatorId(8))]
+            owners: vec![(MODEL_TABLE, BlockId(0), EvaluatorId(8))]
         }),
         2
     );
-    assert_eq!(s.owner(MODEL_TABLE, 0), Some(EvaluatorId(7)));
+    assert_eq!(s.owner(MODEL_TABLE, BlockId(0)), Some(EvaluatorId(7)));
 }
 
 #[test]
@@ -385,14 +415,14 @@ fn owners_of_a_table_are_counted_once_each() {
     s.apply_ownership(&OwnershipUpdate {
         version: 1,
         owners: vec![
-            (MODEL_TABLE, 0, EvaluatorId(7)),
-            (MODEL_TABLE, 1, EvaluatorId(7)),
+            (MODEL_TABLE, BlockId(0), EvaluatorId(7)),
+            (MODEL_TABLE, BlockId(1), EvaluatorId(7)),
         ],
     });
     assert_eq!(s.owner_count(MODEL_TABLE), 1);
     s.apply_ownership(&OwnershipUpdate {
         version: 2,
-        owners: vec![(MODEL_TABLE, 1, EvaluatorId(8))],
+        owners: vec![(MODEL_TABLE, BlockId(1), EvaluatorId(8))],
     });
     assert_eq!(s.owner_count(MODEL_TABLE), 2);
 }
@@ -408,14 +438,16 @@ fn a_handover_pointer_gives_way_to_a_newer_view() {
         _ => None,
     };
     let s = store(EvaluatorId(1));
-    s.create_blocks(MODEL_TABLE, &[2]).unwrap();
+    s.create_blocks(MODEL_TABLE, &[BlockId(2)]).unwrap();
     s.apply_ownership(&OwnershipUpdate {
         version: 2,
-        owners: vec![(MODEL_TABLE, 2, EvaluatorId(1))],
+        owners: vec![(MODEL_TABLE, BlockId(2), EvaluatorId(1))],
     });
-    let _ = s.take_for_move(MODEL_TABLE, 2, EvaluatorId(4)).unwrap();
-    s.finish_move(MODEL_TABLE, 2).unwrap();
-    let k = keys_in_block(2, 1);
+    let _ = s
+        .take_for_move(MODEL_TABLE, BlockId(2), EvaluatorId(4))
+        .unwrap();
+    s.finish_move(MODEL_TABLE, BlockId(2)).unwrap();
+    let k = keys_in_block(BlockId(2), 1);
     assert_eq!(
         to(&s, &k),
         Some(EvaluatorId(4)),
@@ -423,13 +455,13 @@ fn a_handover_pointer_gives_way_to_a_newer_view() {
     );
     s.apply_ownership(&OwnershipUpdate {
         version: 3,
-        owners: vec![(MODEL_TABLE, 2, EvaluatorId(4))],
+        owners: vec![(MODEL_TABLE, BlockId(2), EvaluatorId(4))],
     });
     assert_eq!(to(&s, &k), Some(EvaluatorId(4)), "the view caught up");
     // 4 passed the block on to 6 (and may be about to leave).
     s.apply_ownership(&OwnershipUpdate {
         version: 4,
-        owners: vec![(MODEL_TABLE, 2, EvaluatorId(6))],
+        owners: vec![(MODEL_TABLE, BlockId(2), EvaluatorId(6))],
     });
     assert_eq!(to(&s, &k), Some(EvaluatorId(6)), "not through 4");
     s.set_departed([EvaluatorId(4)]);
@@ -440,10 +472,12 @@ fn a_handover_pointer_gives_way_to_a_newer_view() {
 #[test]
 fn departed_forward_target_falls_back_to_owner_view() {
     let s = store(EvaluatorId(1));
-    s.create_blocks(MODEL_TABLE, &[2]).unwrap();
-    let _ = s.take_for_move(MODEL_TABLE, 2, EvaluatorId(4)).unwrap();
-    s.finish_move(MODEL_TABLE, 2).unwrap();
-    let k = keys_in_block(2, 1);
+    s.create_blocks(MODEL_TABLE, &[BlockId(2)]).unwrap();
+    let _ = s
+        .take_for_move(MODEL_TABLE, BlockId(2), EvaluatorId(4))
+        .unwrap();
+    s.finish_move(MODEL_TABLE, BlockId(2)).unwrap();
+    let k = keys_in_block(BlockId(2), 1);
     let sub = s.submit(&get(&k)).unwrap();
     assert!(
         matches!(
@@ -458,7 +492,7 @@ fn departed_forward_target_falls_back_to_owner_view() {
     s.set_departed([EvaluatorId(4)]);
     s.apply_ownership(&OwnershipUpdate {
         version: 3,
-        owners: vec![(MODEL_TABLE, 2, EvaluatorId(6))],
+        owners: vec![(MODEL_TABLE, BlockId(2), EvaluatorId(6))],
     });
     let sub = s.submit(&get(&k)).unwrap();
     assert!(
@@ -478,20 +512,22 @@ fn state_blocks_are_held_during_access() {
     let s = store(EvaluatorId(1));
     s.put_block(
         STATE_TABLE,
-        0,
+        BlockId(0),
         BlockData::State(StateBlock {
             floats: vec![1.0],
             ints: vec![],
         }),
     )
     .unwrap();
-    let r = s.with_state(0, |st| {
+    let r = s.with_state(BlockId(0), |st| {
         st.floats[0] += 1.0;
         st.floats[0]
     });
     assert_eq!(r, Some(2.0));
-    let d = s.take_for_move(STATE_TABLE, 0, EvaluatorId(2)).unwrap();
-    assert_eq!(s.with_state(0, |_| ()), None, "moved away");
+    let d = s
+        .take_for_move(STATE_TABLE, BlockId(0), EvaluatorId(2))
+        .unwrap();
+    assert_eq!(s.with_state(BlockId(0), |_| ()), None, "moved away");
     assert_eq!(
         d,
         BlockData::State(StateBlock {
@@ -509,27 +545,39 @@ fn state_blocks_are_held_during_access() {
 async fn recall_after_a_lost_answer_hands_the_queue_to_the_destination() {
     let src = store(EvaluatorId(1));
     let dst = store(EvaluatorId(2));
-    src.create_blocks(MODEL_TABLE, &[2]).unwrap();
-    let k = keys_in_block(2, 1);
-    dst.begin_incoming(MODEL_TABLE, 2, EvaluatorId(1)).unwrap();
-    let data = src.take_for_move(MODEL_TABLE, 2, EvaluatorId(2)).unwrap();
-    dst.install(MODEL_TABLE, 2, data.clone()).unwrap();
+    src.create_blocks(MODEL_TABLE, &[BlockId(2)]).unwrap();
+    let k = keys_in_block(BlockId(2), 1);
+    dst.begin_incoming(MODEL_TABLE, BlockId(2), EvaluatorId(1))
+        .unwrap();
+    let data = src
+        .take_for_move(MODEL_TABLE, BlockId(2), EvaluatorId(2))
+        .unwrap();
+    dst.install(MODEL_TABLE, BlockId(2), data.clone()).unwrap();
     // The source did not hear back: it queues operations and asks.
-    src.recall(MODEL_TABLE, 2).unwrap();
-    assert_eq!(src.slot_kind(MODEL_TABLE, 2).unwrap(), SlotKind::Incoming);
+    src.recall(MODEL_TABLE, BlockId(2)).unwrap();
+    assert_eq!(
+        src.slot_kind(MODEL_TABLE, BlockId(2)).unwrap(),
+        SlotKind::Incoming
+    );
     let q = src.submit(&update(&k, 3.0)).unwrap();
     let Pending::Queued(rx) = q.parts.into_iter().next().unwrap().pending else {
         panic!("expected queued at the recalling source")
     };
     assert_eq!(
-        dst.abort_incoming(MODEL_TABLE, 2).unwrap(),
+        dst.abort_incoming(MODEL_TABLE, BlockId(2)).unwrap(),
         AbortOutcome::Installed
     );
-    src.abort_incoming(MODEL_TABLE, 2).unwrap();
+    src.abort_incoming(MODEL_TABLE, BlockId(2)).unwrap();
     let err = rx.await.unwrap().unwrap_err();
     assert!(err.retry, "the queued update was not applied: {err}");
-    assert_eq!(src.slot_kind(MODEL_TABLE, 2).unwrap(), SlotKind::MovedAway);
-    assert_eq!(dst.slot_kind(MODEL_TABLE, 2).unwrap(), SlotKind::Owned);
+    assert_eq!(
+        src.slot_kind(MODEL_TABLE, BlockId(2)).unwrap(),
+        SlotKind::MovedAway
+    );
+    assert_eq!(
+        dst.slot_kind(MODEL_TABLE, BlockId(2)).unwrap(),
+        SlotKind::Owned
+    );
     // Sent again, it is forwarded to the destination and applied there once.
     let sub = src.submit(&update(&k, 3.0)).unwrap();
     let Pending::Forward {
@@ -552,28 +600,34 @@ async fn recall_after_a_lost_answer_hands_the_queue_to_the_destination() {
 async fn recall_then_not_installed_restores_and_applies_the_queue() {
     let src = store(EvaluatorId(1));
     let dst = store(EvaluatorId(2));
-    src.create_blocks(MODEL_TABLE, &[3]).unwrap();
-    let k = keys_in_block(3, 1);
-    dst.begin_incoming(MODEL_TABLE, 3, EvaluatorId(1)).unwrap();
-    let data = src.take_for_move(MODEL_TABLE, 3, EvaluatorId(2)).unwrap();
-    src.recall(MODEL_TABLE, 3).unwrap();
+    src.create_blocks(MODEL_TABLE, &[BlockId(3)]).unwrap();
+    let k = keys_in_block(BlockId(3), 1);
+    dst.begin_incoming(MODEL_TABLE, BlockId(3), EvaluatorId(1))
+        .unwrap();
+    let data = src
+        .take_for_move(MODEL_TABLE, BlockId(3), EvaluatorId(2))
+        .unwrap();
+    src.recall(MODEL_TABLE, BlockId(3)).unwrap();
     let q = src.submit(&update(&k, 4.0)).unwrap();
     let Pending::Queued(rx) = q.parts.into_iter().next().unwrap().pending else {
         panic!("expected queued")
     };
     assert_eq!(
-        dst.abort_incoming(MODEL_TABLE, 3).unwrap(),
+        dst.abort_incoming(MODEL_TABLE, BlockId(3)).unwrap(),
         AbortOutcome::Aborted
     );
-    src.install(MODEL_TABLE, 3, data).unwrap();
+    src.install(MODEL_TABLE, BlockId(3), data).unwrap();
     assert_eq!(rx.await.unwrap().unwrap(), PeerResponse::Done);
     assert_eq!(
         values(ready(src.submit(&get(&k)).unwrap()))[0],
         vec![k[0] as f32 + 4.0, 1.0]
     );
-    assert_eq!(dst.slot_kind(MODEL_TABLE, 3).unwrap(), SlotKind::MovedAway);
+    assert_eq!(
+        dst.slot_kind(MODEL_TABLE, BlockId(3)).unwrap(),
+        SlotKind::MovedAway
+    );
     assert!(
-        src.recall(MODEL_TABLE, 3).is_err(),
+        src.recall(MODEL_TABLE, BlockId(3)).is_err(),
         "only a block moving out"
     );
 }
@@ -603,7 +657,7 @@ fn large_reads_are_split_in_key_order_and_reassembled() {
     s.configure(&[(MODEL_TABLE, BLOCKS)], Arc::new(Wide));
     s.apply_ownership(&OwnershipUpdate {
         version: 1,
-        owners: (0..BLOCKS)
+        owners: BlockId::all(BLOCKS)
             .map(|b| (MODEL_TABLE, b, EvaluatorId(2)))
             .collect(),
     });
@@ -652,7 +706,7 @@ fn large_writes_split_and_local_reads_come_back_in_order() {
     s.configure(&[(MODEL_TABLE, BLOCKS)], Arc::new(Wide));
     s.apply_ownership(&OwnershipUpdate {
         version: 1,
-        owners: (0..BLOCKS)
+        owners: BlockId::all(BLOCKS)
             .map(|b| (MODEL_TABLE, b, EvaluatorId(2)))
             .collect(),
     });
@@ -674,7 +728,7 @@ fn large_writes_split_and_local_reads_come_back_in_order() {
     let owner = Store::new(EvaluatorId(2));
     owner.configure(&[(MODEL_TABLE, BLOCKS)], Arc::new(Wide));
     owner
-        .create_blocks(MODEL_TABLE, &(0..BLOCKS).collect::<Vec<_>>())
+        .create_blocks(MODEL_TABLE, &BlockId::all(BLOCKS).collect::<Vec<_>>())
         .unwrap();
     for p in sub.parts {
         let Pending::Forward { op, .. } = p.pending else {
@@ -698,14 +752,14 @@ proptest::proptest! {
         few in proptest::bool::ANY,
     ) {
         let nblocks = if few { 64 } else { 5000 };
-        let blocks: Vec<BlockId> = blocks.into_iter().map(|b| b % nblocks).collect();
+        let blocks: Vec<BlockId> = blocks.into_iter().map(|b| BlockId(b % nblocks)).collect();
         let (starts, order) = group_by_block(&blocks, nblocks);
         let mut expected: Vec<(BlockId, u32)> =
             blocks.iter().enumerate().map(|(p, &b)| (b, p as u32)).collect();
         expected.sort_unstable();
         let got: Vec<(BlockId, u32)> = order.iter().map(|&p| (blocks[p as usize], p)).collect();
         proptest::prop_assert_eq!(&got, &expected);
-        proptest::prop_assert_eq!(starts.last().copied(), Some((nblocks, blocks.len() as u32)));
+        proptest::prop_assert_eq!(starts.last().copied(), Some((BlockId(nblocks), blocks.len() as u32)));
         for w in starts.windows(2) {
             proptest::prop_assert!(w[0].0 < w[1].0 && w[0].1 < w[1].1);
             for &p in &order[w[0].1 as usize..w[1].1 as usize] {

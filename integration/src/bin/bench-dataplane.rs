@@ -11,6 +11,7 @@
 //!
 //! Target (issue #2): a 64 MiB pull at ≥ 0.5× iperf3.
 
+use cruise_container::protocol::BlockId;
 use cruise_container::protocol::EvaluatorId;
 use std::sync::Arc;
 use std::time::Instant;
@@ -82,7 +83,7 @@ async fn run(reps: usize, sizes: Vec<usize>) -> anyhow::Result<()> {
         default_settings(),
     )
     .await?;
-    let blocks: Vec<u32> = (0..MODEL_BLOCKS).collect();
+    let blocks: Vec<BlockId> = BlockId::all(MODEL_BLOCKS).collect();
     cluster
         .plane(SERVER)
         .store()

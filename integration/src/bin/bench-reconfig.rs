@@ -73,7 +73,7 @@ async fn move_all(
     to: EvaluatorId,
     move_id: u64,
 ) -> anyhow::Result<(u64, f64)> {
-    let blocks: Vec<BlockId> = (0..INPUT_BLOCKS).collect();
+    let blocks: Vec<BlockId> = BlockId::all(INPUT_BLOCKS).collect();
     let (tx, mut rx) = mpsc::channel(64);
     let src = cluster.plane(from).clone();
     let t0 = Instant::now();
@@ -144,17 +144,17 @@ async fn run(reps: usize) -> anyhow::Result<()> {
     for b in 0..INPUT_BLOCKS {
         src.put_block(
             INPUT_TABLE,
-            b,
+            BlockId(b),
             BlockData::Input(Arc::new(input_block(per_block, &mut rng))),
         )?;
-        owners.push((INPUT_TABLE, b, SOURCE));
+        owners.push((INPUT_TABLE, BlockId(b), SOURCE));
     }
-    let model: Vec<BlockId> = (0..MODEL_BLOCKS).collect();
+    let model: Vec<BlockId> = BlockId::all(MODEL_BLOCKS).collect();
     src.create_blocks(MODEL_TABLE, &model)?;
     owners.extend(model.iter().map(|&b| (MODEL_TABLE, b, SOURCE)));
     cluster.set_owners(owners);
     let sample = src
-        .input_block(0)
+        .input_block(BlockId(0))
         .map(|b| BlockData::Input(b).encode())
         .context("input block 0")?;
     let mid = &sample[sample.len() / 2..sample.len() / 2 + (64 << 10)];

@@ -103,7 +103,7 @@ impl Driver {
         for &id in &servers {
             let blocks: Vec<BlockId> = (0..nm)
                 .filter(|&b| model[b] == id)
-                .map(|b| b as BlockId)
+                .map(|b| BlockId(b as u32))
                 .collect();
             self.ask(
                 id,
@@ -118,7 +118,7 @@ impl Driver {
         for &id in &workers {
             let blocks: Vec<(BlockId, Split)> = (0..ni)
                 .filter(|&b| input[b] == id)
-                .map(|b| (b as BlockId, self.splits[b].clone()))
+                .map(|b| (BlockId(b as u32), self.splits[b].clone()))
                 .collect();
             self.rc.load_started.insert(id, Instant::now());
             self.ask(id, AmToEval::LoadInput { blocks }, Answer::InputLoaded)

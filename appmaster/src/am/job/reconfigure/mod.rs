@@ -396,7 +396,11 @@ impl Driver {
     }
 
     fn owned(&self, table: TableId, id: EvaluatorId) -> BTreeSet<u32> {
-        self.owners.blocks_of(table, id).into_iter().collect()
+        self.owners
+            .blocks_of(table, id)
+            .into_iter()
+            .map(|b| b.0)
+            .collect()
     }
 
     /// Broadcasts a change of owners to every member.

@@ -27,7 +27,8 @@ impl Driver {
             (Err(e), _) | (_, Err(e)) => return Err(e),
         };
         let t = table_of(table);
-        let not_there: Vec<u32> = blocks
+        let blocks: Vec<BlockId> = blocks.into_iter().map(BlockId).collect();
+        let not_there: Vec<BlockId> = blocks
             .iter()
             .copied()
             .filter(|&b| self.owners.owner(t, b) != Some(from))
@@ -145,7 +146,7 @@ impl Driver {
         let to = r.to;
         let splits = blocks
             .iter()
-            .filter_map(|&b| self.splits.get(b as usize).map(|s| (b, s.clone())))
+            .filter_map(|&b| self.splits.get(b.index()).map(|s| (b, s.clone())))
             .collect();
         self.send(to, AmToEval::LoadInput { blocks: splits }).await;
     }
