@@ -5,22 +5,24 @@
 # containers), in one JVM (see src/main/java/cruise/hadoop/Launcher.java).
 #
 #   integration/hadoop/start.sh [DIR]     (default DIR: $TMPDIR/cruise-hadoop)
-#   source DIR/env.sh                     (exports HADOOP_CONF_DIR, CRUISE_HADOOP_DIR)
+#   source DIR/env.sh                     (exports HADOOP_CONF_DIR, CRUISE_HADOOP_DIR,
+#                                          CRUISE_YARN__AM_REGISTER_JAR)
 #   integration/hadoop/stop.sh [DIR]
 #
 # Needs Java 17 and Maven; the Hadoop jars are fetched by Maven into its
 # local repository (~/.m2, cached between runs). All ports are free loopback
 # ports chosen at start; DIR/cluster.env lists them (NN_HTTP, NN_RPC, RM_WEB,
-# ...). Variables: NODEMANAGERS (1), NM_MEMORY_MB (4096: what the
-# MiniYARNCluster gives each NodeManager), NM_VCORES (8),
-# HADOOP_START_TIMEOUT (300 s). The log is DIR/hadoop.log.
+# ...). Variables: NODEMANAGERS (2), NM_MEMORY_MB (6144 per NodeManager:
+# accounting only, the memory checks are off), NM_VCORES (8 per NodeManager),
+# HADOOP_START_TIMEOUT (300 s). The launcher's log is DIR/hadoop.log, the
+# NodeManagers' DIR/logs/nodemanager-N.log, containers' DIR/nm-N/logs/.
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 DIR="${1:-${TMPDIR:-/tmp}/cruise-hadoop}"
 mkdir -p "$DIR"
 DIR="$(cd "$DIR" && pwd)"
-NODEMANAGERS="${NODEMANAGERS:-1}"
-NM_MEMORY_MB="${NM_MEMORY_MB:-4096}"
+NODEMANAGERS="${NODEMANAGERS:-2}"
+NM_MEMORY_MB="${NM_MEMORY_MB:-6144}"
 NM_VCORES="${NM_VCORES:-8}"
 TIMEOUT="${HADOOP_START_TIMEOUT:-300}"
 LOG="$DIR/hadoop.log"
@@ -40,9 +42,10 @@ export JAVA_HOME
 # Build the launcher and list its class path (Maven caches the jars).
 CP_FILE="$HERE/target/classpath.txt"
 if [ ! -s "$CP_FILE" ] || [ "$HERE/pom.xml" -nt "$CP_FILE" ] \
-    || [ "$HERE/src/main/java/cruise/hadoop/Launcher.java" -nt "$HERE/target/classes/cruise/hadoop/Launcher.class" ]; then
+    || [ ! -s "$HERE/target/cruise-hadoop.jar" ] \
+    || [ -n "$(find "$HERE/src" -newer "$HERE/target/cruise-hadoop.jar" -name '*.java')" ]; then
     echo "hadoop: building the launcher (first run downloads ~200 MB of Hadoop jars into ~/.m2)" >&2
-    if ! (cd "$HERE" && nice -n 10 mvn -B -q compile dependency:build-classpath \
+    if ! (cd "$HERE" && nice -n 10 mvn -B -q package dependency:build-classpath \
             -Dmdep.outputFile="$CP_FILE" >"$DIR/mvn.log" 2>&1); then
         tail -30 "$DIR/mvn.log" >&2
         echo "hadoop: building the launcher failed; see $DIR/mvn.log" >&2
@@ -70,7 +73,7 @@ rm -f "$DIR/ready" "$DIR/cluster.env"
         -Dcruise.add.opens="$ADD_OPENS" \
         -Dcruise.nm.memory.mb="$NM_MEMORY_MB" -Dcruise.nm.vcores="$NM_VCORES" \
         -Dhadoop.log.dir="$DIR/logs" -Dyarn.log.dir="$DIR/logs" \
-        -cp "$DIR/classpath-conf:$HERE/target/classes:$(cat "$CP_FILE")" \
+        -cp "$DIR/classpath-conf:$HERE/target/cruise-hadoop.jar:$(cat "$CP_FILE")" \
         cruise.hadoop.Launcher "$DIR" "$NODEMANAGERS"
 ) >"$LOG" 2>&1 &
 echo $! >"$DIR/hadoop.pid"
@@ -103,6 +106,8 @@ done
 cat >"$DIR/env.sh" <<ENV
 export HADOOP_CONF_DIR="$DIR/hadoop-conf"
 export CRUISE_HADOOP_DIR="$DIR"
+# cruise submit runs the AM under cruise.hadoop.AmRegistrar (yarn.am_register_jar).
+export CRUISE_YARN__AM_REGISTER_JAR="$HERE/target/cruise-hadoop.jar"
 ENV
 cat <<MSG
 hadoop running in $DIR (pid $(cat "$DIR/hadoop.pid"), log $LOG)

@@ -28,8 +28,8 @@ import org.apache.hadoop.yarn.server.MiniYARNCluster;
 /**
  * A one-machine Hadoop: a MiniDFSCluster (one NameNode, one DataNode, WebHDFS
  * on) and a MiniYARNCluster (one ResourceManager with its web services and the
- * YARN Services REST API, N NodeManagers that launch real processes with the
- * DefaultContainerExecutor), plus the in-process ZooKeeper that the YARN
+ * YARN Services REST API; N NodeManagers, each in a JVM of its own, that
+ * launch real processes with the DefaultContainerExecutor), plus the in-process ZooKeeper that the YARN
  * service registry needs.
  *
  * <pre>java -cp CONFDIR:classes:DEPS cruise.hadoop.Launcher DIR [NODEMANAGERS]</pre>
@@ -177,7 +177,7 @@ public final class Launcher {
     }
     Path dir = Path.of(args[0]).toAbsolutePath();
     int nodeManagers = args.length > 1 ? Integer.parseInt(args[1]) : 1;
-    int nmMemoryMb = Integer.parseInt(System.getProperty("cruise.nm.memory.mb", "4096"));
+    int nmMemoryMb = Integer.parseInt(System.getProperty("cruise.nm.memory.mb", "6144"));
     int nmVcores = Integer.parseInt(System.getProperty("cruise.nm.vcores", "8"));
     Path cpConf = dir.resolve("classpath-conf");
     Path clientConf = dir.resolve("hadoop-conf");
@@ -248,9 +248,7 @@ public final class Launcher {
     yarn.put("yarn.service.am-resource.memory", "512");
     yarn.put("yarn.service.am.java.opts", "-Xmx384m " + System.getProperty("cruise.add.opens", ""));
     yarn.put("yarn.service.readiness-check-interval.seconds", "1");
-    yarn.put("yarn.service.base.path", "/tmp/yarn-services");
     yarn.put(YarnConfiguration.RM_NM_HEARTBEAT_INTERVAL_MS, "250");
-    yarn.put(YarnConfiguration.RM_AM_EXPIRY_INTERVAL_MS, "60000");
     yarn.put(YarnConfiguration.RM_NM_EXPIRY_INTERVAL_MS, "60000");
 
     Map<String, String> all = new LinkedHashMap<>(core);
@@ -328,6 +326,10 @@ public final class Launcher {
     clientYarn.put(YarnConfiguration.RM_SCHEDULER_ADDRESS, host + ":" + rmScheduler);
     clientYarn.put(YarnConfiguration.RM_WEBAPP_ADDRESS, host + ":" + rmWeb);
     clientYarn.put(YarnConfiguration.RM_SCHEDULER_MINIMUM_ALLOCATION_MB, "128");
+    // Where a JVM in a container finds Hadoop: this JVM's class path (the
+    // Maven repository), its configuration directory first.
+    clientYarn.put(YarnConfiguration.YARN_APPLICATION_CLASSPATH,
+        System.getProperty("java.class.path").replace(File.pathSeparatorChar, ','));
     writeAtomically(clientConf.resolve("core-site.xml"), site(clientCore));
     writeAtomically(clientConf.resolve("hdfs-site.xml"), site(clientHdfs));
     writeAtomically(clientConf.resolve("yarn-site.xml"), site(clientYarn));
