@@ -264,9 +264,8 @@ pub async fn submit(mut config: CruiseConfig, work: &Path) -> anyhow::Result<Sub
         am
     } else {
         let jar = Path::new(&config.yarn.am_register_jar);
-        let data = std::fs::read(jar).with_context(|| {
-            format!("yarn.am_register_jar: reading {}", jar.display())
-        })?;
+        let data = std::fs::read(jar)
+            .with_context(|| format!("yarn.am_register_jar: reading {}", jar.display()))?;
         let jar_uri = join(&staging, AM_REGISTER_JAR);
         let (jar_len, jar_mtime) = upload(&fs, &jar_uri, Bytes::from(data)).await?;
         local_resources.push(LocalResource {

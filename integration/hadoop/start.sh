@@ -92,6 +92,7 @@ while [ ! -s "$DIR/ready" ]; do
     sleep 0.5
 done
 
+echo "AM_REGISTER_JAR=$HERE/target/cruise-hadoop.jar" >>"$DIR/cluster.env"
 # shellcheck disable=SC1091
 . "$DIR/cluster.env"
 # Ready means the RM answers REST and WebHDFS answers a listing.

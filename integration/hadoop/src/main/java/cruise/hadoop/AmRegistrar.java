@@ -37,6 +37,9 @@ public final class AmRegistrar {
       System.err.println("usage: AmRegistrar COMMAND [ARGS...]");
       System.exit(2);
     }
+    // The AM's stdout is the container's stdout; Hadoop's own logging goes
+    // to stderr.
+    System.setOut(System.err);
     YarnConfiguration conf = new YarnConfiguration();
     String host = System.getenv(ApplicationConstants.Environment.NM_HOST.name());
     String cid = System.getenv(ApplicationConstants.Environment.CONTAINER_ID.name());
