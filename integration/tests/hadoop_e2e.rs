@@ -158,7 +158,7 @@ async fn mlr_input_on_hdfs(h: &RealHadoop, dir: &Path, samples: u64) -> String {
             "--out",
             local.to_str().expect("utf-8 path"),
         ],
-        &h,
+        h,
     )
     .await;
     assert!(o.status.success(), "datagen: {}", text(&o.stderr));
@@ -419,4 +419,107 @@ async fn job_whose_evaluators_cannot_start_fails_in_yarn() {
     // and the job fails when no evaluator registers in time.
     assert!(logs.contains("registered within"), "{logs}");
     wait_service_gone(&h, &service_name(&app_id)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn evaluator_killed_by_yarn_fails_the_job_naming_it() {
+    let Some(h) =
+        RealHadoop::from_env("evaluator_killed_by_yarn_fails_the_job_naming_it").expect("cluster")
+    else {
+        return;
+    };
+    let _turn = TURN.lock().await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let o = cruise(
+        &[
+            "submit",
+            "--epochs",
+            "100000",
+            "--containers",
+            "2",
+            "--set",
+            "mlr.generate_samples=2000",
+            "--set",
+            "runtime.container_memory_mb=512",
+            "--set",
+            "yarn.am_memory_mb=512",
+            "--set",
+            "runtime.allocation_timeout_ms=180000",
+            "--work-dir",
+            dir.path().join("work").to_str().expect("utf-8"),
+        ],
+        &h,
+    )
+    .await;
+    assert!(o.status.success(), "submit: {}", text(&o.stderr));
+    let app_id = text(&o.stdout).trim().to_string();
+    let name = service_name(&app_id);
+    // Wait until both evaluators run, then have YARN kill one: the RM's
+    // signal API (FORCEFUL_SHUTDOWN), carried out by its NodeManager.
+    let deadline = Instant::now() + JOB_TIMEOUT;
+    let victim = loop {
+        if let Some(v) = service(&h, &name).await
+            && ready_containers(&v) == 2
+        {
+            let id = v["components"][0]["containers"][0]["id"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            break id;
+        }
+        let (state, _) = yarn_app(&h, &app_id).await;
+        assert!(
+            !["FINISHED", "FAILED", "KILLED"].contains(&state.as_str()),
+            "{app_id} ended ({state}) before its service ran 2 evaluators"
+        );
+        assert!(
+            Instant::now() < deadline,
+            "service {name} never had 2 READY containers"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    // Kill it once the job is training (the AM's stderr says so).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let out = text(
+            &cruise(&["logs", &app_id, "--file", "stderr"], &h)
+                .await
+                .stdout,
+        );
+        if out.contains("training:") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{app_id} never started training:\n{out}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let url = format!(
+        "{}/ws/v1/cluster/containers/{victim}/signal/FORCEFUL_SHUTDOWN?user.name={USER}",
+        h.rm_url()
+    );
+    let r = reqwest::Client::new()
+        .post(&url)
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("POST {url}: {e}"));
+    assert!(r.status().is_success(), "POST {url}: HTTP {}", r.status());
+
+    let (state, fin) = wait_app_final(&h, &app_id, Duration::from_secs(120)).await;
+    let logs = text(
+        &cruise(&["logs", &app_id, "--file", "stderr"], &h)
+            .await
+            .stdout,
+    );
+    assert_eq!(
+        (state.as_str(), fin.as_str()),
+        ("FINISHED", "FAILED"),
+        "{logs}"
+    );
+    assert!(
+        logs.contains("job failed") && logs.contains(&victim),
+        "the AM's error must name the killed container {victim}:\n{logs}"
+    );
+    wait_service_gone(&h, &name).await;
 }
