@@ -14,7 +14,10 @@
 //! - `input/`: the input, when it was generated or local.
 //!
 //! The AM command is `./lib/cruise appmaster --config job.toml` with stdout
-//! and stderr in the container's log directory; the AM prints its summary
+//! and stderr in the container's log directory; with `yarn.am_register_jar`
+//! it runs under `java cruise.hadoop.AmRegistrar` (the jar shipped as the
+//! FILE resource `cruise-am-registrar.jar`), which registers it with the RM
+//! over Hadoop RPC, as real YARN requires; the AM prints its summary
 //! there and writes `summary.json`, which `cruise logs` fetches from the
 //! NodeManager. The evaluator service is named after the application
 //! (`<prefix>-<cluster timestamp>-<sequence>`), so `cruise kill` can destroy
