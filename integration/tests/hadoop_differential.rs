@@ -1,7 +1,9 @@
 //! Differential tests: the same WebHDFS and YARN REST calls, in the same
 //! order, against `cruise-sim` and against a real Hadoop (the one of
-//! `integration/hadoop/start.sh DIR`, named by `CRUISE_HADOOP_DIR`; skipped
-//! without it unless `CRUISE_HADOOP_REQUIRED=1`). For each call the test
+//! `integration/hadoop/start.sh DIR`, named by `CRUISE_HADOOP_DIR`; the
+//! test is `#[ignore]`d: run it with `-- --ignored`, as
+//! `integration/hadoop/ci.sh` does; skipped without `CRUISE_HADOOP_DIR`
+//! unless `CRUISE_HADOOP_REQUIRED=1`). For each call the test
 //! compares what a client sees: the status code, a redirect and where it
 //! points, the content type, and the body reduced to what clients read (the
 //! exception name of a `RemoteException`, the value of `{"boolean": ..}`, the
@@ -531,6 +533,7 @@ async fn perform(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a real Hadoop: integration/hadoop/start.sh DIR, then CRUISE_HADOOP_DIR=DIR and --ignored"]
 async fn webhdfs_and_yarn_rest_agree_with_real_hadoop() {
     let Some(h) =
         RealHadoop::from_env("webhdfs_and_yarn_rest_agree_with_real_hadoop").expect("the cluster")

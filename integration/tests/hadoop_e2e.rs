@@ -10,10 +10,13 @@
 //! `cruise kill`. YARN's own record of each application (its state and final
 //! status, read from the RM's REST API) must match what happened.
 //!
-//! Run with `CRUISE_HADOOP_DIR=DIR` (the directory given to start.sh);
-//! without it every test prints SKIPPED and passes, unless
-//! `CRUISE_HADOOP_REQUIRED=1` (as in CI). The tests take turns: they share
-//! the cluster's NodeManagers. Needs `cargo build -p cruise-appmaster`.
+//! The tests are `#[ignore]`d, so a plain `cargo test` lists them as
+//! needing a real Hadoop. Run them with `CRUISE_HADOOP_DIR=DIR` (the
+//! directory given to start.sh) and `-- --ignored`
+//! (`integration/hadoop/ci.sh` does all of it); without `CRUISE_HADOOP_DIR`
+//! they print SKIPPED and pass, unless `CRUISE_HADOOP_REQUIRED=1` (as in
+//! CI). They take turns: they share the cluster's NodeManagers. Needs
+//! `cargo build -p cruise-appmaster`.
 
 use std::path::Path;
 use std::process::Output;
@@ -179,6 +182,7 @@ async fn mlr_input_on_hdfs(h: &RealHadoop, dir: &Path, samples: u64) -> String {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a real Hadoop: integration/hadoop/start.sh DIR, then CRUISE_HADOOP_DIR=DIR and --ignored"]
 async fn mlr_job_on_real_yarn_succeeds() {
     let Some(h) = RealHadoop::from_env("mlr_job_on_real_yarn_succeeds").expect("the cluster")
     else {
@@ -291,6 +295,7 @@ async fn mlr_job_on_real_yarn_succeeds() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a real Hadoop: integration/hadoop/start.sh DIR, then CRUISE_HADOOP_DIR=DIR and --ignored"]
 async fn killed_job_is_killed_in_yarn_and_its_service_destroyed() {
     let Some(h) = RealHadoop::from_env("killed_job_is_killed_in_yarn_and_its_service_destroyed")
         .expect("the cluster")
@@ -359,6 +364,7 @@ async fn killed_job_is_killed_in_yarn_and_its_service_destroyed() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a real Hadoop: integration/hadoop/start.sh DIR, then CRUISE_HADOOP_DIR=DIR and --ignored"]
 async fn job_whose_evaluators_cannot_start_fails_in_yarn() {
     let Some(h) =
         RealHadoop::from_env("job_whose_evaluators_cannot_start_fails_in_yarn").expect("cluster")
@@ -422,6 +428,7 @@ async fn job_whose_evaluators_cannot_start_fails_in_yarn() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a real Hadoop: integration/hadoop/start.sh DIR, then CRUISE_HADOOP_DIR=DIR and --ignored"]
 async fn evaluator_killed_by_yarn_fails_the_job_naming_it() {
     let Some(h) =
         RealHadoop::from_env("evaluator_killed_by_yarn_fails_the_job_naming_it").expect("cluster")
