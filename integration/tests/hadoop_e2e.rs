@@ -8,7 +8,9 @@
 //! a real NodeManager, its evaluators in the containers of a YARN service run
 //! by Hadoop's own service AM, and `cruise status --wait`, `cruise logs`,
 //! `cruise kill`. YARN's own record of each application (its state and final
-//! status, read from the RM's REST API) must match what happened.
+//! status, read from the RM's REST API) must match what happened. One more
+//! job runs its AM in the foreground (`cruise run --runtime yarn`) and is
+//! grown by the optimizer from 2 to 4 evaluators, flexing its service.
 //!
 //! The tests are `#[ignore]`d, so a plain `cargo test` lists them as
 //! needing a real Hadoop. Run them with `CRUISE_HADOOP_DIR=DIR` (the
@@ -24,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use cruise_hdfs::{FileSystem, WebHdfsOptions};
 use cruise_integration::hadoop::RealHadoop;
-use cruise_integration::{binary, summary_accuracy};
+use cruise_integration::{Spawned, await_status, binary, status_address, summary_accuracy};
 use serde_json::Value;
 
 /// The user the jobs run as: not the cluster's superuser (the user that
@@ -529,4 +531,147 @@ async fn evaluator_killed_by_yarn_fails_the_job_naming_it() {
         "the AM's error must name the killed container {victim}:\n{logs}"
     );
     wait_service_gone(&h, &name).await;
+}
+
+/// Evaluators of a job that `cruise run --runtime yarn` runs in the
+/// foreground, one a line of (phase, active evaluators, reconfigurations'
+/// operations), for failure messages.
+fn job_view(s: &Value) -> String {
+    let active = s["evaluators"]
+        .as_array()
+        .map(|e| e.iter().filter(|e| e["role"] != "idle").count())
+        .unwrap_or(0);
+    format!(
+        "phase {} active {active} capacity {} reconfigurations {}",
+        s["phase"], s["capacity"], s["reconfigurations"]
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a real Hadoop: integration/hadoop/start.sh DIR, then CRUISE_HADOOP_DIR=DIR and --ignored"]
+async fn optimizer_flexes_the_evaluator_service_on_real_yarn() {
+    let Some(h) = RealHadoop::from_env("optimizer_flexes_the_evaluator_service_on_real_yarn")
+        .expect("cluster")
+    else {
+        return;
+    };
+    let _turn = TURN.lock().await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    // The AM in the foreground (its status endpoint on this machine), its
+    // evaluators in a YARN service; 2 to start with, up to 4.
+    let mut c = tokio::process::Command::new(binary("cruise").expect("cruise"));
+    c.args([
+        "run",
+        "--runtime",
+        "yarn",
+        "-n",
+        "2",
+        "-w",
+        "1",
+        "--epochs",
+        "100000",
+    ])
+    .args(["--set", "mlr.generate_samples=20000"])
+    .args(["--set", "runtime.max_containers=4"])
+    .args(["--set", "runtime.container_memory_mb=512"])
+    .args(["--set", "runtime.allocation_timeout_ms=180000"])
+    .args(["--set", "yarn.capacity_poll_interval_ms=300"])
+    .args(["--set", "optimizer.interval_ms=300"])
+    .arg("--work-dir")
+    .arg(dir.path().join("work"))
+    .env("HADOOP_CONF_DIR", &h.conf_dir)
+    .env("HADOOP_USER_NAME", USER)
+    .env_remove("RUST_LOG");
+    let mut job = Spawned::spawn(c).expect("starting cruise run");
+    let addr = status_address(&job, JOB_TIMEOUT)
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", job.stderr()));
+    // Scale out: 4 active evaluators after a reconfiguration that added
+    // some. (The optimizer may also take one away again on a noisy
+    // machine: it then scales in, which is reported, not required.)
+    let grown = await_status(&addr, JOB_TIMEOUT, |s| {
+        let active = s["evaluators"]
+            .as_array()
+            .map(|e| e.iter().filter(|e| e["role"] != "idle").count())
+            .unwrap_or(0);
+        active == 4
+            && s["reconfigurations"].as_array().is_some_and(|r| {
+                r.iter().any(|p| {
+                    p["op_secs"]
+                        .as_array()
+                        .is_some_and(|o| o.iter().any(|o| o[0] == "add"))
+                })
+            })
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", job.stderr()));
+    // The evaluator service on the real RM: its application, and its
+    // component flexed from 2 to 4 with 4 containers READY.
+    let apps = rm_get(
+        &h,
+        &format!("/ws/v1/cluster/apps?states=RUNNING&applicationTypes=yarn-service&user={USER}"),
+    )
+    .await
+    .expect("apps");
+    let services: Vec<(String, String)> = apps["apps"]["app"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|a| {
+            Some((
+                a["name"].as_str()?.to_string(),
+                a["id"].as_str()?.to_string(),
+            ))
+        })
+        .filter(|(n, _)| n.starts_with("cruise-"))
+        .collect();
+    assert_eq!(services.len(), 1, "one running cruise service: {apps}");
+    let (name, service_app) = services[0].clone();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let svc = service(&h, &name).await.expect("the service exists");
+        if svc["components"][0]["number_of_containers"] == 4 && ready_containers(&svc) == 4 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "service {name} not at 4 READY containers while the job has 4 evaluators: {svc}\njob: {}",
+            job_view(&grown)
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let last = cruise_integration::status(&addr).await.unwrap_or_default();
+    let deletes = last["reconfigurations"]
+        .as_array()
+        .map(|r| {
+            r.iter()
+                .filter(|p| {
+                    p["op_secs"]
+                        .as_array()
+                        .is_some_and(|o| o.iter().any(|o| o[0] == "delete"))
+                })
+                .count()
+        })
+        .unwrap_or(0);
+    eprintln!(
+        "real yarn flex: {}; reconfigurations with a delete (scale in): {deletes}",
+        job_view(&last)
+    );
+
+    // Stopping the job destroys the service, and YARN ends its application.
+    let pid = job.child.id().expect("the job's pid");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(i32::try_from(pid).expect("pid")),
+        nix::sys::signal::Signal::SIGINT,
+    )
+    .expect("SIGINT to the job");
+    job.wait(JOB_TIMEOUT).await.expect("the job ends");
+    assert!(job.stderr().contains("cancelled"), "{}", job.stderr());
+    wait_service_gone(&h, &name).await;
+    let (state, _) = wait_app_final(&h, &service_app, Duration::from_secs(60)).await;
+    assert!(
+        ["FINISHED", "KILLED"].contains(&state.as_str()),
+        "service application {service_app} ended {state}"
+    );
 }
