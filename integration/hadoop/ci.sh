@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # CI stage: starts the real one-machine Hadoop (start.sh fetches the Hadoop
 # jars with Maven, cached in ~/.m2, and waits until the RM and WebHDFS
-# answer), runs the real-Hadoop end-to-end and differential tests, and stops
-# it, also on failure. The tests fail rather than skip when the cluster is
+# answer), runs the real-Hadoop end-to-end and differential tests and the
+# third-party WebHDFS clients against it, and stops it, also on failure. The tests fail rather than skip when the cluster is
 # missing (CRUISE_HADOOP_REQUIRED=1). Prints the stage's time.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -20,5 +20,8 @@ if ! CRUISE_HADOOP_DIR="$HADOOP_DIR" CRUISE_HADOOP_REQUIRED=1 \
     echo "---- NodeManager logs: $HADOOP_DIR/logs, containers' logs: $HADOOP_DIR/nm-*/logs ----" >&2
     exit 1
 fi
+# The third-party WebHDFS clients (HdfsCLI, fsspec, Hadoop's own
+# WebHdfsFileSystem) against real HDFS as well as cruise-sim.
+CRUISE_HADOOP_DIR="$HADOOP_DIR" integration/conformance/webhdfs_conformance.sh
 integration/hadoop/stop.sh "$HADOOP_DIR"
 echo "real Hadoop stage passed in $(( $(date +%s) - T0 )) s"

@@ -462,10 +462,12 @@ impl Store {
     }
 
     /// The namenode's check before redirecting `OPEN`: the path is a file.
+    /// A missing one gets the NameNode's `OPEN` message (checked against
+    /// Hadoop 3.4.2), not `GETFILESTATUS`'s.
     pub async fn check_readable(&self, path: &str) -> R<u64> {
         match self.metadata(path).await? {
             None => Err(RemoteException::file_not_found(format!(
-                "File does not exist: {path}"
+                "File {path} not found."
             ))),
             Some(m) if m.is_dir() => Err(RemoteException::file_not_found(format!(
                 "Path is not a file: {path}"

@@ -266,6 +266,10 @@ public final class Launcher {
     hconf.setBoolean("dfs.webhdfs.enabled", true);
     hconf.setInt(DFSConfigKeys.DFS_REPLICATION_KEY, 1);
     hconf.setBoolean(DFSConfigKeys.DFS_PERMISSIONS_ENABLED_KEY, true);
+    // One DataNode: a file a client created with replication 3 (Hadoop's
+    // client default) could not be appended to, since the write pipeline
+    // would look for DataNodes to add. As for any cluster of fewer than 3.
+    hconf.set("dfs.client.block.write.replace-datanode-on-failure.policy", "NEVER");
     hconf.set("hadoop.proxyuser." + user + ".hosts", "*");
     hconf.set("hadoop.proxyuser." + user + ".groups", "*");
     MiniDFSCluster dfs = new MiniDFSCluster.Builder(hconf)
