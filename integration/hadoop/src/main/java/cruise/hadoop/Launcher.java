@@ -29,10 +29,10 @@ import org.apache.hadoop.yarn.server.MiniYARNCluster;
  * A one-machine Hadoop: a MiniDFSCluster (one NameNode, one DataNode, WebHDFS
  * on) and a MiniYARNCluster (one ResourceManager with its web services and the
  * YARN Services REST API; N NodeManagers, each in a JVM of its own, that
- * launch real processes with the DefaultContainerExecutor), plus the in-process ZooKeeper that the YARN
- * service registry needs.
+ * launch real processes with the DefaultContainerExecutor), plus the
+ * in-process ZooKeeper that the YARN service registry needs.
  *
- * <pre>java -cp CONFDIR:classes:DEPS cruise.hadoop.Launcher DIR [NODEMANAGERS]</pre>
+ * <pre>java -cp CONFDIR:cruise-hadoop.jar:DEPS cruise.hadoop.Launcher DIR [NODEMANAGERS]</pre>
  *
  * CONFDIR must be DIR/classpath-conf and come first on the class path: the
  * Services REST API (ApiServer) and the service AMs it launches read their
@@ -40,7 +40,10 @@ import org.apache.hadoop.yarn.server.MiniYARNCluster;
  * so the launcher writes both there, with every address fixed, before it
  * starts anything. When all is up it writes DIR/hadoop-conf (the
  * HADOOP_CONF_DIR for clients), DIR/cluster.env (the addresses, for scripts)
- * and last DIR/ready. It stops everything on SIGTERM or SIGINT.
+ * and last DIR/ready (its pid). The NodeManagers log to DIR/logs; the
+ * system properties cruise.nm.memory.mb, cruise.nm.vcores and
+ * cruise.add.opens (JVM options for the JVMs it starts) configure them. It
+ * stops everything on SIGTERM or SIGINT.
  */
 public final class Launcher {
   private Launcher() {}
