@@ -14,7 +14,10 @@
 //! - `input/`: the input, when it was generated or local.
 //!
 //! The AM command is `./lib/cruise appmaster --config job.toml` with stdout
-//! and stderr in the container's log directory; the AM prints its summary
+//! and stderr in the container's log directory; with `yarn.am_register_jar`
+//! it runs under `java cruise.hadoop.AmRegistrar` (the jar shipped as the
+//! FILE resource `cruise-am-registrar.jar`), which registers it with the RM
+//! over Hadoop RPC, as real YARN requires; the AM prints its summary
 //! there and writes `summary.json`, which `cruise logs` fetches from the
 //! NodeManager. The evaluator service is named after the application
 //! (`<prefix>-<cluster timestamp>-<sequence>`), so `cruise kill` can destroy
@@ -47,6 +50,9 @@ use crate::{datagen, tarball};
 pub const TARBALL: &str = "cruise.tar";
 /// Name of the job configuration (staging directory and AM container).
 pub const JOB_TOML: &str = "job.toml";
+/// Name of `yarn.am_register_jar` in the staging directory and the AM
+/// container.
+pub const AM_REGISTER_JAR: &str = "cruise-am-registrar.jar";
 /// Name of the AM's summary file in its log directory.
 pub const SUMMARY_FILE: &str = "summary.json";
 
@@ -239,7 +245,42 @@ pub async fn submit(mut config: CruiseConfig, work: &Path) -> anyhow::Result<Sub
     let job_uri = join(&staging, JOB_TOML);
     let (job_len, job_mtime) = upload(&fs, &job_uri, Bytes::from(toml_text)).await?;
 
-    let env = am_environment(&s.user);
+    let mut env = am_environment(&s.user);
+    let mut local_resources = vec![
+        LocalResource {
+            key: ARTIFACT_DIR.into(),
+            url: tar_uri,
+            kind: ResourceType::Archive,
+            size: tar_len,
+            timestamp: tar_mtime,
+        },
+        LocalResource {
+            key: JOB_TOML.into(),
+            url: job_uri,
+            kind: ResourceType::File,
+            size: job_len,
+            timestamp: job_mtime,
+        },
+    ];
+    let am = format!("./{ARTIFACT_DIR}/cruise appmaster --config {JOB_TOML}");
+    let command = if config.yarn.am_register_jar.is_empty() {
+        am
+    } else {
+        let jar = Path::new(&config.yarn.am_register_jar);
+        let data = std::fs::read(jar)
+            .with_context(|| format!("yarn.am_register_jar: reading {}", jar.display()))?;
+        let jar_uri = join(&staging, AM_REGISTER_JAR);
+        let (jar_len, jar_mtime) = upload(&fs, &jar_uri, Bytes::from(data)).await?;
+        local_resources.push(LocalResource {
+            key: AM_REGISTER_JAR.into(),
+            url: jar_uri,
+            kind: ResourceType::File,
+            size: jar_len,
+            timestamp: jar_mtime,
+        });
+        env.insert("CLASSPATH".to_string(), am_classpath()?);
+        format!("{{{{JAVA_HOME}}}}/bin/java -Xmx128m cruise.hadoop.AmRegistrar {am}")
+    };
     let submission = Submission {
         application_id: id.clone(),
         name: config.job.name.clone(),
@@ -248,26 +289,9 @@ pub async fn submit(mut config: CruiseConfig, work: &Path) -> anyhow::Result<Sub
         max_attempts: config.yarn.max_app_attempts,
         memory_mb: config.yarn.am_memory_mb,
         vcores: config.yarn.am_cores,
-        local_resources: vec![
-            LocalResource {
-                key: ARTIFACT_DIR.into(),
-                url: tar_uri,
-                kind: ResourceType::Archive,
-                size: tar_len,
-                timestamp: tar_mtime,
-            },
-            LocalResource {
-                key: JOB_TOML.into(),
-                url: job_uri,
-                kind: ResourceType::File,
-                size: job_len,
-                timestamp: job_mtime,
-            },
-        ],
+        local_resources,
         environment: env,
-        command: format!(
-            "./{ARTIFACT_DIR}/cruise appmaster --config {JOB_TOML} 1><LOG_DIR>/stdout 2><LOG_DIR>/stderr"
-        ),
+        command: format!("{command} 1><LOG_DIR>/stdout 2><LOG_DIR>/stderr"),
     };
     rm.submit(&submission).await?;
     Ok(Submitted {
@@ -277,6 +301,38 @@ pub async fn submit(mut config: CruiseConfig, work: &Path) -> anyhow::Result<Sub
         input,
         rm: rm.base(),
     })
+}
+
+/// Hadoop's default `yarn.application.classpath`.
+const DEFAULT_APPLICATION_CLASSPATH: &[&str] = &[
+    "{{HADOOP_CONF_DIR}}",
+    "{{HADOOP_COMMON_HOME}}/share/hadoop/common/*",
+    "{{HADOOP_COMMON_HOME}}/share/hadoop/common/lib/*",
+    "{{HADOOP_HDFS_HOME}}/share/hadoop/hdfs/*",
+    "{{HADOOP_HDFS_HOME}}/share/hadoop/hdfs/lib/*",
+    "{{HADOOP_YARN_HOME}}/share/hadoop/yarn/*",
+    "{{HADOOP_YARN_HOME}}/share/hadoop/yarn/lib/*",
+];
+
+/// The AM container's `CLASSPATH` when it runs under the registrar: the
+/// registrar's jar, then `yarn.application.classpath` from the client's
+/// yarn-site.xml (else Hadoop's default), joined with `<CPS>`.
+fn am_classpath() -> anyhow::Result<String> {
+    let conf = hadoop_conf()?;
+    let configured = conf
+        .get("yarn.application.classpath")
+        .context("reading yarn.application.classpath")?;
+    let mut entries = vec![format!("{{{{PWD}}}}/{AM_REGISTER_JAR}")];
+    match configured.filter(|c| !c.trim().is_empty()) {
+        Some(c) => entries.extend(
+            c.split(',')
+                .map(str::trim)
+                .filter(|e| !e.is_empty())
+                .map(String::from),
+        ),
+        None => entries.extend(DEFAULT_APPLICATION_CLASSPATH.iter().map(|e| e.to_string())),
+    }
+    Ok(entries.join("<CPS>"))
 }
 
 /// Refuses containers larger than the largest the cluster grants (`max`):

@@ -504,6 +504,17 @@ pub struct YarnConfig {
     /// top level, unpacked into `lib/` of each evaluator container. Empty:
     /// the evaluator command runs as is on the node. `cruise submit` sets it.
     pub evaluator_artifact: String,
+    /// A local jar with `cruise.hadoop.AmRegistrar` (built by
+    /// `integration/hadoop`). With it, `cruise submit` ships the jar and runs
+    /// the AM under it: it registers the AM with the ResourceManager over
+    /// Hadoop RPC, heartbeats, and unregisters with SUCCEEDED or FAILED from
+    /// the AM's exit status. Real YARN needs this: an AM that never
+    /// registers stays ACCEPTED, is expired after
+    /// `yarn.am.liveness-monitor.expiry-interval-ms` and ends FAILED. The AM
+    /// container's class path is `yarn.application.classpath` from
+    /// yarn-site.xml (else Hadoop's default). Empty: the AM runs directly
+    /// (cruise-sim, which has no AM RPC).
+    pub am_register_jar: String,
 }
 
 impl Default for YarnConfig {
@@ -522,6 +533,7 @@ impl Default for YarnConfig {
             min_allocation_mb: 0,
             service_lifetime_secs: 0,
             evaluator_artifact: String::new(),
+            am_register_jar: String::new(),
         }
     }
 }

@@ -12,6 +12,8 @@
 # Each covers status, list, create, append, ranged read, mkdirs, rename,
 # delete and a 404, asserting on what is read back and on the bytes on disk.
 # $WEBHDFS_CLIENTS picks a subset (default: "hdfscli fsspec java").
+# With $CRUISE_HADOOP_DIR (a real Hadoop from integration/hadoop/start.sh)
+# the same clients and checks also run against its WebHDFS.
 # Exits non-zero, naming the failed clients, if any check fails.
 set -euo pipefail
 
@@ -71,6 +73,23 @@ read -r NN DN SB < <("$PY" -c 'import json,sys; r=json.load(open(sys.argv[1])); 
 log "simulator: namenode $NN, datanode $DN, standby $SB, root $WORK/root"
 
 # ---- runs ---------------------------------------------------------------------
+# A client against a real HDFS: no simulator root ("-"), no standby.
+run_real() {
+    local name="$1"
+    case "$name" in
+        hdfscli) "$PY" "$HERE/webhdfs_hdfscli.py" "$NN" "-" "-" ;;
+        fsspec) "$PY" "$HERE/webhdfs_fsspec.py" "$NN" "-" ;;
+        java)
+            local cp
+            cp="$(find "$JARS" -maxdepth 1 -name '*.jar' | sort | tr '\n' ':')"
+            mkdir -p "$WORK/classes"
+            javac -nowarn -d "$WORK/classes" -cp "$cp" "$HERE/WebHdfsConformance.java" || return 1
+            java -cp "${cp}$WORK/classes" WebHdfsConformance "${NN#http://}" "-" "-" 2> >(grep -v '^SLF4J' >&2)
+            ;;
+        *) echo "unknown client $name (expected hdfscli, fsspec or java)"; return 1 ;;
+    esac
+}
+
 run_client() {
     local name="$1"
     case "$name" in
@@ -88,6 +107,24 @@ run_client() {
 }
 
 FAILED=()
+# Against a real HDFS too (CRUISE_HADOOP_DIR: integration/hadoop/start.sh
+# DIR): the same clients and checks, bytes read back through WebHDFS, files
+# under /tmp/conformance-<pid> (a non-superuser may not write under /).
+if [ -n "${CRUISE_HADOOP_DIR:-}" ]; then
+    REAL_NN="http://$(sed -n 's/^NN_HTTP=//p' "$CRUISE_HADOOP_DIR/cluster.env")"
+    [ "$REAL_NN" != "http://" ] || die "$CRUISE_HADOOP_DIR/cluster.env has no NN_HTTP"
+    log "real HDFS: namenode $REAL_NN"
+    for client in $CLIENTS; do
+        t=$(date +%s)
+        echo "== $client against real HDFS"
+        if CONFORMANCE_BASE="/tmp/conformance-$$" NN="$REAL_NN" SB="-" run_real "$client"; then
+            echo "== $client against real HDFS: passed ($(( $(date +%s) - t )) s)"
+        else
+            echo "== $client against real HDFS: FAILED"
+            FAILED+=("$client-real")
+        fi
+    done
+fi
 for client in $CLIENTS; do
     t=$(date +%s)
     echo "== $client"

@@ -1,6 +1,8 @@
 """fsspec's WebHDFS implementation against the cruise-sim WebHDFS simulator.
 
 Usage: webhdfs_fsspec.py NAMENODE_URL SIM_ROOT
+Against a real HDFS, SIM_ROOT is "-": bytes are read back through WebHDFS;
+$CONFORMANCE_BASE (default /conformance) is where the files go.
 """
 import os
 import sys
@@ -9,7 +11,7 @@ from urllib.parse import urlparse
 from fsspec.implementations.webhdfs import WebHDFS
 
 NN, ROOT = sys.argv[1], sys.argv[2]
-BASE = "/conformance/fsspec"
+BASE = os.environ.get("CONFORMANCE_BASE", "/conformance") + "/fsspec"
 
 
 def check(cond, what):
@@ -19,6 +21,8 @@ def check(cond, what):
 
 
 def on_disk(path):
+    if ROOT == "-":
+        return fs.cat_file(path)
     with open(os.path.join(ROOT, path.lstrip("/")), "rb") as f:
         return f.read()
 
@@ -74,7 +78,10 @@ check(on_disk(f"{BASE}/b.txt") == b"hello world\nmore\n", "RENAME kept the bytes
 fs.rm(f"{BASE}/b.txt")
 check(not fs.exists(f"{BASE}/b.txt"), "DELETE file")
 fs.rm(BASE, recursive=True)
-check(not os.path.exists(os.path.join(ROOT, BASE.lstrip("/"))), "DELETE recursive")
+if ROOT == "-":
+    check(not fs.exists(BASE), "DELETE recursive")
+else:
+    check(not os.path.exists(os.path.join(ROOT, BASE.lstrip("/"))), "DELETE recursive")
 
 # 404
 try:

@@ -6,6 +6,7 @@
 //! - [`Sim`]: a running `cruise-sim` subcommand (ready file parsed; SIGTERM
 //!   and wait on drop, so no simulator outlives its test);
 //! - [`hadoop_conf_dir`]: a `HADOOP_CONF_DIR` pointing at the simulators;
+//!   [`hadoop::RealHadoop`]: the real one-machine Hadoop of `integration/hadoop/`;
 //! - [`wait_for`] / [`wait_until`]: polling with a deadline;
 //! - [`Spawned`]: a child process with its output captured, [`status`] /
 //!   [`await_status`] for the AM's status endpoint, [`mlr_data`];
@@ -20,6 +21,7 @@
 pub mod bench;
 pub mod clusters;
 pub mod fake_am;
+pub mod hadoop;
 pub mod optbench;
 
 use std::net::SocketAddr;

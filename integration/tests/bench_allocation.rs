@@ -15,6 +15,12 @@
 //! cargo build --release -p cruise-appmaster -p cruise-sim
 //! cargo test --release -p cruise-integration --test bench_allocation -- --ignored --nocapture
 //! ```
+//!
+//! With `CRUISE_HADOOP_DIR` set (a real Hadoop started by
+//! `integration/hadoop/start.sh DIR`) it also measures real YARN: the same
+//! requests through the Services API of a real RM, whose service AM (Hadoop's
+//! ServiceMaster, a JVM) gets the containers and a real NodeManager launches
+//! the same `cruise evaluator` binary.
 
 mod common;
 
@@ -171,6 +177,23 @@ async fn request_to_registered() {
         }),
     )
     .await;
+
+    if let Some(h) =
+        cruise_integration::hadoop::RealHadoop::from_env("bench_allocation (real YARN)").unwrap()
+    {
+        let url = h.rm_url();
+        measure(
+            "yarn-real",
+            Box::new(move |launch, tx, i| {
+                let mut c = yarn_config(&url, i, "real", None);
+                c.user = Some("alice".into());
+                c.min_allocation_mb = 128;
+                c.service_name = format!("cruise-bench-real-{}-{i}", std::process::id());
+                Arc::new(YarnRm::start(c, launch, tx).unwrap())
+            }),
+        )
+        .await;
+    }
 
     let yarn = Sim::start("yarn", &[]).unwrap();
     let url = yarn.url.clone();

@@ -764,3 +764,60 @@ fn splits_over_webhdfs_yield_every_record_once_in_order() {
         assert_eq!(read_all(&rt, &fs, &splits, 16), expected, "n = {n}");
     }
 }
+
+/// RENAME with `renameoptions` is Hadoop's rename2, as a real NameNode
+/// (3.4.2) answers it: an empty 200 that moved the file, and exceptions, not
+/// `{"boolean": false}`, when it cannot.
+#[tokio::test]
+async fn rename_with_options_is_rename2() {
+    let sim = Sim::start(&[]);
+    let fs = FileSystem::default();
+    fs.create(&sim.uri("/r/a"), Bytes::from_static(b"a"), true)
+        .await
+        .unwrap();
+    fs.create(&sim.uri("/r/b"), Bytes::from_static(b"b"), true)
+        .await
+        .unwrap();
+    let http = reqwest::Client::new();
+    let rename = |src: &str, dst: &str, opts: &str| {
+        format!(
+            "{}/webhdfs/v1{src}?op=RENAME&destination={dst}&renameoptions={opts}&user.name=alice",
+            sim.namenode
+        )
+    };
+    let send = |url: String| {
+        let http = http.clone();
+        async move {
+            let r = http.put(&url).send().await.unwrap();
+            let status = r.status().as_u16();
+            let body = r.text().await.unwrap();
+            (status, body)
+        }
+    };
+    // Moved, empty body.
+    assert_eq!(
+        send(rename("/r/a", "/r/c", "NONE")).await,
+        (200, String::new())
+    );
+    assert!(sim.root.join("r/c").is_file() && !sim.root.join("r/a").exists());
+    // An existing destination: refused without OVERWRITE, replaced with it.
+    let (st, body) = send(rename("/r/c", "/r/b", "NONE")).await;
+    assert_eq!(st, 403, "{body}");
+    assert!(body.contains("FileAlreadyExistsException"), "{body}");
+    assert_eq!(send(rename("/r/c", "/r/b", "OVERWRITE")).await.0, 200);
+    assert_eq!(std::fs::read(sim.root.join("r/b")).unwrap(), b"a");
+    // A missing source, a missing destination parent.
+    let (st, body) = send(rename("/r/zz", "/r/q", "NONE")).await;
+    assert_eq!(st, 404, "{body}");
+    assert!(body.contains("rename source /r/zz is not found."), "{body}");
+    let (st, body) = send(rename("/r/b", "/nope/q", "NONE")).await;
+    assert_eq!(st, 404, "{body}");
+    assert!(
+        body.contains("rename destination parent /nope/q not found."),
+        "{body}"
+    );
+    // A directory destination is not moved into: the kinds differ.
+    let (st, body) = send(rename("/r/b", "/r", "NONE")).await;
+    assert_eq!(st, 403, "{body}");
+    assert!(body.contains("IOException"), "{body}");
+}

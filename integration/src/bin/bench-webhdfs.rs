@@ -9,6 +9,11 @@
 //! cargo build --release -p cruise-sim -p cruise-integration
 //! cargo run --release -p cruise-integration --bin bench-webhdfs [-- SIZE_MIB]
 //! ```
+//!
+//! With `CRUISE_HADOOP_DIR` set (a real Hadoop started by
+//! `integration/hadoop/start.sh DIR`), the same file is also written to real
+//! HDFS and read from its NameNode and DataNode the same way, in the same
+//! interleaved rounds.
 
 use std::time::Instant;
 
@@ -94,17 +99,52 @@ async fn main() -> anyhow::Result<()> {
         meta.len()
     );
 
+    let real = match cruise_integration::hadoop::RealHadoop::from_env("bench-webhdfs (real HDFS)")?
+    {
+        Some(h) => {
+            let real_uri = format!("webhdfs://{}/tmp/cruise-bench/data.bin", h.nn_http);
+            let data: Vec<u8> = (0..len)
+                .map(|i| b"0123456789 :\n"[(i % 13) as usize])
+                .collect();
+            fs.create(&real_uri, Bytes::from(data), true)
+                .await
+                .with_context(|| format!("writing the file to real HDFS at {real_uri}"))?;
+            Some(real_uri)
+        }
+        None => None,
+    };
+
     let mut rows = Vec::new();
     for splits in [SPLITS, 1] {
         // Untimed warm-up (page cache, connection pool), then interleaved runs.
         webhdfs_read(&fs, &uri, len, splits).await?;
         local_read(&local, len, splits)?;
-        let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+        if let Some(r) = &real {
+            webhdfs_read(&fs, r, len, splits).await?;
+        }
+        let (mut ours, mut theirs, mut hadoop) = (Vec::new(), Vec::new(), Vec::new());
         for _ in 0..REPS {
             ours.push(webhdfs_read(&fs, &uri, len, splits).await?);
             theirs.push(local_read(&local, len, splits)?);
+            if let Some(r) = &real {
+                hadoop.push(webhdfs_read(&fs, r, len, splits).await?);
+            }
         }
         let (o, t) = (median(&mut ours), median(&mut theirs));
+        if !hadoop.is_empty() {
+            let hm = median(&mut hadoop);
+            rows.push(Row {
+                figure: format!(
+                    "real HDFS: read {mib} MiB as {splits} range{}",
+                    if splits == 1 { "" } else { "s" }
+                ),
+                value: format!("{:.0} MB/s", mb_s(hm)),
+                reference: format!("local file {:.0} MB/s", mb_s(t)),
+                ratio: Some(hm / t),
+                target: "— (report)".into(),
+                pass: None,
+            });
+        }
         rows.push(Row {
             figure: format!(
                 "read {mib} MiB as {splits} range{}",
@@ -119,7 +159,7 @@ async fn main() -> anyhow::Result<()> {
     }
     print_table(
         &format!(
-            "cruise-hdfs via cruise-sim webhdfs vs the same local file (page cache), median of {REPS}"
+            "cruise-hdfs via cruise-sim webhdfs (and real HDFS, if CRUISE_HADOOP_DIR is set) vs the same local file (page cache), median of {REPS}"
         ),
         &rows,
     );

@@ -530,7 +530,9 @@ impl RmClient {
         let status = resp.status();
         let body = resp.bytes().await.unwrap_or_default();
         match status {
-            StatusCode::OK => Ok(Some(String::from_utf8_lossy(&body).into_owned())),
+            StatusCode::OK => Ok(Some(
+                strip_log_framing(&String::from_utf8_lossy(&body), file).to_string(),
+            )),
             StatusCode::NOT_FOUND => Ok(None),
             s => Err(RmError::Http {
                 endpoint,
@@ -538,6 +540,32 @@ impl RmClient {
                 message: crate::http::server_message(&body),
             }),
         }
+    }
+}
+
+/// A NodeManager (Hadoop 3) frames a log file: a header (`Container: ...`,
+/// `LogAggregationType: ...`, a rule, `LogType:<file>`, `LogLastModifiedTime`,
+/// `LogLength`, `LogContents:`) before its bytes, and the trailer
+/// `End of LogType:<file>.` with a line of `*` after them. This returns the
+/// file's own bytes; text without that framing is returned as is.
+pub fn strip_log_framing<'a>(text: &'a str, file: &str) -> &'a str {
+    let mut body = text;
+    if body.starts_with("Container: ")
+        && let Some(at) = body.find(&format!("\nLogType:{file}\n"))
+        && let Some(c) = body[at..].find("\nLogContents:\n")
+    {
+        body = &body[at + c + "\nLogContents:\n".len()..];
+    }
+    let marker = format!("End of LogType:{file}");
+    match body.rfind(&marker) {
+        Some(at)
+            if body[at + marker.len()..]
+                .chars()
+                .all(|c| c == '.' || c == '*' || c.is_whitespace()) =>
+        {
+            &body[..at]
+        }
+        _ => body,
     }
 }
 
@@ -602,5 +630,25 @@ mod tests {
         assert!(b.nodes.is_none());
         let b: AttemptsBody = serde_json::from_str(r#"{"appAttempts":null}"#).unwrap();
         assert!(b.app_attempts.is_none());
+    }
+
+    #[test]
+    fn node_manager_log_framing_is_stripped() {
+        let stars = "*".repeat(77);
+        let real = format!("{{\"a\":1}}End of LogType:summary.json.\n{stars}\n\n");
+        assert_eq!(strip_log_framing(&real, "summary.json"), "{\"a\":1}");
+        let lines = format!("x\ny\nEnd of LogType:stderr.\n{stars}\n\n");
+        assert_eq!(strip_log_framing(&lines, "stderr"), "x\ny\n");
+        // A file that mentions the marker in its own text keeps it.
+        let own = "End of LogType:stderr. and more\n";
+        assert_eq!(strip_log_framing(own, "stderr"), own);
+        assert_eq!(strip_log_framing("plain", "stderr"), "plain");
+        let framed = format!(
+            "Container: container_1_0001_01_000001 on localhost:35183\nLogAggregationType: LOCAL\n{}\n\
+             LogType:stdout\nLogLastModifiedTime:Fri Nov 27 00:58:34 +0000 2026\nLogLength:4\n\
+             LogContents:\nab\ncEnd of LogType:stdout.\n{stars}\n\n",
+            "=".repeat(68)
+        );
+        assert_eq!(strip_log_framing(&framed, "stdout"), "ab\nc");
     }
 }

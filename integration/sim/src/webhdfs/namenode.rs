@@ -238,7 +238,29 @@ async fn dispatch(sim: &Sim, method: &Method, uri: &Uri) -> Result<Response, Rem
                 ));
             };
             let dst = normalize_destination(dst)?;
-            Ok(json_ok(json!({"boolean": store.rename(path, &dst).await?})))
+            // With `renameoptions` the NameNode runs rename2: an empty 200 on
+            // success, an exception otherwise.
+            match req.param("renameoptions").filter(|o| !o.is_empty()) {
+                Some(opts) => {
+                    let mut overwrite = false;
+                    for o in opts.split(',') {
+                        match o.trim() {
+                            "NONE" => {}
+                            "OVERWRITE" => overwrite = true,
+                            other => {
+                                return Err(RemoteException::invalid_param(
+                                    "renameoptions",
+                                    other,
+                                    "[NONE, OVERWRITE, TO_TRASH]",
+                                ));
+                            }
+                        }
+                    }
+                    store.rename2(path, &dst, overwrite).await?;
+                    Ok(empty_ok())
+                }
+                None => Ok(json_ok(json!({"boolean": store.rename(path, &dst).await?}))),
+            }
         }
         (Method::DELETE, "DELETE") => {
             let recursive = req.bool_param("recursive", false)?;

@@ -336,6 +336,87 @@ impl Store {
         Ok(true)
     }
 
+    /// `RENAME` with `renameoptions` (Hadoop's `rename2`, as the NameNode
+    /// answers it): `dst` is the new name itself, never a directory to move
+    /// into; an existing `dst` is replaced only with `overwrite`, and only
+    /// by the same kind (file or empty directory). Failures are exceptions,
+    /// with the NameNode's messages, not `false`.
+    pub async fn rename2(&self, src: &str, dst: &str, overwrite: bool) -> R<()> {
+        let _ns = self.ns.lock().await;
+        let Some(sm) = self.metadata(src).await? else {
+            return Err(RemoteException::file_not_found(format!(
+                "rename source {src} is not found."
+            )));
+        };
+        if src == dst {
+            return Err(RemoteException::already_exists(format!(
+                "The source {src} and destination {dst} are the same"
+            )));
+        }
+        if src == "/" || dst.starts_with(&format!("{src}/")) {
+            return Err(RemoteException::io(format!(
+                "Rename destination {dst} is a directory or file under source {src}"
+            )));
+        }
+        match parent_of(dst) {
+            Some(p) => match self.metadata(p).await? {
+                None => {
+                    return Err(RemoteException::file_not_found(format!(
+                        "rename destination parent {dst} not found."
+                    )));
+                }
+                Some(m) if !m.is_dir() => {
+                    return Err(RemoteException::parent_not_directory(format!(
+                        "rename destination parent {dst} is a file."
+                    )));
+                }
+                Some(_) => {}
+            },
+            None => {
+                return Err(RemoteException::io(format!(
+                    "rename destination cannot be the root: {dst}"
+                )));
+            }
+        }
+        if let Some(dm) = self.metadata(dst).await? {
+            if dm.is_dir() != sm.is_dir() {
+                let kind = if sm.is_dir() { "directories" } else { "files" };
+                return Err(RemoteException::io(format!(
+                    "Source {src} and destination {dst} must both be {kind}"
+                )));
+            }
+            if !overwrite {
+                return Err(RemoteException::already_exists(format!(
+                    "rename destination {dst} already exists"
+                )));
+            }
+            if dm.is_dir() {
+                let mut entries = tokio::fs::read_dir(self.local(dst))
+                    .await
+                    .map_err(|e| io_err(dst, e))?;
+                if entries
+                    .next_entry()
+                    .await
+                    .map_err(|e| io_err(dst, e))?
+                    .is_some()
+                {
+                    return Err(RemoteException::io(format!(
+                        "rename destination directory is not empty: {dst}"
+                    )));
+                }
+                tokio::fs::remove_dir(self.local(dst))
+                    .await
+                    .map_err(|e| io_err(dst, e))?;
+            }
+            self.move_owners(dst, None);
+        }
+        tokio::fs::rename(self.local(src), self.local(dst))
+            .await
+            .map_err(|e| io_err(src, e))?;
+        self.move_owners(src, Some(dst));
+        Ok(())
+    }
+
     /// `DELETE`: false when missing; a non-empty directory needs `recursive`.
     pub async fn delete(&self, path: &str, recursive: bool) -> R<bool> {
         let _ns = self.ns.lock().await;
@@ -381,10 +462,12 @@ impl Store {
     }
 
     /// The namenode's check before redirecting `OPEN`: the path is a file.
+    /// A missing one gets the NameNode's `OPEN` message (checked against
+    /// Hadoop 3.4.2), not `GETFILESTATUS`'s.
     pub async fn check_readable(&self, path: &str) -> R<u64> {
         match self.metadata(path).await? {
             None => Err(RemoteException::file_not_found(format!(
-                "File does not exist: {path}"
+                "File {path} not found."
             ))),
             Some(m) if m.is_dir() => Err(RemoteException::file_not_found(format!(
                 "Path is not a file: {path}"

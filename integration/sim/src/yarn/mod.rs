@@ -51,7 +51,12 @@
 //! Every node's web address (`nodeHTTPAddress`, an attempt's
 //! `nodeHttpAddress`) is this server, which also answers the NodeManager's
 //! `GET /ws/v1/node/containerlogs/{container}/{file}` with a file of the
-//! container's log directory (`<LOG_DIR>`), as plain text.
+//! container's log directory (`<LOG_DIR>`), as plain text framed as a
+//! Hadoop 3 NodeManager frames it: a header (`Container: <id> on <node>`,
+//! `LogAggregationType: LOCAL`, a rule of `=`, `LogType:<file>`,
+//! `LogLength:<n>`, `LogContents:`; the real one also has
+//! `LogLastModifiedTime`) and a trailer (`End of LogType:<file>.` and a line
+//! of 77 `*`).
 //!
 //! `--ready-file PATH` receives `{"url", "rm_url", "services_url",
 //! "admin_url", "work_dir", "pid"}` once the listener is bound.
@@ -496,7 +501,28 @@ async fn get_container_log(
         return (StatusCode::BAD_REQUEST, format!("bad file name {name:?}\n")).into_response();
     }
     match std::fs::read(dir.join("logs").join(&name)) {
-        Ok(b) => ([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], b).into_response(),
+        Ok(b) => {
+            // A Hadoop 3 NodeManager frames the file with this header and
+            // trailer.
+            let node = sim
+                .lock()
+                .containers
+                .get(&id)
+                .map(|c| format!("127.0.0.1:{}", 45454 + c.node))
+                .unwrap_or_default();
+            let first = format!("Container: {id} on {node}");
+            let mut out = format!(
+                "{first}\nLogAggregationType: LOCAL\n{}\nLogType:{name}\nLogLength:{}\nLogContents:\n",
+                "=".repeat(first.len()),
+                b.len()
+            )
+            .into_bytes();
+            out.extend_from_slice(&b);
+            out.extend_from_slice(
+                format!("End of LogType:{name}.\n{}\n\n", "*".repeat(77)).as_bytes(),
+            );
+            ([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], out).into_response()
+        }
         Err(e) => (
             StatusCode::NOT_FOUND,
             format!("Cannot find this log on the local disk: {name}: {e}\n"),

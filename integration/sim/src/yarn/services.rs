@@ -837,11 +837,9 @@ async fn delete_service(
     {
         let mut st = sim.lock();
         if !st.services.contains_key(&name) {
-            return status(
-                StatusCode::NOT_FOUND,
-                format!("Service {name} doesn't exist"),
-                json!({"code": 404001}),
-            );
+            // As Hadoop 3.4's ApiServer answers it (checked against a real
+            // RM): 400 with the diagnostics only.
+            return bad(format!("Service {name} doesn't exist"));
         }
         st.stop_service(&name);
         st.services.remove(&name);
