@@ -503,16 +503,34 @@ async fn flush_pushes(
 /// MLR at B = 100 (50k × 1000, 1 worker + 1 server, 20 epochs), alternating
 /// with the inline version: 400–440k → 450–520k records/s at the same
 /// pipeline depth (2).
+///
+/// If this future is dropped before the loop ends (its task aborted, or
+/// its runtime shutting down), the loop's thread is told to give up at its
+/// next await and ends: no thread outlives its task, and a runtime's
+/// shutdown, which waits for its blocking threads, is not held by a worker
+/// waiting for an answer that will not come.
 pub async fn run_worker(ctx: WorkerContext) -> Result<(), PsError> {
     let rt = tokio::runtime::Handle::current();
     let waits = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let timed = crate::os::OffPollCpu::new(worker_loop(ctx, Arc::clone(&waits)), waits);
-    tokio::task::spawn_blocking(move || rt.block_on(timed))
-        .await
-        .map_err(|e| PsError::Remote {
-            what: "worker",
-            message: format!("the worker's thread failed: {e}"),
-        })?
+    let abandoned = tokio_util::sync::CancellationToken::new();
+    let _abandon_when_dropped = abandoned.clone().drop_guard();
+    tokio::task::spawn_blocking(move || {
+        rt.block_on(async move {
+            tokio::select! {
+                r = timed => r,
+                _ = abandoned.cancelled() => Err(PsError::Remote {
+                    what: "worker",
+                    message: "abandoned by its task before it ended".into(),
+                }),
+            }
+        })
+    })
+    .await
+    .map_err(|e| PsError::Remote {
+        what: "worker",
+        message: format!("the worker's thread failed: {e}"),
+    })?
 }
 
 /// The worker's loop (see [`run_worker`]).
@@ -906,6 +924,100 @@ mod tests {
         let cpu = round_trip_cpu(&dp, &waits).await.expect("measured");
         assert!(cpu > 0.0 && cpu < 1e-3, "{cpu}");
         dp.shutdown().await;
+    }
+
+    /// A worker whose task is dropped while it waits for an answer that
+    /// will not come ends its thread: the runtime's shutdown, which waits
+    /// for its blocking threads, is not held (it was, for good, before).
+    #[test]
+    fn an_abandoned_worker_does_not_hold_its_runtime() {
+        use crate::apps::mlr::{Mlr, params};
+        use crate::emulate::Throttled;
+        use crate::protocol::{OwnershipUpdate, ToClient, ToOwner};
+        use crate::store::BlockData;
+        use futures::StreamExt;
+        use tokio::net::TcpListener;
+
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let settings = crate::peer::PeerSettings::for_tests(Duration::from_secs(3600));
+            // Evaluator 2 holds the model, takes requests and never answers.
+            let silent = TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let silent_addr = silent.local_addr().unwrap();
+            let (asked_tx, asked_rx) = tokio::sync::oneshot::channel();
+            let s = settings.clone();
+            tokio::spawn(async move {
+                let (stream, _) = silent.accept().await.unwrap();
+                let (_, mut framed) = crate::protocol::auth::accept::<_, ToClient, ToOwner>(
+                    Throttled::new(stream),
+                    &s.secret,
+                    &s.job_id,
+                    s.frames,
+                    s.connect_timeout,
+                    |_| Ok(()),
+                )
+                .await
+                .unwrap();
+                if let Some(Ok(_)) = framed.next().await {
+                    let _ = asked_tx.send(());
+                }
+                while let Some(Ok(_)) = framed.next().await {}
+            });
+
+            let c = cruise_conf::MlrConfig {
+                classes: 3,
+                features: 10,
+                features_per_key: 2,
+                ..cruise_conf::MlrConfig::default()
+            };
+            let app = Arc::new(Mlr::new(&c, &params(&c, 4).unwrap()).unwrap());
+            let me = EvaluatorId(1);
+            let store = Store::new(me);
+            store.configure(&[(MODEL_TABLE, 4), (INPUT_TABLE, 1)], app.model());
+            let input = app.parse(b"0 1:1 3:1\n1 2:1\n2 9:1\n").unwrap();
+            store
+                .put_block(INPUT_TABLE, BlockId(0), BlockData::Input(Arc::new(input)))
+                .unwrap();
+            let mut owners: Vec<_> = BlockId::all(4)
+                .map(|b| (MODEL_TABLE, b, EvaluatorId(2)))
+                .collect();
+            owners.push((INPUT_TABLE, BlockId(0), me));
+            store.apply_ownership(&OwnershipUpdate { version: 1, owners });
+            let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let cancel = CancellationToken::new();
+            let dp = DataPlane::start(me, store, listener, settings, Default::default(), &cancel)
+                .unwrap();
+            dp.set_peers(&[(EvaluatorId(2), silent_addr)]);
+            let (to_am, _from_worker) = mpsc::channel(64);
+            let (_clock, min_clock) = watch::channel(0);
+            let worker = tokio::spawn(run_worker(WorkerContext {
+                dp,
+                app,
+                to_am,
+                stop: CancellationToken::new(),
+                min_clock,
+                mini_batch: 2,
+                task: WorkerTask {
+                    start_clock: 0,
+                    staleness: None,
+                },
+                pipeline_depth: 0,
+            }));
+            asked_rx.await.expect("the worker pulled");
+            worker.abort();
+        });
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            drop(rt);
+            let _ = done_tx.send(());
+        });
+        done_rx
+            .recv_timeout(Duration::from_secs(60))
+            .expect("the runtime's shutdown waited for the abandoned worker's thread");
     }
 
     /// Each mini-batch ends where the next begins: their wall times add up
