@@ -16,6 +16,47 @@ use tokio::task::JoinHandle;
 
 use crate::{Capacity, ContainerId, ContainerRequest, RmError};
 
+/// Implements [`crate::ResourceManager`] for a type whose `actor` field is
+/// an [`ActorHandle`]: requests, releases, capacity and shutdown are the
+/// actor's commands. `emulation = field` also reports that field (an
+/// `Option<String>`) as the emulated cluster.
+macro_rules! resource_manager_via_actor {
+    ($t:ty, $name:literal $(, emulation = $em:ident)?) => {
+        #[async_trait::async_trait]
+        impl $crate::ResourceManager for $t {
+            fn name(&self) -> &'static str {
+                $name
+            }
+
+            async fn request(
+                &self,
+                req: $crate::ContainerRequest,
+            ) -> Result<(), $crate::RmError> {
+                self.actor.request(req).await
+            }
+
+            async fn release(&self, container: &$crate::ContainerId) -> Result<(), $crate::RmError> {
+                self.actor.release(container).await
+            }
+
+            async fn capacity(&self) -> Result<$crate::Capacity, $crate::RmError> {
+                self.actor.capacity().await
+            }
+
+            async fn shutdown(&self) -> Result<(), $crate::RmError> {
+                self.actor.shutdown().await
+            }
+
+            $(
+                fn emulation(&self) -> Option<String> {
+                    self.$em.clone()
+                }
+            )?
+        }
+    };
+}
+pub(crate) use resource_manager_via_actor;
+
 /// Where an actor sends its answer to one command.
 pub(crate) type Reply<T> = oneshot::Sender<Result<T, RmError>>;
 

@@ -17,7 +17,6 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use tokio::sync::{mpsc, oneshot};
@@ -26,10 +25,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::actor::{ActorHandle, Cmd, Reply};
 use crate::emulation::{Emulation, Placement};
-use crate::{
-    Capacity, ContainerId, ContainerRequest, ExitStatus, LaunchSpec, ResourceManager, RmError,
-    RmEvent,
-};
+use crate::{Capacity, ContainerId, ContainerRequest, ExitStatus, LaunchSpec, RmError, RmEvent};
 
 /// Environment variable carrying the container id to the evaluator.
 pub const CONTAINER_ID_ENV: &str = "CRUISE_CONTAINER_ID";
@@ -111,32 +107,7 @@ impl LocalRm {
     }
 }
 
-#[async_trait]
-impl ResourceManager for LocalRm {
-    fn name(&self) -> &'static str {
-        "local"
-    }
-
-    async fn request(&self, req: ContainerRequest) -> Result<(), RmError> {
-        self.actor.request(req).await
-    }
-
-    async fn release(&self, container: &ContainerId) -> Result<(), RmError> {
-        self.actor.release(container).await
-    }
-
-    async fn capacity(&self) -> Result<Capacity, RmError> {
-        self.actor.capacity().await
-    }
-
-    fn emulation(&self) -> Option<String> {
-        self.emulation.clone()
-    }
-
-    async fn shutdown(&self) -> Result<(), RmError> {
-        self.actor.shutdown().await
-    }
-}
+crate::actor::resource_manager_via_actor!(LocalRm, "local", emulation = emulation);
 
 struct Proc {
     pid: Option<u32>,
@@ -545,6 +516,7 @@ pub fn stderr_tail(path: &Path) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ResourceManager;
 
     fn spec(dir: &Path, program: &str, args: &[&str]) -> LaunchSpec {
         LaunchSpec {

@@ -44,17 +44,13 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use async_trait::async_trait;
 use serde_json::{Value, json};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
 use crate::actor::{ActorHandle, Cmd};
 use crate::http::HttpOptions;
-use crate::{
-    Capacity, ContainerId, ContainerRequest, ExitStatus, LaunchSpec, ResourceManager, RmError,
-    RmEvent,
-};
+use crate::{Capacity, ContainerId, ContainerRequest, ExitStatus, LaunchSpec, RmError, RmEvent};
 use client::{SchedulerClient, next_event};
 
 /// Terminal task states (`isTerminalState` in the master).
@@ -207,28 +203,7 @@ impl MesosRm {
     }
 }
 
-#[async_trait]
-impl ResourceManager for MesosRm {
-    fn name(&self) -> &'static str {
-        "mesos"
-    }
-
-    async fn request(&self, req: ContainerRequest) -> Result<(), RmError> {
-        self.actor.request(req).await
-    }
-
-    async fn release(&self, container: &ContainerId) -> Result<(), RmError> {
-        self.actor.release(container).await
-    }
-
-    async fn capacity(&self) -> Result<Capacity, RmError> {
-        self.actor.capacity().await
-    }
-
-    async fn shutdown(&self) -> Result<(), RmError> {
-        self.actor.shutdown().await
-    }
-}
+crate::actor::resource_manager_via_actor!(MesosRm, "mesos");
 
 /// Tears the framework down when dropped while armed (the actor was dropped
 /// without shutdown). Sends TEARDOWN on the last stream; if the master

@@ -35,15 +35,11 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use tokio::sync::mpsc;
 
 use crate::actor::{ActorHandle, Cmd};
 use crate::http::HttpOptions;
-use crate::{
-    Capacity, ContainerId, ContainerRequest, ExitStatus, LaunchSpec, ResourceManager, RmError,
-    RmEvent,
-};
+use crate::{Capacity, ContainerId, ContainerRequest, ExitStatus, LaunchSpec, RmError, RmEvent};
 use rm::RmClient;
 use services::{ComponentSpec, ENDED_CONTAINER_STATES, ServiceSpec, ServicesClient, valid_name};
 
@@ -124,28 +120,7 @@ impl YarnRm {
     }
 }
 
-#[async_trait]
-impl ResourceManager for YarnRm {
-    fn name(&self) -> &'static str {
-        "yarn"
-    }
-
-    async fn request(&self, req: ContainerRequest) -> Result<(), RmError> {
-        self.actor.request(req).await
-    }
-
-    async fn release(&self, container: &ContainerId) -> Result<(), RmError> {
-        self.actor.release(container).await
-    }
-
-    async fn capacity(&self) -> Result<Capacity, RmError> {
-        self.actor.capacity().await
-    }
-
-    async fn shutdown(&self) -> Result<(), RmError> {
-        self.actor.shutdown().await
-    }
-}
+crate::actor::resource_manager_via_actor!(YarnRm, "yarn");
 
 /// Destroys the service when dropped while armed: the last line of defence
 /// against a leaked service when the actor is dropped without shutting down
