@@ -42,6 +42,23 @@ struct Call {
     view: View,
 }
 
+/// A call, written short in the tables below.
+fn c(
+    name: &'static str,
+    method: Method,
+    path: &'static str,
+    body: Option<&'static str>,
+    view: View,
+) -> Call {
+    Call {
+        name,
+        method,
+        path,
+        body,
+        view,
+    }
+}
+
 #[derive(Clone, Copy)]
 enum View {
     /// The RemoteException's name, the boolean, or nothing.
@@ -60,13 +77,6 @@ enum View {
 }
 
 fn webhdfs_calls() -> Vec<Call> {
-    let c = |name, method, path, body, view| Call {
-        name,
-        method,
-        path,
-        body,
-        view,
-    };
     use View::*;
     vec![
         c("mkdirs", Method::PUT, "{D}/dir?op=MKDIRS", None, Plain),
@@ -279,13 +289,6 @@ fn webhdfs_calls() -> Vec<Call> {
 }
 
 fn yarn_calls() -> Vec<Call> {
-    let c = |name, method, path, body, view| Call {
-        name,
-        method,
-        path,
-        body,
-        view,
-    };
     use View::*;
     vec![
         c(

@@ -150,6 +150,55 @@ async fn wait_app_final(h: &RealHadoop, app_id: &str, timeout: Duration) -> (Str
     }
 }
 
+/// Submits a job of practically endless epochs on 2 evaluators (the
+/// generated input is uploaded to the staging directory by submit) and
+/// waits until its service runs both. Returns the application id, the
+/// service name and the service's view then.
+async fn endless_job_with_two_evaluators(h: &RealHadoop, dir: &Path) -> (String, String, Value) {
+    let o = cruise(
+        &[
+            "submit",
+            "--epochs",
+            "100000",
+            "--containers",
+            "2",
+            "--set",
+            "mlr.generate_samples=2000",
+            "--set",
+            "runtime.container_memory_mb=512",
+            "--set",
+            "yarn.am_memory_mb=512",
+            "--set",
+            "runtime.allocation_timeout_ms=180000",
+            "--work-dir",
+            dir.join("work").to_str().expect("utf-8"),
+        ],
+        h,
+    )
+    .await;
+    assert!(o.status.success(), "submit: {}", text(&o.stderr));
+    let app_id = text(&o.stdout).trim().to_string();
+    let name = service_name(&app_id);
+    let deadline = Instant::now() + JOB_TIMEOUT;
+    loop {
+        if let Some(v) = service(h, &name).await
+            && ready_containers(&v) == 2
+        {
+            return (app_id, name, v);
+        }
+        let (state, _) = yarn_app(h, &app_id).await;
+        assert!(
+            !["FINISHED", "FAILED", "KILLED"].contains(&state.as_str()),
+            "{app_id} ended ({state}) before its service ran 2 evaluators"
+        );
+        assert!(
+            Instant::now() < deadline,
+            "service {name} never had 2 READY containers"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
 /// Writes a generated MLR data set to real HDFS (as `USER`, under /tmp)
 /// and returns its `hdfs://` URI.
 async fn mlr_input_on_hdfs(h: &RealHadoop, dir: &Path, samples: u64) -> String {
@@ -306,50 +355,7 @@ async fn killed_job_is_killed_in_yarn_and_its_service_destroyed() {
     };
     let _turn = TURN.lock().await;
     let dir = tempfile::tempdir().expect("temp dir");
-    // Many epochs, so that the job is still running when it is killed; the
-    // generated input is uploaded to the staging directory by submit.
-    let o = cruise(
-        &[
-            "submit",
-            "--epochs",
-            "100000",
-            "--containers",
-            "2",
-            "--set",
-            "mlr.generate_samples=2000",
-            "--set",
-            "runtime.container_memory_mb=512",
-            "--set",
-            "yarn.am_memory_mb=512",
-            "--set",
-            "runtime.allocation_timeout_ms=180000",
-            "--work-dir",
-            dir.path().join("work").to_str().expect("utf-8"),
-        ],
-        &h,
-    )
-    .await;
-    assert!(o.status.success(), "submit: {}", text(&o.stderr));
-    let app_id = text(&o.stdout).trim().to_string();
-    let name = service_name(&app_id);
-    let deadline = Instant::now() + JOB_TIMEOUT;
-    loop {
-        if let Some(v) = service(&h, &name).await
-            && ready_containers(&v) == 2
-        {
-            break;
-        }
-        let (state, _) = yarn_app(&h, &app_id).await;
-        assert!(
-            !["FINISHED", "FAILED", "KILLED"].contains(&state.as_str()),
-            "{app_id} ended ({state}) before its service ran 2 evaluators"
-        );
-        assert!(
-            Instant::now() < deadline,
-            "service {name} never had 2 READY containers"
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    let (app_id, name, _) = endless_job_with_two_evaluators(&h, dir.path()).await;
     let o = cruise(&["kill", &app_id], &h).await;
     assert!(o.status.success(), "kill: {}", text(&o.stderr));
     let out = text(&o.stdout);
@@ -439,54 +445,13 @@ async fn evaluator_killed_by_yarn_fails_the_job_naming_it() {
     };
     let _turn = TURN.lock().await;
     let dir = tempfile::tempdir().expect("temp dir");
-    let o = cruise(
-        &[
-            "submit",
-            "--epochs",
-            "100000",
-            "--containers",
-            "2",
-            "--set",
-            "mlr.generate_samples=2000",
-            "--set",
-            "runtime.container_memory_mb=512",
-            "--set",
-            "yarn.am_memory_mb=512",
-            "--set",
-            "runtime.allocation_timeout_ms=180000",
-            "--work-dir",
-            dir.path().join("work").to_str().expect("utf-8"),
-        ],
-        &h,
-    )
-    .await;
-    assert!(o.status.success(), "submit: {}", text(&o.stderr));
-    let app_id = text(&o.stdout).trim().to_string();
-    let name = service_name(&app_id);
-    // Wait until both evaluators run, then have YARN kill one: the RM's
-    // signal API (FORCEFUL_SHUTDOWN), carried out by its NodeManager.
-    let deadline = Instant::now() + JOB_TIMEOUT;
-    let victim = loop {
-        if let Some(v) = service(&h, &name).await
-            && ready_containers(&v) == 2
-        {
-            let id = v["components"][0]["containers"][0]["id"]
-                .as_str()
-                .unwrap_or_default()
-                .to_string();
-            break id;
-        }
-        let (state, _) = yarn_app(&h, &app_id).await;
-        assert!(
-            !["FINISHED", "FAILED", "KILLED"].contains(&state.as_str()),
-            "{app_id} ended ({state}) before its service ran 2 evaluators"
-        );
-        assert!(
-            Instant::now() < deadline,
-            "service {name} never had 2 READY containers"
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    };
+    // Once both evaluators run, have YARN kill one: the RM's signal API
+    // (FORCEFUL_SHUTDOWN), carried out by its NodeManager.
+    let (app_id, name, svc) = endless_job_with_two_evaluators(&h, dir.path()).await;
+    let victim = svc["components"][0]["containers"][0]["id"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
     // Kill it once the job is training (the AM's stderr says so).
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {

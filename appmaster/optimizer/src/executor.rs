@@ -185,7 +185,6 @@ pub struct PlanTracker {
     started: Vec<Option<Instant>>,
     outcomes: Vec<Option<OpOutcome>>,
     ready: BTreeSet<usize>,
-    running: usize,
     cancelled: bool,
     start: Instant,
 }
@@ -215,7 +214,6 @@ impl PlanTracker {
             started: vec![None; n],
             outcomes: vec![None; n],
             ready,
-            running: 0,
             cancelled: false,
             start: Instant::now(),
         })
@@ -230,13 +228,12 @@ impl PlanTracker {
     /// dependencies succeeded, fewer than `max_parallel` run, and the plan
     /// is not cancelled. It counts as running from now on.
     pub fn next_ready(&mut self) -> Option<(usize, Operation)> {
-        if self.cancelled || self.running >= self.max_parallel {
+        if self.cancelled || self.running().count() >= self.max_parallel {
             return None;
         }
         let i = self.ready.pop_first()?;
         self.state[i] = State::Running;
         self.started[i] = Some(Instant::now());
-        self.running += 1;
         Some((i, self.plan.ops[i].op.clone()))
     }
 
@@ -248,7 +245,6 @@ impl PlanTracker {
             return false;
         }
         self.state[i] = State::Done;
-        self.running -= 1;
         let duration = self.started[i].map_or(Duration::ZERO, |t| t.elapsed());
         match result {
             Ok(report) => {
@@ -283,7 +279,7 @@ impl PlanTracker {
 
     /// Whether the plan has ended: nothing runs and nothing more can start.
     pub fn is_done(&self) -> bool {
-        self.running == 0 && (self.cancelled || self.ready.is_empty())
+        self.running().next().is_none() && (self.cancelled || self.ready.is_empty())
     }
 
     /// The operations that have been running for longer than `limit`.

@@ -152,11 +152,11 @@ impl Store {
         // was applied before the command that moved the block away, and the
         // one naming the block's next owner comes after. So the pointer is
         // followed only while the view still names this evaluator (or no
-        // one). Followed longer, it sent requests through an evaluator
-        // that had passed the block on, one more hop each, and on to it
-        // after it was released: an evaluator acknowledges an update once
-        // the requests it routed before it are done, and these were routed
-        // after (a worker's pull cut off, 2026-11-26).
+        // one). Followed longer, it would send requests through an
+        // evaluator that had passed the block on, one more hop each, and on
+        // to it after it was released: an evaluator acknowledges an update
+        // once the requests it routed before it are done, and these would
+        // be routed after, so nothing would wait for them.
         match self.owner(table, block) {
             Some(o) if o != self.inner.me => Some(o),
             _ => forward.filter(|to| {
