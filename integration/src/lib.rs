@@ -565,3 +565,13 @@ pub fn summary_accuracy(summary: &str) -> Option<f64> {
         .and_then(|p| p.trim().parse::<f64>().ok())
         .map(|p| p / 100.0)
 }
+
+/// The least final training accuracy that the default job (MLR on the
+/// generated 20,000 records, asynchronous, 5 epochs) reaches however its
+/// workers are scheduled. Typically it ends near 0.95. Under asynchrony a
+/// worker that falls far behind (a busy 2-core machine running other tests)
+/// trains its last epochs alone and the model drifts towards its third of the
+/// data: a job with one worker stretched 200× ended at 0.82–0.90, and a worker
+/// alone on a third of the data reaches 0.73 on the whole. A job with a
+/// staleness bound does not drift (`local_e2e::straggler_does_not_drift_under_ssp`).
+pub const DEFAULT_JOB_MIN_ACCURACY: f64 = 0.7;

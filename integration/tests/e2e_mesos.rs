@@ -8,7 +8,9 @@
 
 use std::time::{Duration, Instant};
 
-use cruise_integration::{Sim, binary, hadoop_conf_dir, processes_under, summary_accuracy};
+use cruise_integration::{
+    DEFAULT_JOB_MIN_ACCURACY, Sim, binary, hadoop_conf_dir, processes_under, summary_accuracy,
+};
 use serde_json::Value;
 
 fn text(b: &[u8]) -> String {
@@ -76,7 +78,7 @@ async fn mlr_on_mesos_reaches_local_accuracy() {
         mesos.log()
     );
     let acc = summary_accuracy(&out).unwrap_or_else(|| panic!("no accuracy in:\n{out}"));
-    assert!(acc >= 0.9, "accuracy {acc}:\n{out}");
+    assert!(acc >= DEFAULT_JOB_MIN_ACCURACY, "accuracy {acc}:\n{out}");
     assert!(out.contains("4 containers"), "{out}");
 
     // The framework was torn down; no task is left running.

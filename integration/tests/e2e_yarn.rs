@@ -12,7 +12,9 @@ use std::path::Path;
 use std::process::Output;
 use std::time::{Duration, Instant};
 
-use cruise_integration::{Sim, binary, hadoop_conf_dir, summary_accuracy};
+use cruise_integration::{
+    DEFAULT_JOB_MIN_ACCURACY, Sim, binary, hadoop_conf_dir, summary_accuracy,
+};
 use serde_json::Value;
 
 const JOB_TIMEOUT: Duration = Duration::from_secs(300);
@@ -135,7 +137,10 @@ async fn mlr_submitted_to_yarn_reaches_local_accuracy() {
     assert!(logs.status.success(), "{}", text(&logs.stderr));
     assert!(log_text.contains("==> container_"), "{log_text}");
     let acc = summary_accuracy(&log_text).unwrap_or_else(|| panic!("no accuracy in:\n{log_text}"));
-    assert!(acc >= 0.9, "accuracy {acc} in:\n{log_text}");
+    assert!(
+        acc >= DEFAULT_JOB_MIN_ACCURACY,
+        "accuracy {acc} in:\n{log_text}"
+    );
     assert!(log_text.contains("yarn containers"), "{log_text}");
     let summary = cruise(&["logs", &app_id, "--file", "summary.json"], &conf).await;
     let s: Value = serde_json::from_slice(&summary.stdout)

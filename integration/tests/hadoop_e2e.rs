@@ -26,7 +26,9 @@ use std::time::{Duration, Instant};
 
 use cruise_hdfs::{FileSystem, WebHdfsOptions};
 use cruise_integration::hadoop::RealHadoop;
-use cruise_integration::{Spawned, await_status, binary, status_address, summary_accuracy};
+use cruise_integration::{
+    DEFAULT_JOB_MIN_ACCURACY, Spawned, await_status, binary, status_address, summary_accuracy,
+};
 use serde_json::Value;
 
 /// The user the jobs run as: not the cluster's superuser (the user that
@@ -322,7 +324,10 @@ async fn mlr_job_on_real_yarn_succeeds() {
     // The AM's output, fetched from the NodeManager by `cruise logs`.
     assert!(logs.status.success(), "{}", text(&logs.stderr));
     let acc = summary_accuracy(&log_text).unwrap_or_else(|| panic!("no accuracy in:\n{log_text}"));
-    assert!(acc >= 0.9, "accuracy {acc} in:\n{log_text}");
+    assert!(
+        acc >= DEFAULT_JOB_MIN_ACCURACY,
+        "accuracy {acc} in:\n{log_text}"
+    );
     let summary = cruise(&["logs", &app_id, "--file", "summary.json"], &h).await;
     let s: Value = serde_json::from_slice(&summary.stdout)
         .unwrap_or_else(|e| panic!("summary.json: {e}: {}", text(&summary.stdout)));
