@@ -146,6 +146,25 @@ async fn bad_split_is_improved_and_the_optimum_stays() {
     // It carries the job's policy, so `cruise plan` on it decides as the
     // job did: to leave the bad split.
     assert!(first["policy"]["op_costs"].is_array(), "{first}");
+    // The bad split's epoch time, as measured there, went with the job:
+    // the policy of the latest look remembers it.
+    let left = first["job"]["measured_epoch_secs"].as_f64();
+    assert!(left.is_some_and(|v| v > 0.0), "{}", first["job"]);
+    let latest: Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.path().join("snap.json")).expect("the latest snapshot"),
+    )
+    .unwrap();
+    let remembered = latest["policy"]["measured"]
+        .as_array()
+        .expect("measured splits");
+    assert!(
+        remembered
+            .iter()
+            .any(|m| m["workers"].as_array().unwrap().len() == 1
+                && m["servers"].as_array().unwrap().len() == 3
+                && m["epoch_secs"].as_f64().is_some_and(|v| v > 0.0)),
+        "{remembered:?}"
+    );
     let out = std::process::Command::new(binary("cruise").expect("cruise is built"))
         .arg("plan")
         .arg(dir.path().join("snap.plan-1.json"))

@@ -735,6 +735,7 @@ mod tests {
             model_bytes: 0,
             serial_fraction: 1.0,
             latency_secs_per_mini_batch: 0.0,
+            measured_epoch_secs: None,
             asynchronous: false,
         }
     }

@@ -40,6 +40,7 @@
 //!     input_blocks: 256, model_blocks: 64,
 //!     remaining_epochs: 50.0, input_bytes: 0, model_bytes: 0,
 //!     serial_fraction: 1.0, latency_secs_per_mini_batch: 0.0, asynchronous: false,
+//!     measured_epoch_secs: None,
 //! };
 //! let u = Uniform {
 //!     compute_secs_per_record: 1e-4,

@@ -76,6 +76,15 @@ pub struct Job {
     /// nothing.
     #[serde(default)]
     pub asynchronous: bool,
+    /// The running configuration's epoch time as measured since it began
+    /// (the workers' wall time per mini-batch: asynchronous workers share
+    /// the data set by their throughput, synchronised ones each process
+    /// their own input and the slowest decides), not predicted. The trigger
+    /// compares it with what earlier configurations measured
+    /// ([`crate::trigger::MeasuredSplit`]). `None` until every worker
+    /// holding input has measured.
+    #[serde(default)]
+    pub measured_epoch_secs: Option<f64>,
 }
 
 fn one() -> f64 {
@@ -236,6 +245,9 @@ impl Snapshot {
             "job.latency_secs_per_mini_batch",
             j.latency_secs_per_mini_batch,
         )?;
+        if let Some(v) = j.measured_epoch_secs {
+            positive("job.measured_epoch_secs", v)?;
+        }
         if j.input_blocks == 0 {
             return Err(OptimizerError::invalid("job.input_blocks", "must be > 0"));
         }

@@ -20,12 +20,20 @@
 //!   keep their roles (only the partition changes) or get the fully re-optimised
 //!   configuration when that is worth its extra cost by the same rule.
 //!
+//! * **Measured beats predicted.** When the job leaves a configuration for a
+//!   plan, the policy remembers its roles and its measured epoch time
+//!   ([`TriggerPolicy::leaving`], [`MeasuredSplit`]). A later look judges a
+//!   return there by that measurement against the running configuration's
+//!   ([`Job::measured_epoch_secs`]), not by the model: a plan that measurably
+//!   made the job slower is undone, and the model cannot send the job back to
+//!   a split it measured worse.
+//!
 //! [`ReconfigCostModel`] predicts a plan's duration: per operation kind,
 //! `secs = a + b · bytes` (bytes only for moves), learned from the durations of past
 //! plans by a least-squares fit shrunk towards a conservative prior, then combined along the
 //! plan's DAG as `max(critical path, total work / parallelism)`.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
@@ -260,6 +268,9 @@ pub struct PolicyState {
     /// The split the previous looks proposed, and on how many in a row.
     #[serde(default)]
     pub proposed: Option<Looks>,
+    /// Configurations the job left, with their measured epoch times.
+    #[serde(default)]
+    pub measured: Vec<MeasuredSplit>,
 }
 
 fn one() -> u32 {
@@ -276,6 +287,50 @@ pub struct Looks {
     pub servers: u32,
     /// Looks in a row that proposed it.
     pub looks: u32,
+}
+
+/// A configuration the job ran in and left, and its epoch time as measured
+/// there.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MeasuredSplit {
+    /// Its workers, by container id.
+    pub workers: BTreeSet<String>,
+    /// Its servers, by container id.
+    pub servers: BTreeSet<String>,
+    /// Its epoch time as measured when the job left it
+    /// ([`Job::measured_epoch_secs`]), seconds.
+    pub epoch_secs: f64,
+}
+
+impl MeasuredSplit {
+    /// The roles of `containers` as a split (idle ones are in neither set).
+    fn of<'a>(
+        containers: impl IntoIterator<Item = (&'a String, Role)>,
+    ) -> (BTreeSet<String>, BTreeSet<String>) {
+        let (mut workers, mut servers) = (BTreeSet::new(), BTreeSet::new());
+        for (id, role) in containers {
+            match role {
+                Role::Worker => {
+                    workers.insert(id.clone());
+                }
+                Role::Server => {
+                    servers.insert(id.clone());
+                }
+                Role::Idle => {}
+            }
+        }
+        (workers, servers)
+    }
+
+    fn is(&self, split: &(BTreeSet<String>, BTreeSet<String>)) -> bool {
+        self.workers == split.0 && self.servers == split.1
+    }
+
+    /// "2W+3S", for decisions' reasons.
+    fn text(&self) -> String {
+        format!("{}W+{}S", self.workers.len(), self.servers.len())
+    }
 }
 
 impl PolicyState {
@@ -298,6 +353,14 @@ impl PolicyState {
                 format!("{at}.confirmations"),
                 "must be > 0",
             ));
+        }
+        for (i, m) in self.measured.iter().enumerate() {
+            if !(m.epoch_secs.is_finite() && m.epoch_secs > 0.0) {
+                return Err(OptimizerError::invalid(
+                    format!("{at}.measured[{i}].epoch_secs"),
+                    format!("{} is not a finite number > 0", m.epoch_secs),
+                ));
+            }
         }
         for (i, e) in self.op_costs.iter().enumerate() {
             for (name, v) in [("per_op", e.per_op), ("per_byte", e.per_byte)] {
@@ -394,6 +457,9 @@ pub struct TriggerPolicy {
     pub costs: ReconfigCostModel,
     /// The split the previous looks proposed ([`TriggerPolicy::confirm`]).
     pub proposed: Option<Looks>,
+    /// Configurations the job left, with their measured epoch times
+    /// ([`TriggerPolicy::leaving`]).
+    pub measured: Vec<MeasuredSplit>,
 }
 
 impl TriggerPolicy {
@@ -403,6 +469,7 @@ impl TriggerPolicy {
             config,
             costs: ReconfigCostModel::default(),
             proposed: None,
+            measured: Vec::new(),
         }
     }
 
@@ -432,6 +499,7 @@ impl TriggerPolicy {
                 .collect(),
             confirmations: self.config.confirmations,
             proposed: self.proposed,
+            measured: self.measured.clone(),
         }
     }
 
@@ -463,7 +531,25 @@ impl TriggerPolicy {
                 defaults.prior_bytes,
             ),
             proposed: state.proposed,
+            measured: state.measured.clone(),
         }
+    }
+
+    /// The job leaves the running configuration of `snapshot` for a plan:
+    /// remembers its roles and measured epoch time (replacing an earlier
+    /// measurement of the same split). Nothing is remembered before the
+    /// configuration has been measured.
+    pub fn leaving(&mut self, snapshot: &Snapshot) {
+        let Some(epoch_secs) = snapshot.job.measured_epoch_secs else {
+            return;
+        };
+        let split = MeasuredSplit::of(snapshot.containers.iter().map(|c| (&c.id, c.role)));
+        self.measured.retain(|m| !m.is(&split));
+        self.measured.push(MeasuredSplit {
+            workers: split.0,
+            servers: split.1,
+            epoch_secs,
+        });
     }
 
     /// Counts a look's decision against [`TriggerConfig::confirmations`]: a
@@ -611,6 +697,11 @@ impl TriggerPolicy {
             gain: gain_of(current_epoch, best.epoch_secs),
             reason,
         };
+        if let Some(decision) =
+            self.by_measurement(snapshot, &model, &best, current_epoch, &propose)?
+        {
+            return Ok(decision);
+        }
         let gain = gain_of(current_epoch, best.epoch_secs);
         if gain < self.config.min_gain {
             return Ok(stay(format!(
@@ -632,6 +723,128 @@ impl TriggerPolicy {
             )));
         }
         Ok(Decision::Reconfigure(Box::new(proposal)))
+    }
+}
+
+impl TriggerPolicy {
+    /// What the configurations the job measured say, where it overrules the
+    /// model: `None` when they have no say. With the running configuration
+    /// measured at `m` seconds an epoch:
+    ///
+    /// * the best measured split that the job left (all its containers still
+    ///   here), measured at `e`, is worth going back to when it gains
+    ///   `(m − e) / m` of at least `min_gain`, more than the model's best
+    ///   predicts (its gain over `current_epoch`), and saves more than the
+    ///   plan costs over the remaining epochs: the plan to its roles, with
+    ///   the best partition for them;
+    /// * when the model's best split is one the job measured, its
+    ///   measurement decides instead of the prediction: stay unless it
+    ///   gains `min_gain` and pays.
+    fn by_measurement(
+        &self,
+        snapshot: &Snapshot,
+        model: &CostModel,
+        best: &crate::solver::Solution,
+        current_epoch: f64,
+        propose: &dyn Fn(Target, f64, bool) -> Result<Proposal, OptimizerError>,
+    ) -> Result<Option<Decision>, OptimizerError> {
+        let Some(m) = snapshot.job.measured_epoch_secs else {
+            return Ok(None);
+        };
+        let here = MeasuredSplit::of(snapshot.containers.iter().map(|c| (&c.id, c.role)));
+        let present: BTreeSet<&String> = snapshot.containers.iter().map(|c| &c.id).collect();
+        let gain = |e: f64| (m - e) / m;
+        let remaining = snapshot.job.remaining_epochs;
+        let stay = |e: &MeasuredSplit, reason: String| Decision::Stay {
+            current_epoch_secs: m,
+            best_epoch_secs: e.epoch_secs.min(m),
+            gain: gain(e.epoch_secs),
+            reason: format!(
+                "measured {:.3} s an epoch at {} before, {m:.3} s now: {reason}",
+                e.epoch_secs,
+                e.text()
+            ),
+        };
+        // The plan to `target`, where the job measured `e`, if it pays.
+        let go = |target: Target, e: &MeasuredSplit| -> Result<Option<Decision>, OptimizerError> {
+            let mut p = propose(target, e.epoch_secs, false)?;
+            if p.plan.is_empty() {
+                return Ok(None);
+            }
+            p.current_epoch_secs = m;
+            p.gain = gain(e.epoch_secs);
+            let saving = (m - e.epoch_secs) * remaining;
+            if saving <= p.predicted_cost_secs {
+                return Ok(Some(stay(
+                    e,
+                    format!(
+                        "going there saves {saving:.1}s over {remaining} remaining epochs, less than its {:.1}s reconfiguration",
+                        p.predicted_cost_secs
+                    ),
+                )));
+            }
+            Ok(Some(Decision::Reconfigure(Box::new(p))))
+        };
+        let model_gain = if current_epoch.is_finite() && current_epoch > 0.0 {
+            (current_epoch - best.epoch_secs) / current_epoch
+        } else {
+            f64::INFINITY
+        };
+        let best_split = MeasuredSplit::of(best.target.iter().map(|(id, p)| (id, p.role)));
+        let best_is_known = self.measured.iter().find(|e| e.is(&best_split));
+        // What the model's best is worth: measured if the job has been there.
+        let model_claim = best_is_known.map_or(model_gain, |e| gain(e.epoch_secs));
+        let back = self
+            .measured
+            .iter()
+            .filter(|e| !e.is(&here))
+            .filter(|e| {
+                e.workers
+                    .iter()
+                    .chain(&e.servers)
+                    .all(|id| present.contains(id))
+            })
+            .min_by(|a, b| a.epoch_secs.total_cmp(&b.epoch_secs));
+        if let Some(e) = back
+            && gain(e.epoch_secs) >= self.config.min_gain
+            && gain(e.epoch_secs) > model_claim
+        {
+            let roles: Vec<Role> = model
+                .ids()
+                .iter()
+                .map(|id| {
+                    if e.workers.contains(id) {
+                        Role::Worker
+                    } else if e.servers.contains(id) {
+                        Role::Server
+                    } else {
+                        Role::Idle
+                    }
+                })
+                .collect();
+            let target = crate::solver::solve_for_roles(model, &roles)?.target;
+            return go(target, e);
+        }
+        let Some(e) = best_is_known else {
+            return Ok(None);
+        };
+        if e.is(&here) {
+            return Ok(None);
+        }
+        if gain(e.epoch_secs) < self.config.min_gain {
+            let g = gain(e.epoch_secs);
+            let reason = if g <= 0.0 {
+                "the model's best split measured slower than this one".to_string()
+            } else {
+                format!(
+                    "the model's best split measured {:.2}% faster, below the {:.2}% threshold",
+                    g * 100.0,
+                    self.config.min_gain * 100.0
+                )
+            };
+            return Ok(Some(stay(e, reason)));
+        }
+        go(best.target.clone(), e)
     }
 }
 

@@ -38,6 +38,7 @@ fn job(k: u32, l: u32, epochs: f64) -> Job {
         model_bytes: 16 << 20,
         serial_fraction: 1.0,
         latency_secs_per_mini_batch: 0.0,
+        measured_epoch_secs: None,
         asynchronous: false,
     }
 }
@@ -669,4 +670,154 @@ fn a_split_must_be_proposed_on_enough_looks_in_a_row() {
     });
     let d = policy.decide(&snap, &cfg).unwrap();
     assert!(matches!(policy.confirm(d), Decision::Reconfigure(p) if p.forced));
+}
+
+/// The roles of a configuration, as (workers, servers) sorted by id.
+fn roles_of(c: &Configuration) -> (Vec<String>, Vec<String>) {
+    let pick = |role| {
+        c.containers
+            .iter()
+            .filter(|(_, h)| h.role == role)
+            .map(|(id, _)| id.clone())
+            .collect::<Vec<_>>()
+    };
+    (pick(Role::Worker), pick(Role::Server))
+}
+
+fn measured(mut s: Snapshot, epoch_secs: f64) -> Snapshot {
+    s.job.measured_epoch_secs = Some(epoch_secs);
+    s
+}
+
+/// The model sends the job from a bad split to `after`; measured there,
+/// `after` turns out slower than where the job came from: the policy goes
+/// back (by the measurements, whatever the model predicts), and from there
+/// the model's favourite is judged by what it measured, so the job stays.
+#[test]
+fn a_plan_that_measured_slower_is_undone_and_not_redone() {
+    let j = job(64, 16, 1000.0);
+    let specs = hetero_specs();
+    let before = config(
+        &j,
+        &["net0", "net1", "slow0", "slow1", "slow2", "slow3"],
+        &["fast0", "fast1"],
+        &[],
+    );
+    let mut policy = TriggerPolicy::default();
+    let at_before = measured(snapshot(&j, &specs, &before, 50), 0.30);
+    let Decision::Reconfigure(p) = policy.decide(&at_before, &before).unwrap() else {
+        panic!("the model moves the job")
+    };
+    policy.leaving(&at_before);
+    let after = p.plan.apply(&before).unwrap();
+    assert_ne!(roles_of(&after), roles_of(&before));
+
+    // Measured at 0.45 s where the job ran 0.30 s: back to the roles it had.
+    let at_after = measured(snapshot(&j, &specs, &after, 50), 0.45);
+    let d = policy.decide(&at_after, &after).unwrap();
+    let Decision::Reconfigure(back) = d else {
+        panic!("expected the way back, got {d:?}")
+    };
+    assert!(!back.forced);
+    assert_eq!(back.current_epoch_secs, 0.45);
+    assert_eq!(back.predicted_epoch_secs, 0.30);
+    assert!(
+        (back.gain - (0.45 - 0.30) / 0.45).abs() < 1e-12,
+        "{}",
+        back.gain
+    );
+    let returned = back.plan.apply(&after).unwrap();
+    assert_eq!(roles_of(&returned), roles_of(&before));
+
+    // Back there, the model still prefers `after`; what it measured decides.
+    policy.leaving(&at_after);
+    let d = policy
+        .decide(
+            &measured(snapshot(&j, &specs, &returned, 50), 0.31),
+            &returned,
+        )
+        .unwrap();
+    assert!(
+        matches!(d, Decision::Stay { ref reason, current_epoch_secs, .. }
+            if reason.contains("measured 0.450 s an epoch at 6W+2S before")
+                && reason.contains("measured slower") && current_epoch_secs == 0.31),
+        "{d:?}"
+    );
+
+    // Measured faster than predicted, `after` is kept: nothing better was measured.
+    let d = policy
+        .decide(&measured(snapshot(&j, &specs, &after, 50), 0.20), &after)
+        .unwrap();
+    assert!(matches!(d, Decision::Stay { .. }), "{d:?}");
+}
+
+/// Going back must pay like any plan, and a split whose containers are gone
+/// cannot be gone back to.
+#[test]
+fn going_back_pays_and_needs_its_containers() {
+    let specs = hetero_specs();
+    let workers = ["net0", "net1", "slow0", "slow1", "slow2", "slow3"];
+    let mut policy = TriggerPolicy::default();
+    let j = job(64, 16, 1000.0);
+    let before = config(&j, &workers, &["fast0", "fast1"], &[]);
+    let Decision::Reconfigure(p) = policy
+        .decide(&measured(snapshot(&j, &specs, &before, 50), 0.30), &before)
+        .unwrap()
+    else {
+        panic!("the model moves the job")
+    };
+    policy.leaving(&measured(snapshot(&j, &specs, &before, 50), 0.30));
+    let after = p.plan.apply(&before).unwrap();
+    // Nearly done: 0.01 epochs left cannot pay for the way back.
+    let short = job(64, 16, 0.01);
+    let d = policy
+        .decide(
+            &measured(snapshot(&short, &specs, &after, 50), 0.45),
+            &after,
+        )
+        .unwrap();
+    assert!(
+        matches!(d, Decision::Stay { ref reason, .. } if reason.contains("less than its")),
+        "{d:?}"
+    );
+    // The split remembered had a container that is gone: the model decides.
+    let mut gone = policy.clone();
+    for m in &mut gone.measured {
+        m.servers.insert("gone".into());
+    }
+    let d = gone
+        .decide(&measured(snapshot(&j, &specs, &after, 50), 0.45), &after)
+        .unwrap();
+    assert!(
+        matches!(d, Decision::Stay { ref reason, .. } if !reason.contains("measured")),
+        "{d:?}"
+    );
+}
+
+/// A configuration that was never measured is not remembered, and what is
+/// remembered travels with the policy's state (so `cruise plan` decides as
+/// the job did).
+#[test]
+fn measured_splits_are_remembered_once_measured_and_round_trip() {
+    let j = job(16, 8, 100.0);
+    let specs = uniform_specs(4);
+    let cfg = config(&j, &["c0", "c1"], &["c2", "c3"], &[]);
+    let mut p = TriggerPolicy::default();
+    p.leaving(&snapshot(&j, &specs, &cfg, 10));
+    assert!(p.measured.is_empty());
+    p.leaving(&measured(snapshot(&j, &specs, &cfg, 10), 2.0));
+    p.leaving(&measured(snapshot(&j, &specs, &cfg, 10), 1.5));
+    assert_eq!(p.measured.len(), 1, "one entry per split: {:?}", p.measured);
+    assert_eq!(p.measured[0].epoch_secs, 1.5);
+    assert_eq!(
+        p.measured[0].workers.iter().collect::<Vec<_>>(),
+        ["c0", "c1"]
+    );
+    let json = serde_json::to_string(&p.state()).unwrap();
+    let back: PolicyState = serde_json::from_str(&json).unwrap();
+    assert_eq!(TriggerPolicy::from_state(&back, 5).measured, p.measured);
+    let mut bad = back.clone();
+    bad.measured[0].epoch_secs = f64::NAN;
+    let e = bad.validate("policy").unwrap_err().to_string();
+    assert!(e.contains("policy.measured[0].epoch_secs"), "{e}");
 }

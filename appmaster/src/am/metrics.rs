@@ -107,6 +107,10 @@ pub struct EvalMetrics {
     pub batches_at_report: Option<u64>,
     /// Mini-batches counted since the last reset.
     pub batches: u32,
+    /// Their wall seconds in the worker's loop, summed: what the running
+    /// configuration measures (`batches / batch_secs` mini-batches a
+    /// second).
+    pub batch_secs: f64,
     /// Mini-batches still to skip (warm-up, or after a reconfiguration).
     pub skip: u32,
     /// CPU speed from the calibration (arbitrary units; higher is faster).
@@ -214,6 +218,7 @@ impl Metrics {
             server_secs_per_mini_batch: Window::new(w),
             batches_at_report: None,
             batches: 0,
+            batch_secs: 0.0,
             skip: warmup,
             cpu_speed: None,
         })
@@ -264,6 +269,7 @@ impl Metrics {
             e.io_secs_per_batch.push(r.io_secs.max(0.0) / per);
         }
         e.batches += n;
+        e.batch_secs += r.batch_secs.max(0.0);
         for l in links {
             self.link(id, l.peer, l.bytes, l.secs);
         }
@@ -369,6 +375,7 @@ impl Metrics {
         for e in self.evals.values_mut() {
             e.skip = e.skip.max(1);
             e.batches = 0;
+            e.batch_secs = 0.0;
             e.own_secs_per_batch.clear();
             e.io_secs_per_batch.clear();
         }

@@ -221,7 +221,43 @@ pub fn build_snapshot(
     let (latency, serial_fraction) = fit_latency(&job, m, &snapshot, &config);
     snapshot.job.latency_secs_per_mini_batch = latency;
     snapshot.job.serial_fraction = serial_fraction;
+    snapshot.job.measured_epoch_secs = measured_epoch_secs(&job, evals, m);
     (snapshot, config)
+}
+
+/// The running configuration's epoch time as its workers measured it since
+/// it began: each worker holding input at its mini-batches' summed wall
+/// time. Asynchronous workers share the data set by their throughput;
+/// synchronised ones each process their own input and the slowest decides.
+/// `None` until every such worker has counted a mini-batch.
+fn measured_epoch_secs(job: &JobFacts, evals: &[EvalFacts], m: &Metrics) -> Option<f64> {
+    let mini_batch = f64::from(job.mini_batch.max(1));
+    let records_per_block = job.records as f64 / f64::from(job.input_blocks.max(1));
+    let (mut records_per_sec, mut slowest) = (0.0, 0.0f64);
+    let mut workers = 0;
+    for e in evals
+        .iter()
+        .filter(|e| e.role == Role::Worker && !e.input.is_empty())
+    {
+        let x = m.get(e.id)?;
+        if x.batches == 0 || x.batch_secs <= 0.0 {
+            return None;
+        }
+        let secs_per_batch = x.batch_secs / f64::from(x.batches);
+        records_per_sec += mini_batch / secs_per_batch;
+        let own_records = e.input.len() as f64 * records_per_block;
+        slowest = slowest.max(own_records / mini_batch * secs_per_batch);
+        workers += 1;
+    }
+    if workers == 0 {
+        return None;
+    }
+    let secs = if job.asynchronous {
+        job.records as f64 / records_per_sec
+    } else {
+        slowest
+    };
+    (secs.is_finite() && secs > 0.0).then_some(secs)
 }
 
 /// Per worker that trained: its seconds per record (its own time beyond
@@ -482,6 +518,7 @@ fn assemble(
             model_bytes: job.model_bytes,
             serial_fraction: 1.0,
             latency_secs_per_mini_batch: 0.0,
+            measured_epoch_secs: None,
             asynchronous: job.asynchronous,
         },
         containers,
@@ -583,6 +620,51 @@ mod tests {
         let s = one_worker_one_server(&m);
         assert_eq!(s.job.bytes_per_mini_batch, 500.0);
         assert_eq!(s.job.link_bytes_per_mini_batch, Some(400.0));
+    }
+
+    /// The running configuration's measured epoch: asynchronous workers
+    /// share the data set by their throughput, synchronised ones wait for
+    /// the slowest; nothing before every worker with input has measured, and
+    /// nothing again right after a reconfiguration.
+    #[test]
+    fn measured_epoch_is_the_workers_throughput_since_the_configuration_began() {
+        use cruise_container::protocol::MiniBatchReport;
+        let report = |mini_batches: u32, batch_secs: f64| MiniBatchReport {
+            mini_batches,
+            batch_secs,
+            ..MiniBatchReport::default()
+        };
+        // 100 records in 4 blocks of 25, mini-batches of 10.
+        let evals = vec![
+            facts(EvaluatorId(1), Role::Worker, &[0, 1, 2], &[], false),
+            facts(EvaluatorId(2), Role::Server, &[], &[0], false),
+            facts(EvaluatorId(3), Role::Worker, &[3], &[], false),
+        ];
+        let epoch = |m: &Metrics, asynchronous: bool| {
+            let job = JobFacts {
+                asynchronous,
+                ..job_facts(4, 1, 0)
+            };
+            build_snapshot(job, &evals, m).0.job.measured_epoch_secs
+        };
+        let mut m = Metrics::new(4, 0);
+        // Worker 1: 0.01 s a mini-batch, 1000 records a second.
+        m.mini_batch(EvaluatorId(1), &report(2, 0.02), &[]);
+        m.mini_batch(EvaluatorId(1), &report(2, 0.02), &[]);
+        assert_eq!(epoch(&m, true), None, "worker 3 has not measured");
+        // Worker 3: 0.04 s a mini-batch, 250 records a second.
+        m.mini_batch(EvaluatorId(3), &report(2, 0.08), &[]);
+        let close = |a: Option<f64>, b: f64| a.is_some_and(|a| (a - b).abs() < 1e-12);
+        // 100 records at 1250 a second.
+        assert!(close(epoch(&m, true), 0.08), "{:?}", epoch(&m, true));
+        // Worker 1: 7.5 mini-batches at 0.01 s; worker 3: 2.5 at 0.04 s.
+        assert!(close(epoch(&m, false), 0.1), "{:?}", epoch(&m, false));
+        m.reset_after_reconfiguration();
+        assert_eq!(
+            epoch(&m, true),
+            None,
+            "a new configuration is measured anew"
+        );
     }
 
     /// The snapshot of evaluator 1 working on input block 0 and evaluator 2

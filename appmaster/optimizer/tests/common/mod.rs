@@ -119,6 +119,7 @@ impl Inst {
                 model_bytes: 0,
                 serial_fraction: self.f,
                 latency_secs_per_mini_batch: self.lat,
+                measured_epoch_secs: None,
                 asynchronous: false,
             },
             containers,

@@ -222,6 +222,7 @@ impl Reconfig {
                 },
                 costs: prior_costs(o),
                 proposed: None,
+                measured: Vec::new(),
             },
             enabled: o.enabled,
             interval: Duration::from_millis(o.interval_ms),

@@ -219,6 +219,7 @@ impl Driver {
                     let n = self.rc.history.len() + 1;
                     write_snapshot(&plan_snapshot_path(std::path::Path::new(file), n), &snapshot);
                 }
+                self.rc.policy.leaving(&snapshot);
                 self.start_plan(p.plan, snapshot.job, summary);
             }
         }
