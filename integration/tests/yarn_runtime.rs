@@ -594,12 +594,15 @@ async fn canned(responses: Vec<(u16, &'static str)>) -> String {
 
 #[tokio::test]
 async fn malformed_and_unexpected_answers_are_named() {
+    let fire =
+        r#"{"RemoteException":{"exception":"YarnRuntimeException","message":"disk on fire"}}"#;
+    // A 500 to a read is asked again (fast_http: 3 attempts); the last
+    // answer is the error.
     let addr = canned(vec![
         (200, "this is not json"),
-        (
-            500,
-            r#"{"RemoteException":{"exception":"YarnRuntimeException","message":"disk on fire"}}"#,
-        ),
+        (500, fire),
+        (500, fire),
+        (500, fire),
         (200, r#"{"application-id": 7}"#),
     ])
     .await;

@@ -344,9 +344,13 @@ impl Http {
             };
             let (retry, reason) = match outcome {
                 Ok(reply) => {
+                    // 500 too: real YARN's Services API answers a read of a
+                    // service whose definition is being rewritten in HDFS
+                    // with "500 No content to map due to end-of-input".
                     let busy = matches!(
                         reply.status,
-                        StatusCode::BAD_GATEWAY
+                        StatusCode::INTERNAL_SERVER_ERROR
+                            | StatusCode::BAD_GATEWAY
                             | StatusCode::SERVICE_UNAVAILABLE
                             | StatusCode::GATEWAY_TIMEOUT
                     );

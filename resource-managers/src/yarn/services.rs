@@ -268,26 +268,47 @@ impl ServicesClient {
 
     /// `DELETE /app/v1/services/{name}`: stops and removes the service.
     /// Returns false when there was no such service.
+    ///
+    /// Real YARN answers "400 Failed to delete public resource dir" when
+    /// the service's directory went away under its own delete (the service
+    /// AM removing it as it stops): the delete is asked again, with the
+    /// client's backoff, until the service is gone or the attempts run out.
     pub async fn destroy(&self, name: &str) -> Result<bool, RmError> {
-        let r = self
-            .http
-            .send(
-                Method::DELETE,
-                &self.path(&format!("/{name}")),
-                &[],
-                None,
-                Idempotence::Idempotent,
-            )
-            .await?;
-        match r.status {
-            StatusCode::OK | StatusCode::NO_CONTENT | StatusCode::ACCEPTED => Ok(true),
-            StatusCode::NOT_FOUND => Ok(false),
-            StatusCode::BAD_REQUEST
-                if crate::http::server_message(&r.body).contains("doesn't exist") =>
-            {
-                Ok(false)
-            }
-            _ => Err(r.unexpected()),
+        let policy = &self.http.options().retry;
+        let mut backoff = policy.initial_backoff;
+        let mut tried = 1;
+        loop {
+            let r = self
+                .http
+                .send(
+                    Method::DELETE,
+                    &self.path(&format!("/{name}")),
+                    &[],
+                    None,
+                    Idempotence::Idempotent,
+                )
+                .await?;
+            let message = crate::http::server_message(&r.body);
+            return match r.status {
+                StatusCode::OK | StatusCode::NO_CONTENT | StatusCode::ACCEPTED => Ok(true),
+                StatusCode::NOT_FOUND => Ok(false),
+                StatusCode::BAD_REQUEST if message.contains("doesn't exist") => Ok(false),
+                StatusCode::BAD_REQUEST
+                    if message.contains("Failed to delete") && tried < policy.attempts =>
+                {
+                    tracing::warn!(
+                        service = name,
+                        attempt = tried,
+                        "{}: {message}; asking again",
+                        r.endpoint
+                    );
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(policy.max_backoff);
+                    tried += 1;
+                    continue;
+                }
+                _ => Err(r.unexpected()),
+            };
         }
     }
 }
