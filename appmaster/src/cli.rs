@@ -728,5 +728,8 @@ pub fn summary_text(s: &JobSummary, config: &CruiseConfig) -> String {
             ),
         );
     }
+    for l in &s.lost {
+        line("survived", format!("{l}; its input re-read by the others"));
+    }
     format!("cruise: job {} finished\n{out}", s.job_id)
 }

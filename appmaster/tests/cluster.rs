@@ -95,12 +95,37 @@ async fn training_worker(cluster: &mut Cluster) -> (EvaluatorId, String) {
     (w.id, w.container.clone())
 }
 
+/// Cancels a job that must still be running, and waits for its end.
+async fn cancel(cluster: Cluster) {
+    cluster.cancel();
+    let end = tokio::time::timeout(WAIT, cluster.join())
+        .await
+        .expect("no hang");
+    assert!(matches!(end, Err(am::AmError::Cancelled)), "{end:?}");
+}
+
+/// Waits until the job trains, then returns a server's id and container.
+async fn training_server(cluster: &mut Cluster) -> (EvaluatorId, String) {
+    let st = cluster
+        .await_status(WAIT, |s| s.phase == "training" && s.records_processed > 0)
+        .await
+        .unwrap();
+    let e = st
+        .evaluators
+        .iter()
+        .find(|e| e.role == cruise_appmaster::am::Role::Server)
+        .unwrap();
+    (e.id, e.container.clone())
+}
+
+/// A killed server takes model blocks nothing can restore yet: the job
+/// fails, naming the server, how it ended and why it was not survived.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn killed_evaluator_fails_the_job_naming_it() {
+async fn killed_server_fails_the_job_naming_it() {
     let dir = tempfile::tempdir().unwrap();
     let input = data(dir.path(), 3000);
     let mut cluster = Cluster::start(config(10_000), input, dir.path().join("work"));
-    let (id, container) = training_worker(&mut cluster).await;
+    let (id, container) = training_server(&mut cluster).await;
     assert!(cluster.kill_evaluator(&container));
     let err = tokio::time::timeout(WAIT, cluster.join())
         .await
@@ -110,13 +135,55 @@ async fn killed_evaluator_fails_the_job_naming_it() {
     assert!(err.contains(&format!("evaluator {id}")), "{err}");
     assert!(err.contains(&container), "{err}");
     assert!(err.contains("signal 9"), "{err}");
+    assert!(
+        err.contains("not survived") && err.contains("no checkpoint"),
+        "{err}"
+    );
 }
 
+/// A killed worker is survived: its container is let go, the other worker
+/// re-reads its input blocks and owns every block, and training goes on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn dropped_control_connection_fails_the_job() {
+async fn killed_worker_is_survived_and_its_input_re_read() {
     let dir = tempfile::tempdir().unwrap();
     let input = data(dir.path(), 3000);
     let mut cluster = Cluster::start(config(10_000), input, dir.path().join("work"));
+    let (id, container) = training_worker(&mut cluster).await;
+    assert!(cluster.kill_evaluator(&container));
+    let worker = cruise_appmaster::am::Role::Worker;
+    let recovered = cluster
+        .await_status(WAIT, |s| {
+            let survivors: Vec<_> = s.evaluators.iter().filter(|e| e.role == worker).collect();
+            s.lost.len() == 1
+                && survivors.len() == 1
+                && survivors.iter().all(|e| e.id != id && e.input_blocks == 6)
+        })
+        .await
+        .unwrap_or_else(|e| panic!("no recovery: {e}"));
+    assert!(
+        recovered.lost[0].contains(&format!("evaluator {id}")),
+        "{:?}",
+        recovered.lost
+    );
+    assert_eq!(recovered.phase, "training");
+    // The survivor trains on, its blocks and the lost worker's.
+    let before = recovered.records_processed;
+    cluster
+        .await_status(WAIT, |s| s.records_processed > before + 3000)
+        .await
+        .unwrap_or_else(|e| panic!("training stopped after the loss: {e}"));
+    cancel(cluster).await;
+}
+
+/// With `job.max_failures = 0` the first lost worker fails the job, and the
+/// message says why it was not survived.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropped_control_connection_fails_the_job_without_failures_allowed() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = data(dir.path(), 3000);
+    let mut c = config(10_000);
+    c.job.max_failures = 0;
+    let mut cluster = Cluster::start(c, input, dir.path().join("work"));
     let (id, container) = training_worker(&mut cluster).await;
     assert!(cluster.drop_connection(&container));
     let err = tokio::time::timeout(WAIT, cluster.join())
@@ -128,6 +195,7 @@ async fn dropped_control_connection_fails_the_job() {
         err.contains(&format!("evaluator {id}")) && err.contains("lost"),
         "{err}"
     );
+    assert!(err.contains("job.max_failures = 0"), "{err}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -147,6 +215,9 @@ async fn delayed_messages_slow_but_do_not_fail() {
     assert_eq!(s.epochs.len(), 2);
 }
 
+/// A server whose messages stop arriving misses its heartbeats: the job
+/// fails naming it and its silence (a lost server is not survived yet).
+/// A silent worker is let go and the job goes on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn silent_evaluator_misses_heartbeats() {
     let dir = tempfile::tempdir().unwrap();
@@ -154,8 +225,8 @@ async fn silent_evaluator_misses_heartbeats() {
     let mut c = config(10_000);
     c.channel.heartbeat_interval_ms = 50;
     c.channel.heartbeat_timeout_ms = 500;
-    let mut cluster = Cluster::start(c, input, dir.path().join("work"));
-    let (id, container) = training_worker(&mut cluster).await;
+    let mut cluster = Cluster::start(c.clone(), input.clone(), dir.path().join("work"));
+    let (id, container) = training_server(&mut cluster).await;
     // Every message it sends now arrives five seconds late.
     assert!(cluster.delay_messages(&container, Duration::from_secs(5)));
     let err = tokio::time::timeout(WAIT, cluster.join())
@@ -167,6 +238,20 @@ async fn silent_evaluator_misses_heartbeats() {
         err.contains(&format!("evaluator {id}")) && err.contains("sent nothing"),
         "{err}"
     );
+
+    let mut cluster = Cluster::start(c, input, dir.path().join("work2"));
+    let (id, container) = training_worker(&mut cluster).await;
+    assert!(cluster.delay_messages(&container, Duration::from_secs(5)));
+    let st = cluster
+        .await_status(WAIT, |s| !s.lost.is_empty())
+        .await
+        .unwrap_or_else(|e| panic!("the silent worker was not let go: {e}"));
+    assert!(
+        st.lost[0].contains(&format!("evaluator {id}")) && st.lost[0].contains("sent nothing"),
+        "{:?}",
+        st.lost
+    );
+    cancel(cluster).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

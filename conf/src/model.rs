@@ -163,6 +163,10 @@ pub struct JobConfig {
     pub pipeline_depth: u32,
     /// Seed for data generation and model initialisation.
     pub seed: u64,
+    /// Lost workers the job survives while training (their input is
+    /// re-read by the surviving workers); one more fails the job, naming
+    /// every loss. 0: the first loss fails the job.
+    pub max_failures: u32,
 }
 
 impl Default for JobConfig {
@@ -183,6 +187,7 @@ impl Default for JobConfig {
             pipeline: true,
             pipeline_depth: 2,
             seed: 42,
+            max_failures: 3,
         }
     }
 }

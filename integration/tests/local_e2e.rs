@@ -318,38 +318,163 @@ async fn wrong_secret_is_rejected_by_a_real_am() {
     assert!(job.stderr().contains("cancelled"), "{}", job.stderr());
 }
 
-/// Killing an evaluator mid-epoch fails the job with a message naming the
-/// evaluator and its exit status; nothing hangs.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn killed_evaluator_fails_the_job() {
-    let dir = tempfile::tempdir().unwrap();
-    let (mut job, addr) = endless_job(dir.path()).await;
-    let st = await_status(&addr, WAIT, |s| {
+/// The first evaluator in `role` of a training job's status.
+async fn training_member(addr: &str, role: &str) -> serde_json::Value {
+    let st = await_status(addr, WAIT, |s| {
         s["phase"] == "training" && s["records_processed"].as_u64().unwrap_or(0) > 0
     })
     .await
     .unwrap();
-    let worker = st["evaluators"]
+    st["evaluators"]
         .as_array()
         .unwrap()
         .iter()
-        .find(|e| e["role"] == "worker")
+        .find(|e| e["role"] == role)
         .unwrap()
-        .clone();
-    let pid = worker["pid"].as_u64().unwrap() as i32;
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(pid),
-        nix::sys::signal::Signal::SIGKILL,
-    )
-    .unwrap();
+        .clone()
+}
+
+fn signal(pid: u64, sig: nix::sys::signal::Signal) {
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), sig).unwrap();
+}
+
+/// Killing a server mid-epoch fails the job with a message naming the
+/// evaluator, its exit status and why it was not survived (its model
+/// blocks have no checkpoint); nothing hangs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_server_fails_the_job() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut job, addr) = endless_job(dir.path()).await;
+    let server = training_member(&addr, "server").await;
+    let pid = server["pid"].as_u64().unwrap();
+    signal(pid, nix::sys::signal::Signal::SIGKILL);
     let s = job.wait(WAIT).await.unwrap();
     assert!(!s.success(), "the job must fail");
     let err = job.stderr();
-    let id = worker["id"].as_u64().unwrap();
+    let id = server["id"].as_u64().unwrap();
     assert!(err.contains(&format!("evaluator {id}")), "{err}");
-    assert!(err.contains(worker["container"].as_str().unwrap()), "{err}");
+    assert!(err.contains(server["container"].as_str().unwrap()), "{err}");
     assert!(err.contains(&format!("pid {pid}")), "{err}");
     assert!(err.contains("killed by signal 9"), "{err}");
+    assert!(err.contains("not survived"), "{err}");
+}
+
+/// Waits until the job has let evaluator `id` go and its other workers own
+/// every input block and train on; returns the status then.
+async fn survived(addr: &str, id: u64, blocks: u64) -> serde_json::Value {
+    let st = await_status(addr, WAIT, |s| {
+        let workers: Vec<&serde_json::Value> = s["evaluators"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["role"] == "worker")
+            .collect();
+        s["lost"].as_array().is_some_and(|l| l.len() == 1)
+            && workers.iter().all(|e| e["id"].as_u64() != Some(id))
+            && workers
+                .iter()
+                .map(|e| e["input_blocks"].as_u64().unwrap())
+                .sum::<u64>()
+                == blocks
+    })
+    .await
+    .unwrap_or_else(|e| panic!("evaluator {id} was not survived: {e}"));
+    assert_eq!(st["phase"], "training", "{st}");
+    let lost = st["lost"][0].as_str().unwrap();
+    assert!(lost.contains(&format!("evaluator {id}")), "{lost}");
+    let before = st["records_processed"].as_u64().unwrap();
+    let epoch = st["records_per_epoch"].as_u64().unwrap();
+    await_status(addr, WAIT, |s| {
+        s["records_processed"].as_u64().unwrap_or(0) > before + epoch
+    })
+    .await
+    .unwrap_or_else(|e| panic!("training stopped after the loss: {e}"));
+    st
+}
+
+fn input_blocks(st: &serde_json::Value) -> u64 {
+    st["evaluators"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["input_blocks"].as_u64().unwrap())
+        .sum()
+}
+
+/// A worker killed mid-epoch (`SIGKILL`, its process gone) is survived: the
+/// other workers re-read its input blocks and the job trains on, and ends
+/// having evaluated every record, with the loss in its summary. (300 epochs
+/// of about 0.05 s: the kill lands while it trains.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_worker_is_survived() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = cruise();
+    c.args(["run", "--json", "--epochs", "300", "--work-dir"])
+        .arg(dir.path());
+    let mut job = Spawned::spawn(c).unwrap();
+    let addr = status_address(&job, WAIT).await.unwrap();
+    let worker = training_member(&addr, "worker").await;
+    let blocks = input_blocks(&await_status(&addr, WAIT, |_| true).await.unwrap());
+    signal(
+        worker["pid"].as_u64().unwrap(),
+        nix::sys::signal::Signal::SIGKILL,
+    );
+    let id = worker["id"].as_u64().unwrap();
+    survived(&addr, id, blocks).await;
+    let status = job.wait(WAIT).await.unwrap();
+    assert!(status.success(), "the job must finish:\n{}", job.stderr());
+    let s: serde_json::Value = serde_json::from_str(&job.stdout()).expect("JSON summary");
+    assert_eq!(
+        s["final_stats"]["records"], s["records"],
+        "every record evaluated"
+    );
+    let lost = s["lost"].as_array().unwrap();
+    assert!(
+        lost.len() == 1
+            && lost[0]
+                .as_str()
+                .unwrap()
+                .contains(&format!("evaluator {id}")),
+        "{lost:?}"
+    );
+    let f = &s["final_stats"];
+    let acc = f["correct"].as_f64().unwrap() / f["records"].as_f64().unwrap();
+    assert!(acc >= DEFAULT_JOB_MIN_ACCURACY, "accuracy {acc}");
+}
+
+/// A stopped worker (`SIGSTOP`: hung, alive to the resource manager) is
+/// found by its silence, let go and its process killed by the release;
+/// the others train on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stopped_worker_is_survived_and_killed() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_job, addr) = endless_job_with(
+        dir.path(),
+        &[
+            "--set",
+            "channel.heartbeat_timeout_ms=3000",
+            "--set",
+            "runtime.release_grace_ms=500",
+        ],
+    )
+    .await;
+    let worker = training_member(&addr, "worker").await;
+    let blocks = input_blocks(&await_status(&addr, WAIT, |_| true).await.unwrap());
+    let pid = worker["pid"].as_u64().unwrap();
+    signal(pid, nix::sys::signal::Signal::SIGSTOP);
+    let st = survived(&addr, worker["id"].as_u64().unwrap(), blocks).await;
+    assert!(
+        st["lost"][0].as_str().unwrap().contains("sent nothing"),
+        "{st}"
+    );
+    let gone = cruise_integration::wait_until(WAIT, || {
+        (!cruise_integration::pid_alive(pid as u32)).then_some(())
+    })
+    .await;
+    if gone.is_err() {
+        signal(pid, nix::sys::signal::Signal::SIGKILL);
+        panic!("the stopped worker {pid} was not killed by its release");
+    }
 }
 
 /// A stopped evaluator (`SIGSTOP`: a hung process, alive to the resource

@@ -125,6 +125,6 @@ pub use solver::{
     solve_heterogeneous, solve_heterogeneous_with, solve_homogeneous, solve_input_for,
 };
 pub use trigger::{
-    Decision, Looks, OpCost, OpCostEstimate, PolicyState, Proposal, ReconfigCostModel,
-    STRAGGLER_FACTOR, TriggerConfig, TriggerPolicy,
+    Decision, Looks, MeasuredSplit, OpCost, OpCostEstimate, PolicyState, Proposal,
+    ReconfigCostModel, STRAGGLER_FACTOR, TriggerConfig, TriggerPolicy,
 };

@@ -327,6 +327,51 @@ impl MeasuredSplit {
         self.workers == split.0 && self.servers == split.1
     }
 
+    fn role_of(&self, id: &str) -> Role {
+        if self.workers.contains(id) {
+            Role::Worker
+        } else if self.servers.contains(id) {
+            Role::Server
+        } else {
+            Role::Idle
+        }
+    }
+
+    /// Whether `target` (a split of `snapshot`'s containers) is this split
+    /// again, with its containers that have left since replaced by offered
+    /// ones in the same roles: the members keep the roles they had here,
+    /// and the target takes as many offered workers and servers as this
+    /// split had containers that are gone. (A job that added a server,
+    /// measured it and gave it back would otherwise try the same again
+    /// with the next container offered.)
+    fn matches(&self, target: &(BTreeSet<String>, BTreeSet<String>), snapshot: &Snapshot) -> bool {
+        let role_in = |id: &String| {
+            if target.0.contains(id) {
+                Role::Worker
+            } else if target.1.contains(id) {
+                Role::Server
+            } else {
+                Role::Idle
+            }
+        };
+        let mut offered = (0, 0);
+        for c in &snapshot.containers {
+            match (c.role, role_in(&c.id)) {
+                (Role::Idle, Role::Worker) => offered.0 += 1,
+                (Role::Idle, Role::Server) => offered.1 += 1,
+                (Role::Idle, Role::Idle) => {}
+                (_, role) if role != self.role_of(&c.id) => return false,
+                _ => {}
+            }
+        }
+        let gone = |ids: &BTreeSet<String>| {
+            ids.iter()
+                .filter(|id| !snapshot.containers.iter().any(|c| &c.id == *id))
+                .count()
+        };
+        (gone(&self.workers), gone(&self.servers)) == offered
+    }
+
     /// "2W+3S", for decisions' reasons.
     fn text(&self) -> String {
         format!("{}W+{}S", self.workers.len(), self.servers.len())
@@ -791,7 +836,10 @@ impl TriggerPolicy {
             f64::INFINITY
         };
         let best_split = MeasuredSplit::of(best.target.iter().map(|(id, p)| (id, p.role)));
-        let best_is_known = self.measured.iter().find(|e| e.is(&best_split));
+        let best_is_known = self
+            .measured
+            .iter()
+            .find(|e| e.matches(&best_split, snapshot));
         // What the model's best is worth: measured if the job has been there.
         let model_claim = best_is_known.map_or(model_gain, |e| gain(e.epoch_secs));
         let back = self
@@ -809,19 +857,7 @@ impl TriggerPolicy {
             && gain(e.epoch_secs) >= self.config.min_gain
             && gain(e.epoch_secs) > model_claim
         {
-            let roles: Vec<Role> = model
-                .ids()
-                .iter()
-                .map(|id| {
-                    if e.workers.contains(id) {
-                        Role::Worker
-                    } else if e.servers.contains(id) {
-                        Role::Server
-                    } else {
-                        Role::Idle
-                    }
-                })
-                .collect();
+            let roles: Vec<Role> = model.ids().iter().map(|id| e.role_of(id)).collect();
             let target = crate::solver::solve_for_roles(model, &roles)?.target;
             return go(target, e);
         }

@@ -821,3 +821,47 @@ fn measured_splits_are_remembered_once_measured_and_round_trip() {
     let e = bad.validate("policy").unwrap_err().to_string();
     assert!(e.contains("policy.measured[0].epoch_secs"), "{e}");
 }
+
+/// A split the job measured and left, whose added containers have been
+/// given back since, is the same split when the model proposes it again
+/// with the next containers offered: its measurement decides.
+#[test]
+fn a_split_measured_with_containers_given_back_since_is_judged_by_its_measurement() {
+    let j = job(64, 16, 1000.0);
+    let specs = uniform_specs(8);
+    let cfg = config(&j, &["c0", "c1"], &["c2"], &["c3", "c4", "c5", "c6", "c7"]);
+    let now = measured(snapshot(&j, &specs, &cfg, 50), 1.0);
+    let Decision::Reconfigure(p) = TriggerPolicy::default().decide(&now, &cfg).unwrap() else {
+        panic!("the model adds containers")
+    };
+    // The job was at that split before, with containers that have left.
+    let rename = |id: &String| {
+        if cfg.containers[id].role == Role::Idle {
+            format!("gone-{id}")
+        } else {
+            id.clone()
+        }
+    };
+    let pick = |role| {
+        p.target
+            .iter()
+            .filter(|(_, x)| x.role == role)
+            .map(|(id, _)| rename(id))
+            .collect()
+    };
+    let mut policy = TriggerPolicy::default();
+    policy.measured.push(cruise_optimizer::MeasuredSplit {
+        workers: pick(Role::Worker),
+        servers: pick(Role::Server),
+        epoch_secs: 1.5,
+    });
+    let d = policy.decide(&now, &cfg).unwrap();
+    assert!(
+        matches!(d, Decision::Stay { ref reason, .. } if reason.contains("measured slower")),
+        "{d:?}"
+    );
+    // Offered in other roles, it is another split: the model decides.
+    policy.measured[0].workers.insert("gone-extra".into());
+    let d = policy.decide(&now, &cfg).unwrap();
+    assert!(matches!(d, Decision::Reconfigure(_)), "{d:?}");
+}

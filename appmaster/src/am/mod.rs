@@ -149,6 +149,10 @@ pub struct JobSummary {
     /// The emulated cluster the job ran on (mechanism and container
     /// shapes), if any.
     pub emulation: Option<String>,
+    /// Workers the job lost and went on without, in words (see
+    /// `job.max_failures`).
+    #[serde(default)]
+    pub lost: Vec<String>,
 }
 
 /// Progress of a job, for the command line.
@@ -220,6 +224,9 @@ pub struct Status {
     /// The emulated cluster the job runs on (mechanism and container
     /// shapes), if any.
     pub emulation: Option<String>,
+    /// Workers the job lost and went on without so far, in words.
+    #[serde(default)]
+    pub lost: Vec<String>,
 }
 
 /// One evaluator in the status.

@@ -29,26 +29,45 @@ impl Driver {
         }
     }
 
-    pub(super) fn check_time(&mut self) -> Result<(), AmError> {
+    /// The loop's deadlines: a lost evaluator's exit status, heartbeats,
+    /// the initial allocation. A loss the job can survive is survived.
+    pub(super) async fn check_time(&mut self) -> Result<(), AmError> {
         if let Some(loss) = &self.pending_loss
             && loss.since.elapsed() >= EXIT_STATUS_WAIT
         {
-            return Err(AmError::JobFailed(format!(
-                "{} lost: {}; the resource manager has not reported its exit status",
-                self.describe(loss.eval),
-                loss.reason
-            )));
+            let (eval, reason) = (loss.eval, loss.reason.clone());
+            self.pending_loss = None;
+            match self.unsurvivable(eval) {
+                None => self.survive_loss(eval, &reason).await,
+                Some(why_not) => {
+                    return Err(AmError::JobFailed(format!(
+                        "{} lost: {reason}; the resource manager has not reported its exit status (not survived: {why_not})",
+                        self.describe(eval),
+                    )));
+                }
+            }
         }
         let timeout = Duration::from_millis(self.config.channel.heartbeat_timeout_ms);
         if self.phase != Phase::Finishing {
-            for e in self.evaluators.values().filter(|e| e.connected) {
-                if e.last_heard.elapsed() > timeout {
-                    return Err(AmError::JobFailed(format!(
-                        "{} sent nothing for {:.1} s (channel.heartbeat_timeout_ms = {})",
-                        self.describe(e.id),
-                        e.last_heard.elapsed().as_secs_f64(),
-                        timeout.as_millis()
-                    )));
+            let silent: Vec<(EvaluatorId, f64)> = self
+                .evaluators
+                .values()
+                .filter(|e| e.connected && e.last_heard.elapsed() > timeout)
+                .map(|e| (e.id, e.last_heard.elapsed().as_secs_f64()))
+                .collect();
+            for (id, secs) in silent {
+                let cause = format!(
+                    "sent nothing for {secs:.1} s (channel.heartbeat_timeout_ms = {})",
+                    timeout.as_millis()
+                );
+                match self.unsurvivable(id) {
+                    None => self.survive_loss(id, &cause).await,
+                    Some(why_not) => {
+                        return Err(AmError::JobFailed(format!(
+                            "{} {cause} (not survived: {why_not})",
+                            self.describe(id),
+                        )));
+                    }
                 }
             }
         }
@@ -88,8 +107,18 @@ impl Driver {
                 if self.phase == Phase::Finishing || self.on_container_ended(&container).await {
                     return Ok(());
                 }
-                let c = self.containers.entry(container.clone()).or_default();
-                let what = match c.evaluator {
+                let evaluator = self.containers.get(&container).and_then(|c| c.evaluator);
+                if let Some(id) = evaluator
+                    && self.evaluators.get(&id).is_some_and(|e| e.gone)
+                {
+                    // Let go already (a lost worker, an unasked evaluator).
+                    tracing::info!(
+                        "container {container} of evaluator {id} ended: {exit}{}",
+                        stderr_note(&diagnostics)
+                    );
+                    return Ok(());
+                }
+                let what = match evaluator {
                     Some(id) => self.describe(id),
                     None => format!("container {container} (before its evaluator registered)"),
                 };
@@ -97,9 +126,22 @@ impl Driver {
                     Some(loss) => format!("{}; ", loss.reason),
                     None => String::new(),
                 };
-                return Err(AmError::JobFailed(format!(
-                    "{what} lost: {reason}its process ended: {exit}{}",
+                let cause = format!(
+                    "{reason}its process ended: {exit}{}",
                     stderr_note(&diagnostics)
+                );
+                let why_not = match evaluator {
+                    Some(id) => match self.unsurvivable(id) {
+                        None => {
+                            self.survive_loss(id, &cause).await;
+                            return Ok(());
+                        }
+                        Some(why_not) => why_not,
+                    },
+                    None => "its evaluator never registered".into(),
+                };
+                return Err(AmError::JobFailed(format!(
+                    "{what} lost: {cause} (not survived: {why_not})"
                 )));
             }
             RmEvent::AllocationFailed { reason } => {

@@ -7,10 +7,13 @@
 //! mini-batch) → `evaluating` (the objective with the final model) →
 //! `evaluating held-out` (only with `job.eval_input`) → `saving model` (only
 //! with `job.model_out`: servers send their blocks, the AM writes the file) →
-//! `finishing` (evaluators shut down, containers end). Any lost evaluator,
-//! fatal report or missed heartbeat fails the job with a message that names
-//! the evaluator, its container, its process and — when the resource manager
-//! reports it — its exit status and the tail of its stderr.
+//! `finishing` (evaluators shut down, containers end). A worker lost while
+//! training (its process ended, its connection dropped, its heartbeats
+//! stopped) is survived (`reconfigure/recovery.rs`); any other loss, a
+//! fatal report or a missed heartbeat fails the job with a message that
+//! names the evaluator, its container, its process, why it was not
+//! survived and — when the resource manager reports it — its exit status
+//! and the tail of its stderr.
 //!
 //! | file | owns |
 //! |---|---|
@@ -18,7 +21,7 @@
 //! | `members.rs` | containers and evaluators: connecting, registering, liveness, shutting down |
 //! | `training.rs` | the phases: loading, epochs and clocks, stopping, evaluating, saving the model |
 //! | `status.rs` | the live status and the summary |
-//! | `reconfigure/` | live reconfiguration: the trigger, the running plan and its operations |
+//! | `reconfigure/` | live reconfiguration: the trigger, the running plan and its operations, surviving a lost worker |
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
@@ -319,7 +322,7 @@ impl Driver {
                             let _ = e.tx.try_send(AmToEval::Heartbeat);
                         }
                     }
-                    self.check_time()?;
+                    self.check_time().await?;
                     self.expire_start_probes().await?;
                     self.expire_adds();
                     self.report_slow_plan();
@@ -380,16 +383,26 @@ impl Driver {
                     return Ok(());
                 }
                 let container = e.container.clone();
-                if let Some(ended) = self
+                let ended = self
                     .containers
                     .get(&container)
-                    .and_then(|c| c.ended.clone())
-                {
-                    return Err(AmError::JobFailed(format!(
-                        "{} lost: {reason}; its process ended: {}{}",
-                        self.describe(eval),
+                    .and_then(|c| c.ended.clone());
+                let cause = match &ended {
+                    Some(ended) => format!(
+                        "{reason}; its process ended: {}{}",
                         ended.exit,
                         stderr_note(&ended.diagnostics)
+                    ),
+                    None => reason.clone(),
+                };
+                let Some(why_not) = self.unsurvivable(eval) else {
+                    self.survive_loss(eval, &cause).await;
+                    return Ok(());
+                };
+                if ended.is_some() {
+                    return Err(AmError::JobFailed(format!(
+                        "{} lost: {cause} (not survived: {why_not})",
+                        self.describe(eval),
                     )));
                 }
                 tracing::warn!("{} disconnected: {reason}", self.describe(eval));

@@ -41,6 +41,7 @@ impl Driver {
             metrics: self.rc.metrics.view(),
             reconfigurations: self.rc.history.clone(),
             emulation: self.emulation.clone(),
+            lost: self.losses().to_vec(),
         };
         self.status.send_replace(status);
     }
@@ -50,6 +51,7 @@ impl Driver {
         JobSummary {
             reconfigurations: self.rc.history.clone(),
             emulation: self.emulation.clone(),
+            lost: self.losses().to_vec(),
             job_id: self.job_id.clone(),
             app: self.config.job.app,
             loss_name: self.loss_name.to_string(),

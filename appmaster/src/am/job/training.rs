@@ -23,8 +23,10 @@ impl Driver {
         blocks: Vec<(BlockId, u64, u64)>,
     ) -> Result<(), AmError> {
         if self.phase != Phase::Loading {
-            // Blocks re-read while training (a scale-in).
-            if !self.on_input_reloaded(id, &blocks).await {
+            // Blocks re-read while training (a scale-in, or a lost worker's).
+            if !self.on_input_reloaded(id, &blocks).await
+                && !self.on_input_recovered(id, &blocks).await
+            {
                 tracing::warn!(evaluator = %id, "unexpected InputLoaded");
             }
             return Ok(());

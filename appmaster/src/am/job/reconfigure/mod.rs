@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use cruise_container::protocol::{
-    AmToEval, BlockId, EvaluatorId, INPUT_TABLE, MODEL_TABLE, TableId,
+    AmToEval, BlockId, EvaluatorId, INPUT_TABLE, MODEL_TABLE, STATE_TABLE, TableId,
 };
 use cruise_optimizer::{
     Job, OpCost, OpError, OpKind, OpReport, PlanTracker, ReconfigCostModel, Table, TriggerConfig,
@@ -46,6 +46,7 @@ mod membership;
 mod moves;
 mod plan;
 mod probes;
+mod recovery;
 mod trigger;
 
 /// An operation of the running plan: its index in the plan, which the
@@ -205,6 +206,10 @@ pub(super) struct Reconfig {
     /// Mini-batches an epoch runs: over every input block, the count its
     /// records are cut into (see [`cruise_container::ps::mini_batch_count`]).
     pub(super) mini_batches_per_epoch: u64,
+    /// Workers lost and survived, in words ([`Driver::survive_loss`]).
+    losses: Vec<String>,
+    /// Their input blocks that survivors are re-reading.
+    recoveries: Vec<recovery::Recovery>,
 }
 
 impl Reconfig {
@@ -246,6 +251,8 @@ impl Reconfig {
             history: Vec::new(),
             input_bytes: HashMap::new(),
             mini_batches_per_epoch: 0,
+            losses: Vec::new(),
+            recoveries: Vec::new(),
         }
     }
 
@@ -417,6 +424,16 @@ impl Driver {
         for id in ids {
             self.send(id, AmToEval::Ownership(u.clone())).await;
         }
+    }
+
+    /// Input blocks (and their worker-local state) that `id` has loaded
+    /// belong to it from now on: the ownership update for everyone.
+    async fn input_loaded_by(&mut self, id: EvaluatorId, blocks: &[BlockId]) {
+        let update = blocks
+            .iter()
+            .flat_map(|&b| [(INPUT_TABLE, b, id), (STATE_TABLE, b, id)])
+            .collect();
+        self.broadcast_ownership(update).await;
     }
 
     async fn broadcast_peers(&mut self) {

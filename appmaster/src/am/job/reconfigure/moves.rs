@@ -5,9 +5,7 @@
 
 use std::time::Instant;
 
-use cruise_container::protocol::{
-    AmToEval, BlockId, EvaluatorId, INPUT_TABLE, STATE_TABLE, TableId,
-};
+use cruise_container::protocol::{AmToEval, BlockId, EvaluatorId, INPUT_TABLE, TableId};
 use cruise_optimizer::{OpError, OpReport, Operation, Table};
 
 use super::{MoveOp, OpIndex, ReloadOp, measures_capacity, reload_or_move, table_of};
@@ -172,11 +170,7 @@ impl Driver {
         if let Some(since) = r.loading_since {
             self.rc.metrics.load(bytes, since.elapsed().as_secs_f64());
         }
-        let update = blocks
-            .iter()
-            .flat_map(|&b| [(INPUT_TABLE, b, id), (STATE_TABLE, b, id)])
-            .collect();
-        self.broadcast_ownership(update).await;
+        self.input_loaded_by(id, &blocks).await;
         tracing::info!(
             from = %r.from,
             to = %id,
