@@ -145,9 +145,23 @@ async fn killed_server_fails_the_job_naming_it() {
 /// re-reads its input blocks and owns every block, and training goes on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_worker_is_survived_and_its_input_re_read() {
+    killed_worker_is_survived(config(10_000)).await;
+}
+
+/// The same bulk-synchronous: the lost worker's clock no longer holds the
+/// other back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_worker_is_survived_bulk_synchronous() {
+    let mut c = config(10_000);
+    c.job.sync = SyncMode::Ssp;
+    c.job.staleness = 0;
+    killed_worker_is_survived(c).await;
+}
+
+async fn killed_worker_is_survived(c: CruiseConfig) {
     let dir = tempfile::tempdir().unwrap();
     let input = data(dir.path(), 3000);
-    let mut cluster = Cluster::start(config(10_000), input, dir.path().join("work"));
+    let mut cluster = Cluster::start(c, input, dir.path().join("work"));
     let (id, container) = training_worker(&mut cluster).await;
     assert!(cluster.kill_evaluator(&container));
     let worker = cruise_appmaster::am::Role::Worker;
