@@ -69,6 +69,10 @@ pub enum Command {
     /// print the predicted epoch time of every workers/servers split and the
     /// plan the optimizer would run.
     Plan(PlanArgs),
+    /// Write a job's report: one self-contained HTML file (no script, no
+    /// asset from elsewhere) with the plots of the web UI, from the history
+    /// the job wrote in its work directory (`<work dir>/jobs/history/`).
+    Report(ReportArgs),
     /// Run an evaluator (started by a resource manager, not by hand).
     #[command(hide = true)]
     Evaluator,
@@ -485,6 +489,53 @@ pub struct PlanArgs {
     /// With `--splits`: print JSON.
     #[arg(long, requires = "splits")]
     pub json: bool,
+}
+
+/// `cruise report`.
+#[derive(Args, Debug)]
+pub struct ReportArgs {
+    /// The job's work directory (its newest job is reported), its `jobs`
+    /// or `jobs/history` directory, or a history file (`.jsonl`).
+    #[arg(value_name = "DIR")]
+    pub dir: PathBuf,
+    /// Where to write the report. Default: `<job id>.html` beside the
+    /// job's `history` directory (where its container logs, linked from
+    /// the report, are).
+    #[arg(short, long, value_name = "FILE")]
+    pub out: Option<PathBuf>,
+}
+
+/// Runs `cruise report`: returns the file written.
+pub fn report(args: &ReportArgs) -> anyhow::Result<PathBuf> {
+    use crate::am::history;
+    let file = history::find(&args.dir)?;
+    let records = history::read(&file)?;
+    let job_id = records
+        .iter()
+        .find_map(|r| match r {
+            history::Record::Job { job_id, .. } => Some(job_id.clone()),
+            _ => None,
+        })
+        .ok_or_else(|| anyhow::anyhow!("{}: no job record: not a job's history", file.display()))?;
+    // `<jobs>/history/<job>.jsonl` → `<jobs>/<job>.html`, where
+    // `containers/<id>/stderr` are the job's logs.
+    let jobs_dir = file
+        .parent()
+        .and_then(|d| d.parent())
+        .map(std::path::Path::to_path_buf)
+        .unwrap_or_default();
+    let out = args
+        .out
+        .clone()
+        .unwrap_or_else(|| jobs_dir.join(format!("{job_id}.html")));
+    let logs = if jobs_dir.join("containers").is_dir() && args.out.is_none() {
+        crate::ui::Logs::Under("containers")
+    } else {
+        crate::ui::Logs::None
+    };
+    let html = crate::ui::page(&records, None, logs, false);
+    datagen::write_atomically(&out, |w| w.write_all(html.as_bytes()))?;
+    Ok(out)
 }
 
 /// `cruise config`.

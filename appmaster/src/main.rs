@@ -70,6 +70,16 @@ fn main() -> ExitCode {
         Command::Appmaster(args) => appmaster_command(args, cli.verbose),
         Command::Datagen(args) => datagen_command(args, cli.verbose),
         Command::Plan(args) => plan_command(args),
+        Command::Report(args) => {
+            init_logging(cli.verbose, "warn");
+            match cli::report(&args) {
+                Ok(out) => {
+                    println!("{}", out.display());
+                    ExitCode::SUCCESS
+                }
+                Err(e) => fail(format!("{e:#}")),
+            }
+        }
         Command::Config(args) => match args.conf.load() {
             Ok(c) => match toml::to_string_pretty(&c) {
                 Ok(s) => {

@@ -200,6 +200,7 @@ impl Driver {
             };
             self.epoch_started = Instant::now();
             self.epochs.push(summary);
+            self.record_epoch(&summary);
             tracing::info!(
                 epoch = summary.epoch,
                 loss = summary.stats.mean_loss(),
