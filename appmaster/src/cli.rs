@@ -699,6 +699,23 @@ fn convert_triplets(
     Ok((rows.len() as u64, out.to_path_buf()))
 }
 
+/// What the final loss is, where it differs from the last epoch's: the
+/// final model evaluated over all input after training, not the mean over
+/// the last epoch's mini-batches (each taken before its own update).
+fn final_loss_note(s: &JobSummary) -> String {
+    let Some(last) = s.epochs.last() else {
+        return String::new();
+    };
+    let (fin, ep) = (s.final_stats.mean_loss(), last.stats.mean_loss());
+    if format!("{fin:.4}") == format!("{ep:.4}") {
+        return String::new();
+    }
+    format!(
+        " (the final model over all input, after training; epoch {}'s training {} was {ep:.4})",
+        last.epoch, s.loss_name
+    )
+}
+
 /// Formats a summary for people.
 pub fn summary_text(s: &JobSummary, config: &CruiseConfig) -> String {
     use std::fmt::Write;
@@ -712,10 +729,10 @@ pub fn summary_text(s: &JobSummary, config: &CruiseConfig) -> String {
     let app = cruise_container::apps::params(config)
         .ok()
         .and_then(|p| cruise_container::apps::build(config, &p).ok());
-    let mut figures = |what: &str, stats: &cruise_container::protocol::Stats| {
+    let mut figures = |what: &str, stats: &cruise_container::protocol::Stats, note: String| {
         line(
             &format!("{what} {}", s.loss_name),
-            format!("{:.4}", stats.mean_loss()),
+            format!("{:.4}{note}", stats.mean_loss()),
         );
         if let Some((name, v)) = app.as_ref().and_then(|a| a.derived_metric(stats)) {
             line(&format!("{what} {name}"), format!("{v:.4}"));
@@ -727,9 +744,9 @@ pub fn summary_text(s: &JobSummary, config: &CruiseConfig) -> String {
             );
         }
     };
-    figures("final", &s.final_stats);
+    figures("final", &s.final_stats, final_loss_note(s));
     if let Some(e) = &s.eval_stats {
-        figures("eval", e);
+        figures("eval", e, String::new());
     }
     if let Some(path) = &s.model_out {
         line("model", path.clone());

@@ -285,7 +285,7 @@ fn logs_command(args: cli::LogsArgs, verbose: u8) -> ExitCode {
         args.files.clone()
     };
     match rt.block_on(yarn_app::logs(&config, &args.app_id, &files, args.attempt)) {
-        Ok(list) => {
+        Ok((list, killed)) => {
             let many = list.len() > 1;
             for (name, text) in list {
                 if many {
@@ -300,6 +300,12 @@ fn logs_command(args: cli::LogsArgs, verbose: u8) -> ExitCode {
                     }
                     None => println!("(no such file)"),
                 }
+            }
+            if let Some(state) = killed {
+                println!(
+                    "cruise: {} was killed ({state}): its output ends where it was killed",
+                    args.app_id
+                );
             }
             ExitCode::SUCCESS
         }

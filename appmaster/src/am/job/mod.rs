@@ -352,7 +352,9 @@ impl Driver {
 
     fn phase(&mut self, p: Phase, text: String) {
         self.phase = p;
-        tracing::info!(phase = p.name(), "{text}");
+        // People read phases from the progress channel (its lines go to
+        // the same stderr): logged at debug, they are not said twice.
+        tracing::debug!(phase = p.name(), "{text}");
         let _ = self.progress.send(Progress::Phase(text));
         self.publish_status(None);
     }

@@ -201,7 +201,9 @@ impl Driver {
             self.epoch_started = Instant::now();
             self.epochs.push(summary);
             self.record_epoch(&summary);
-            tracing::info!(
+            // A line per epoch goes to stderr through the progress
+            // channel; logged at debug, it is not said twice.
+            tracing::debug!(
                 epoch = summary.epoch,
                 loss = summary.stats.mean_loss(),
                 secs = summary.secs,
