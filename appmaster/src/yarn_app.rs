@@ -395,6 +395,8 @@ pub struct StatusReport {
     /// summary, or its error), once the application has ended, if the AM
     /// got that far and its log is there.
     pub result: Option<serde_json::Value>,
+    /// The job's web UI, while it runs (as its AM printed it).
+    pub ui: Option<String>,
 }
 
 /// Reads an application's report and its service.
@@ -424,11 +426,32 @@ pub async fn status(config: &CruiseConfig, app_id: &str) -> anyhow::Result<Statu
     } else {
         None
     };
+    // Where the running job's web UI is: the AM prints it at start.
+    let ui = if app.state == "RUNNING" {
+        am_files(&rm, app_id, &["stderr".to_string()], None)
+            .await
+            .ok()
+            .into_iter()
+            .flatten()
+            .filter_map(|(_, text)| text)
+            .find_map(|t| ui_address(&t))
+    } else {
+        None
+    };
     Ok(StatusReport {
         app,
         service,
         service_name,
         result,
+        ui,
+    })
+}
+
+/// The web UI's address in an AM's output (`cruise: web UI at URL, ...`).
+fn ui_address(output: &str) -> Option<String> {
+    output.lines().find_map(|l| {
+        let rest = l.split("web UI at ").nth(1)?;
+        Some(rest.split([',', ' ']).next()?.to_string())
     })
 }
 
@@ -549,6 +572,9 @@ pub fn status_text(r: &StatusReport) -> String {
     if !a.diagnostics.trim().is_empty() {
         let _ = writeln!(out, "diagnostics  {}", a.diagnostics.trim());
     }
+    if let Some(u) = &r.ui {
+        let _ = writeln!(out, "web UI       {u} (metrics at {u}metrics)");
+    }
     if let Some(v) = &r.result {
         result_text(&mut out, v);
     }
@@ -666,6 +692,24 @@ pub struct AppmasterSetup {
 /// Prepares the AM inside its YARN container: loads `config_file`, finds its
 /// application from `$CONTAINER_ID`, binds the control port to the node's
 /// address, and builds the YARN runtime for the evaluator service.
+/// `addr` (the value of `key`) on this YARN node's address (`NM_HOST`)
+/// when it binds loopback or every address; `None` to keep it.
+async fn on_node(addr: &str, key: &str) -> anyhow::Result<Option<String>> {
+    let bind: std::net::SocketAddr = addr.parse().with_context(|| format!("{key} {addr:?}"))?;
+    if !(bind.ip().is_loopback() || bind.ip().is_unspecified()) {
+        return Ok(None);
+    }
+    let Some(host) = std::env::var("NM_HOST").ok().filter(|h| !h.is_empty()) else {
+        return Ok(None);
+    };
+    let ip = tokio::net::lookup_host((host.as_str(), bind.port()))
+        .await
+        .with_context(|| format!("resolving the node's host name NM_HOST={host}"))?
+        .find(|a| a.is_ipv4())
+        .with_context(|| format!("NM_HOST={host} has no IPv4 address"))?;
+    Ok(Some(ip.to_string()))
+}
+
 pub async fn appmaster_setup(config_file: &Path) -> anyhow::Result<AppmasterSetup> {
     let mut config = Layers::from_process_env(Some(config_file.to_path_buf())).load()?;
     let cid = std::env::var("CONTAINER_ID")
@@ -682,21 +726,15 @@ pub async fn appmaster_setup(config_file: &Path) -> anyhow::Result<AppmasterSetu
     if config.job.input.is_empty() {
         bail!("{}: job.input is empty", config_file.display());
     }
-    let bind: std::net::SocketAddr = config
-        .runtime
-        .am_bind
-        .parse()
-        .with_context(|| format!("runtime.am_bind {:?}", config.runtime.am_bind))?;
-    if (bind.ip().is_loopback() || bind.ip().is_unspecified())
-        && let Ok(host) = std::env::var("NM_HOST")
-        && !host.is_empty()
+    // Evaluators reach the control port, and people the web UI, from other
+    // hosts: both bind the node's address rather than loopback.
+    if let Some(a) = on_node(&config.runtime.am_bind, "runtime.am_bind").await? {
+        config.runtime.am_bind = a;
+    }
+    if !config.status.bind.is_empty()
+        && let Some(a) = on_node(&config.status.bind, "status.bind").await?
     {
-        let ip = tokio::net::lookup_host((host.as_str(), bind.port()))
-            .await
-            .with_context(|| format!("resolving the node's host name NM_HOST={host}"))?
-            .find(|a| a.is_ipv4())
-            .with_context(|| format!("NM_HOST={host} has no IPv4 address"))?;
-        config.runtime.am_bind = ip.to_string();
+        config.status.bind = a;
     }
     let service = service_name_for_app(&config.yarn.service_name_prefix, &application_id)
         .with_context(|| format!("naming the service of {application_id}"))?;
@@ -727,6 +765,17 @@ pub async fn appmaster_setup(config_file: &Path) -> anyhow::Result<AppmasterSetu
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_web_ui_is_found_in_the_ams_output() {
+        let out = "cruise: job job_1 on 4 yarn containers, status at http://10.0.0.5:4000/status\n\
+                   cruise: web UI at http://10.0.0.5:4000/, Prometheus metrics at http://10.0.0.5:4000/metrics\n";
+        assert_eq!(
+            super::ui_address(out).as_deref(),
+            Some("http://10.0.0.5:4000/")
+        );
+        assert_eq!(super::ui_address("cruise: loading\n"), None);
+    }
+
     use super::*;
 
     #[test]

@@ -255,6 +255,18 @@ async fn kill_destroys_the_service() {
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    // While it runs, `cruise status` says where its web UI is, and it answers.
+    let o = cruise(&["status", &app_id], &conf).await;
+    let out = text(&o.stdout);
+    let ui = out
+        .lines()
+        .find_map(|l| l.strip_prefix("web UI       "))
+        .and_then(|l| l.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no web UI in:\n{out}"))
+        .to_string();
+    let page = reqwest::get(&ui).await.unwrap();
+    assert!(page.status().is_success(), "GET {ui}: {}", page.status());
+    assert!(page.text().await.unwrap().contains("<svg"), "{ui}");
     let o = cruise(&["kill", &app_id], &conf).await;
     assert!(o.status.success(), "{}", text(&o.stderr));
     let out = text(&o.stdout);
