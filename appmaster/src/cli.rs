@@ -518,12 +518,15 @@ pub fn report(args: &ReportArgs) -> anyhow::Result<PathBuf> {
         })
         .ok_or_else(|| anyhow::anyhow!("{}: no job record: not a job's history", file.display()))?;
     // `<jobs>/history/<job>.jsonl` → `<jobs>/<job>.html`, where
-    // `containers/<id>/stderr` are the job's logs.
-    let jobs_dir = file
-        .parent()
-        .and_then(|d| d.parent())
-        .map(std::path::Path::to_path_buf)
-        .unwrap_or_default();
+    // `containers/<id>/stderr` are the job's logs; a history file
+    // elsewhere → beside it.
+    let dir = file.parent().unwrap_or(std::path::Path::new("."));
+    let jobs_dir = if dir.file_name().is_some_and(|n| n == history::HISTORY_DIR) {
+        dir.parent().unwrap_or(dir)
+    } else {
+        dir
+    }
+    .to_path_buf();
     let out = args
         .out
         .clone()

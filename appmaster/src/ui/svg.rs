@@ -28,6 +28,23 @@ pub fn esc(s: &str) -> String {
     out
 }
 
+/// At most this many points are drawn per series: a longer series is
+/// thinned to every n-th point (its last one kept), so that a page of a
+/// job of many epochs stays light.
+pub const MAX_POINTS: usize = 400;
+
+/// `points` thinned to at most [`MAX_POINTS`], keeping the last.
+fn thin(points: &[(f64, f64)]) -> Vec<(f64, f64)> {
+    let step = points.len().div_ceil(MAX_POINTS).max(1);
+    let mut out: Vec<(f64, f64)> = points.iter().copied().step_by(step).collect();
+    if let Some(&last) = points.last()
+        && out.last() != Some(&last)
+    {
+        out.push(last);
+    }
+    out
+}
+
 /// A named series of points.
 pub struct Series<'a> {
     /// Its name in the legend.
@@ -250,8 +267,7 @@ pub fn line_chart(
     axes(&mut out, &f, x_label, y_label, true);
     bands(&mut out, &f, marks);
     for (i, s) in series.iter().enumerate() {
-        let p: Vec<String> = s
-            .points
+        let p: Vec<String> = thin(&s.points)
             .iter()
             .filter(|(x, y)| x.is_finite() && y.is_finite())
             .map(|&(x, y)| format!("{:.1},{:.1}", f.px(x), f.py(y)))
@@ -314,7 +330,7 @@ pub fn bar_chart(title: &str, x_label: &str, y_label: &str, bars: &[(f64, f64)])
     };
     axes(&mut out, &f, x_label, y_label, true);
     let w = ((f.px(1.0) - f.px(0.0)) * 0.7).max(1.0);
-    for &(x, y) in &bars {
+    for &(x, y) in &thin(&bars) {
         let _ = write!(
             out,
             r##"<rect class="bar" x="{:.1}" y="{:.1}" width="{w:.1}" height="{:.1}" fill="#4a7fb5"><title>{}: {}</title></rect>"##,
@@ -452,6 +468,16 @@ mod tests {
         assert_eq!(svg.matches("plan-band").count(), 1);
         assert!(svg.contains("loss &lt;train&gt;"));
         assert!(svg.starts_with("<svg") && svg.ends_with("</svg>"));
+    }
+
+    #[test]
+    fn a_long_series_is_thinned_and_keeps_its_last_point() {
+        let points: Vec<(f64, f64)> = (1..=1001).map(|i| (f64::from(i), 1.0)).collect();
+        let t = thin(&points);
+        assert!(t.len() <= MAX_POINTS + 1, "{}", t.len());
+        assert_eq!(t.first(), points.first());
+        assert_eq!(t.last(), points.last());
+        assert_eq!(thin(&points[..10]), points[..10].to_vec());
     }
 
     #[test]
