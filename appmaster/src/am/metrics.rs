@@ -544,6 +544,24 @@ mod tests {
     }
 
     #[test]
+    fn totals_count_every_mini_batch_warm_up_and_reconfigurations_included() {
+        let mut m = Metrics::new(4, 2);
+        let e = EvaluatorId(1);
+        for _ in 0..3 {
+            m.mini_batch(e, &report(100, 0.01, 1000), &[]);
+        }
+        m.reset_after_reconfiguration();
+        m.mini_batch(e, &report(100, 0.01, 1000), &[]);
+        let t = &m.view().totals[0];
+        assert_eq!((t.id, t.mini_batches, t.records), (e, 4, 400));
+        assert_eq!((t.pull_bytes, t.push_bytes), (4000, 4000));
+        assert!((t.compute_secs - 0.04).abs() < 1e-12);
+        // The smoothed figures skipped the warm-up and the first after the
+        // reconfiguration.
+        assert_eq!(m.get(e).map(|x| x.batches), Some(0));
+    }
+
+    #[test]
     fn window_is_a_sliding_mean() {
         let mut w = Window::new(3);
         assert_eq!(w.mean(), None);
