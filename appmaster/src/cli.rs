@@ -69,6 +69,10 @@ pub enum Command {
     /// print the predicted epoch time of every workers/servers split and the
     /// plan the optimizer would run.
     Plan(PlanArgs),
+    /// Write a job's report: one self-contained HTML file (no script, no
+    /// asset from elsewhere) with the plots of the web UI, from the history
+    /// the job wrote in its work directory (`<work dir>/jobs/history/`).
+    Report(ReportArgs),
     /// Run an evaluator (started by a resource manager, not by hand).
     #[command(hide = true)]
     Evaluator,
@@ -487,6 +491,56 @@ pub struct PlanArgs {
     pub json: bool,
 }
 
+/// `cruise report`.
+#[derive(Args, Debug)]
+pub struct ReportArgs {
+    /// The job's work directory (its newest job is reported), its `jobs`
+    /// or `jobs/history` directory, or a history file (`.jsonl`).
+    #[arg(value_name = "DIR")]
+    pub dir: PathBuf,
+    /// Where to write the report. Default: `<job id>.html` beside the
+    /// job's `history` directory (where its container logs, linked from
+    /// the report, are).
+    #[arg(short, long, value_name = "FILE")]
+    pub out: Option<PathBuf>,
+}
+
+/// Runs `cruise report`: returns the file written.
+pub fn report(args: &ReportArgs) -> anyhow::Result<PathBuf> {
+    use crate::am::history;
+    let file = history::find(&args.dir)?;
+    let records = history::read(&file)?;
+    let job_id = records
+        .iter()
+        .find_map(|r| match r {
+            history::Record::Job { job_id, .. } => Some(job_id.clone()),
+            _ => None,
+        })
+        .ok_or_else(|| anyhow::anyhow!("{}: no job record: not a job's history", file.display()))?;
+    // `<jobs>/history/<job>.jsonl` → `<jobs>/<job>.html`, where
+    // `containers/<id>/stderr` are the job's logs; a history file
+    // elsewhere → beside it.
+    let dir = file.parent().unwrap_or(std::path::Path::new("."));
+    let jobs_dir = if dir.file_name().is_some_and(|n| n == history::HISTORY_DIR) {
+        dir.parent().unwrap_or(dir)
+    } else {
+        dir
+    }
+    .to_path_buf();
+    let out = args
+        .out
+        .clone()
+        .unwrap_or_else(|| jobs_dir.join(format!("{job_id}.html")));
+    let logs = if jobs_dir.join("containers").is_dir() && args.out.is_none() {
+        crate::ui::Logs::Under("containers")
+    } else {
+        crate::ui::Logs::None
+    };
+    let html = crate::ui::page(&records, None, logs, false);
+    datagen::write_atomically(&out, |w| w.write_all(html.as_bytes()))?;
+    Ok(out)
+}
+
 /// `cruise config`.
 #[derive(Args, Debug)]
 pub struct ConfigArgs {
@@ -648,6 +702,23 @@ fn convert_triplets(
     Ok((rows.len() as u64, out.to_path_buf()))
 }
 
+/// What the final loss is, where it differs from the last epoch's: the
+/// final model evaluated over all input after training, not the mean over
+/// the last epoch's mini-batches (each taken before its own update).
+fn final_loss_note(s: &JobSummary) -> String {
+    let Some(last) = s.epochs.last() else {
+        return String::new();
+    };
+    let (fin, ep) = (s.final_stats.mean_loss(), last.stats.mean_loss());
+    if format!("{fin:.4}") == format!("{ep:.4}") {
+        return String::new();
+    }
+    format!(
+        " (the final model over all input, after training; epoch {}'s training {} was {ep:.4})",
+        last.epoch, s.loss_name
+    )
+}
+
 /// Formats a summary for people.
 pub fn summary_text(s: &JobSummary, config: &CruiseConfig) -> String {
     use std::fmt::Write;
@@ -661,10 +732,10 @@ pub fn summary_text(s: &JobSummary, config: &CruiseConfig) -> String {
     let app = cruise_container::apps::params(config)
         .ok()
         .and_then(|p| cruise_container::apps::build(config, &p).ok());
-    let mut figures = |what: &str, stats: &cruise_container::protocol::Stats| {
+    let mut figures = |what: &str, stats: &cruise_container::protocol::Stats, note: String| {
         line(
             &format!("{what} {}", s.loss_name),
-            format!("{:.4}", stats.mean_loss()),
+            format!("{:.4}{note}", stats.mean_loss()),
         );
         if let Some((name, v)) = app.as_ref().and_then(|a| a.derived_metric(stats)) {
             line(&format!("{what} {name}"), format!("{v:.4}"));
@@ -676,9 +747,9 @@ pub fn summary_text(s: &JobSummary, config: &CruiseConfig) -> String {
             );
         }
     };
-    figures("final", &s.final_stats);
+    figures("final", &s.final_stats, final_loss_note(s));
     if let Some(e) = &s.eval_stats {
-        figures("eval", e);
+        figures("eval", e, String::new());
     }
     if let Some(path) = &s.model_out {
         line("model", path.clone());

@@ -3,7 +3,10 @@
 //! - [`am`]: the AM: job setup ([`am::run_job`]) and the job's event loop,
 //!   the control-channel acceptor, and the types it reports (summary,
 //!   progress, status).
-//! - [`status`]: the JSON status endpoint.
+//! - [`status`]: the status port: the web UI, `/status`, `/history`,
+//!   `/metrics`, container logs.
+//! - [`ui`]: the pages of the web UI and of `cruise report`, and their SVG
+//!   charts; [`exposition`]: the Prometheus metrics.
 //! - [`datagen`]: input preparation (generated data cached in the work dir).
 //! - [`cli`]: argument definitions and commands of `cruise`.
 //! - [`progress`]: drawing progress on stderr.
@@ -19,10 +22,12 @@
 pub mod am;
 pub mod cli;
 pub mod datagen;
+pub mod exposition;
 pub mod harness;
 pub mod progress;
 pub mod runtime;
 pub mod status;
 pub mod tarball;
+pub mod ui;
 pub mod whatif;
 pub mod yarn_app;

@@ -70,6 +70,16 @@ fn main() -> ExitCode {
         Command::Appmaster(args) => appmaster_command(args, cli.verbose),
         Command::Datagen(args) => datagen_command(args, cli.verbose),
         Command::Plan(args) => plan_command(args),
+        Command::Report(args) => {
+            init_logging(cli.verbose, "warn");
+            match cli::report(&args) {
+                Ok(out) => {
+                    println!("{}", out.display());
+                    ExitCode::SUCCESS
+                }
+                Err(e) => fail(format!("{e:#}")),
+            }
+        }
         Command::Config(args) => match args.conf.load() {
             Ok(c) => match toml::to_string_pretty(&c) {
                 Ok(s) => {
@@ -275,7 +285,7 @@ fn logs_command(args: cli::LogsArgs, verbose: u8) -> ExitCode {
         args.files.clone()
     };
     match rt.block_on(yarn_app::logs(&config, &args.app_id, &files, args.attempt)) {
-        Ok(list) => {
+        Ok((list, killed)) => {
             let many = list.len() > 1;
             for (name, text) in list {
                 if many {
@@ -290,6 +300,12 @@ fn logs_command(args: cli::LogsArgs, verbose: u8) -> ExitCode {
                     }
                     None => println!("(no such file)"),
                 }
+            }
+            if let Some(state) = killed {
+                println!(
+                    "cruise: {} was killed ({state}): its output ends where it was killed",
+                    args.app_id
+                );
             }
             ExitCode::SUCCESS
         }

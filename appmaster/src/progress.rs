@@ -67,6 +67,14 @@ pub async fn render(mut rx: mpsc::UnboundedReceiver<Progress>, config: CruiseCon
                         config.runtime.kind.as_str()
                     ),
                 );
+                if let Some(a) = status {
+                    say(
+                        &bar,
+                        format!(
+                            "cruise: web UI at http://{a}/, Prometheus metrics at http://{a}/metrics"
+                        ),
+                    );
+                }
             }
             Progress::Phase(text) => say(&bar, format!("cruise: {text}")),
             Progress::Batch {

@@ -348,6 +348,40 @@ fn load(path: &Path, containers: Option<usize>) -> Result<Snapshot, WhatIfError>
 
 /// The job, the mean container, and the predicted epoch time of every
 /// split of containers like the mean one.
+/// The containers of `model` as one mean container.
+fn mean_container(model: &CostModel) -> Uniform {
+    let n = model.len();
+    let mean = |f: &dyn Fn(usize) -> f64| (0..n).map(f).sum::<f64>() / n as f64;
+    Uniform {
+        compute_secs_per_record: mean(&|i| model.compute_secs_per_record(i)),
+        bandwidth_bytes_per_sec: mean(&|i| model.bandwidth(i)),
+        server_secs_per_byte: mean(&|i| model.server_secs_per_byte(i)),
+        request_secs_per_server: mean(&|i| model.request_secs_per_server(i)),
+        server_secs_per_mini_batch: mean(&|i| model.server_secs_per_mini_batch(i)),
+    }
+}
+
+/// The predicted epoch time of every workers/servers split of the
+/// snapshot's containers taken as the mean one (the closed form, cheap):
+/// `(workers, servers, epoch seconds)` by workers. Empty when the
+/// snapshot cannot be priced.
+pub fn split_epochs(snap: &Snapshot) -> Vec<(u32, u32, f64)> {
+    let Ok(model) = CostModel::new(snap) else {
+        return Vec::new();
+    };
+    if model.is_empty() {
+        return Vec::new();
+    }
+    match solve_homogeneous(&snap.job, model.len(), &mean_container(&model)) {
+        Ok(h) => h
+            .splits
+            .iter()
+            .map(|s| (s.workers as u32, s.servers as u32, s.epoch_secs))
+            .collect(),
+        Err(_) => Vec::new(),
+    }
+}
+
 fn write_splits(out: &mut String, snap: &Snapshot, model: &CostModel) {
     let j = &snap.job;
     let _ = writeln!(
@@ -362,14 +396,7 @@ fn write_splits(out: &mut String, snap: &Snapshot, model: &CostModel) {
         j.remaining_epochs
     );
     let n = model.len();
-    let mean = |f: &dyn Fn(usize) -> f64| (0..n).map(f).sum::<f64>() / n as f64;
-    let u = Uniform {
-        compute_secs_per_record: mean(&|i| model.compute_secs_per_record(i)),
-        bandwidth_bytes_per_sec: mean(&|i| model.bandwidth(i)),
-        server_secs_per_byte: mean(&|i| model.server_secs_per_byte(i)),
-        request_secs_per_server: mean(&|i| model.request_secs_per_server(i)),
-        server_secs_per_mini_batch: mean(&|i| model.server_secs_per_mini_batch(i)),
-    };
+    let u = mean_container(model);
     let _ = writeln!(
         out,
         "containers: {n} (mean compute {:.3} µs/record + {:.1} µs per server per mini-batch, bandwidth {:.1} MB/s, server {:.3} ns/byte)\n",

@@ -391,6 +391,12 @@ pub struct StatusReport {
     pub service: Option<ServiceReport>,
     /// The service's name.
     pub service_name: String,
+    /// What the AM wrote at the job's end (`summary.json`: the job's
+    /// summary, or its error), once the application has ended, if the AM
+    /// got that far and its log is there.
+    pub result: Option<serde_json::Value>,
+    /// The job's web UI, while it runs (as its AM printed it).
+    pub ui: Option<String>,
 }
 
 /// Reads an application's report and its service.
@@ -405,11 +411,116 @@ pub async fn status(config: &CruiseConfig, app_id: &str) -> anyhow::Result<Statu
     } else {
         svc.get(&service_name).await?
     };
+    // The job's result: what its AM wrote when it ended. A cluster that no
+    // longer serves the log leaves the report without it.
+    let result = if app.is_final() {
+        match am_files(&rm, app_id, &[SUMMARY_FILE.to_string()], None).await {
+            Ok(files) => files
+                .into_iter()
+                .find_map(|(_, text)| serde_json::from_str(&text?).ok()),
+            Err(e) => {
+                tracing::debug!("no summary of {app_id}: {e:#}");
+                None
+            }
+        }
+    } else {
+        None
+    };
+    // Where the running job's web UI is: the AM prints it at start.
+    let ui = if app.state == "RUNNING" {
+        am_files(&rm, app_id, &["stderr".to_string()], None)
+            .await
+            .ok()
+            .into_iter()
+            .flatten()
+            .filter_map(|(_, text)| text)
+            .find_map(|t| ui_address(&t))
+    } else {
+        None
+    };
     Ok(StatusReport {
         app,
         service,
         service_name,
+        result,
+        ui,
     })
+}
+
+/// The web UI's address in an AM's output (`cruise: web UI at URL, ...`).
+fn ui_address(output: &str) -> Option<String> {
+    output.lines().find_map(|l| {
+        let rest = l.split("web UI at ").nth(1)?;
+        Some(rest.split([',', ' ']).next()?.to_string())
+    })
+}
+
+/// The job's result in `summary.json` for people: how it ended, its final
+/// figures and its configurations.
+fn result_text(out: &mut String, v: &serde_json::Value) {
+    use std::fmt::Write;
+    if let Some(e) = v["error"].as_str() {
+        let _ = writeln!(out, "job          failed: {e}");
+        return;
+    }
+    let s = &v["summary"];
+    let Some(epochs) = s["epochs"].as_array() else {
+        return;
+    };
+    let loss_name = s["loss_name"].as_str().unwrap_or("loss");
+    let stats = &s["final_stats"];
+    let records = stats["records"].as_f64().unwrap_or(0.0);
+    let terms = stats["loss_terms"]
+        .as_f64()
+        .filter(|t| *t > 0.0)
+        .unwrap_or(records);
+    let _ = writeln!(
+        out,
+        "job          {} finished: {} epochs of {} records, {:.2} s",
+        s["job_id"].as_str().unwrap_or(""),
+        epochs.len(),
+        s["records"],
+        s["wall_secs"].as_f64().unwrap_or(0.0)
+    );
+    if terms > 0.0 {
+        let _ = writeln!(
+            out,
+            "final        {loss_name} {:.4} (the final model evaluated over all input){}",
+            stats["loss_sum"].as_f64().unwrap_or(f64::NAN) / terms,
+            if s["has_accuracy"].as_bool() == Some(true) && records > 0.0 {
+                format!(
+                    ", accuracy {:.2}%",
+                    100.0 * stats["correct"].as_f64().unwrap_or(0.0) / records
+                )
+            } else {
+                String::new()
+            }
+        );
+    }
+    let split = |w: &serde_json::Value, s: &serde_json::Value| {
+        crate::am::split_text(
+            w.as_u64().unwrap_or(0) as u32,
+            s.as_u64().unwrap_or(0) as u32,
+        )
+    };
+    let _ = writeln!(
+        out,
+        "configuration started with {} containers: {}{}",
+        s["containers"],
+        split(&s["workers"], &s["servers"]),
+        epochs
+            .last()
+            .map(|e| format!("; ended with {}", split(&e["workers"], &e["servers"])))
+            .unwrap_or_default()
+    );
+    for r in s["reconfigurations"].as_array().into_iter().flatten() {
+        let _ = writeln!(
+            out,
+            "reconfigured at {:.1} s: {}",
+            r["at_secs"].as_f64().unwrap_or(0.0),
+            r["summary"].as_str().unwrap_or("")
+        );
+    }
 }
 
 /// A status report for people.
@@ -441,16 +552,31 @@ pub fn status_text(r: &StatusReport) -> String {
                 svc.name, svc.state
             );
         }
+        // The AM destroys its service when the job ends, and creates it
+        // once it runs.
+        None if a.is_final() => {
+            let _ = writeln!(
+                out,
+                "evaluators   service {} removed when the job ended",
+                r.service_name
+            );
+        }
         None => {
             let _ = writeln!(
                 out,
-                "evaluators   service {} does not exist",
+                "evaluators   service {} not created yet",
                 r.service_name
             );
         }
     }
     if !a.diagnostics.trim().is_empty() {
         let _ = writeln!(out, "diagnostics  {}", a.diagnostics.trim());
+    }
+    if let Some(u) = &r.ui {
+        let _ = writeln!(out, "web UI       {u} (metrics at {u}metrics)");
+    }
+    if let Some(v) = &r.result {
+        result_text(&mut out, v);
     }
     out
 }
@@ -485,16 +611,32 @@ pub async fn kill(config: &CruiseConfig, app_id: &str) -> anyhow::Result<Killed>
     })
 }
 
-/// Log files of an application's AM container (last attempt unless
-/// `attempt` is given), fetched from its NodeManager.
+/// The AM container's log files `files` of an attempt (the last one by
+/// default): `(name, text)`, `None` for a missing file, and the
+/// application's state when it was killed (its output ends there).
 pub async fn logs(
     config: &CruiseConfig,
     app_id: &str,
     files: &[String],
     attempt: Option<i64>,
-) -> anyhow::Result<Vec<(String, Option<String>)>> {
+) -> anyhow::Result<(Vec<(String, Option<String>)>, Option<String>)> {
     let s = yarn_settings(config)?;
     let (rm, _) = clients(config, &s)?;
+    let out = am_files(&rm, app_id, files, attempt).await?;
+    let app = rm.app(app_id).await?;
+    let killed = (app.state == "KILLED" || app.final_status == "KILLED")
+        .then(|| format!("{} (final status {})", app.state, app.final_status));
+    Ok((out, killed))
+}
+
+/// The AM container's log files `files` of an attempt (the last one by
+/// default).
+async fn am_files(
+    rm: &RmClient,
+    app_id: &str,
+    files: &[String],
+    attempt: Option<i64>,
+) -> anyhow::Result<Vec<(String, Option<String>)>> {
     let attempts = rm.attempts(app_id).await?;
     let a = match attempt {
         Some(n) => attempts
@@ -550,6 +692,24 @@ pub struct AppmasterSetup {
 /// Prepares the AM inside its YARN container: loads `config_file`, finds its
 /// application from `$CONTAINER_ID`, binds the control port to the node's
 /// address, and builds the YARN runtime for the evaluator service.
+/// `addr` (the value of `key`) on this YARN node's address (`NM_HOST`)
+/// when it binds loopback or every address; `None` to keep it.
+async fn on_node(addr: &str, key: &str) -> anyhow::Result<Option<String>> {
+    let bind: std::net::SocketAddr = addr.parse().with_context(|| format!("{key} {addr:?}"))?;
+    if !(bind.ip().is_loopback() || bind.ip().is_unspecified()) {
+        return Ok(None);
+    }
+    let Some(host) = std::env::var("NM_HOST").ok().filter(|h| !h.is_empty()) else {
+        return Ok(None);
+    };
+    let ip = tokio::net::lookup_host((host.as_str(), bind.port()))
+        .await
+        .with_context(|| format!("resolving the node's host name NM_HOST={host}"))?
+        .find(|a| a.is_ipv4())
+        .with_context(|| format!("NM_HOST={host} has no IPv4 address"))?;
+    Ok(Some(ip.to_string()))
+}
+
 pub async fn appmaster_setup(config_file: &Path) -> anyhow::Result<AppmasterSetup> {
     let mut config = Layers::from_process_env(Some(config_file.to_path_buf())).load()?;
     let cid = std::env::var("CONTAINER_ID")
@@ -566,21 +726,15 @@ pub async fn appmaster_setup(config_file: &Path) -> anyhow::Result<AppmasterSetu
     if config.job.input.is_empty() {
         bail!("{}: job.input is empty", config_file.display());
     }
-    let bind: std::net::SocketAddr = config
-        .runtime
-        .am_bind
-        .parse()
-        .with_context(|| format!("runtime.am_bind {:?}", config.runtime.am_bind))?;
-    if (bind.ip().is_loopback() || bind.ip().is_unspecified())
-        && let Ok(host) = std::env::var("NM_HOST")
-        && !host.is_empty()
+    // Evaluators reach the control port, and people the web UI, from other
+    // hosts: both bind the node's address rather than loopback.
+    if let Some(a) = on_node(&config.runtime.am_bind, "runtime.am_bind").await? {
+        config.runtime.am_bind = a;
+    }
+    if !config.status.bind.is_empty()
+        && let Some(a) = on_node(&config.status.bind, "status.bind").await?
     {
-        let ip = tokio::net::lookup_host((host.as_str(), bind.port()))
-            .await
-            .with_context(|| format!("resolving the node's host name NM_HOST={host}"))?
-            .find(|a| a.is_ipv4())
-            .with_context(|| format!("NM_HOST={host} has no IPv4 address"))?;
-        config.runtime.am_bind = ip.to_string();
+        config.status.bind = a;
     }
     let service = service_name_for_app(&config.yarn.service_name_prefix, &application_id)
         .with_context(|| format!("naming the service of {application_id}"))?;
@@ -611,6 +765,17 @@ pub async fn appmaster_setup(config_file: &Path) -> anyhow::Result<AppmasterSetu
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_web_ui_is_found_in_the_ams_output() {
+        let out = "cruise: job job_1 on 4 yarn containers, status at http://10.0.0.5:4000/status\n\
+                   cruise: web UI at http://10.0.0.5:4000/, Prometheus metrics at http://10.0.0.5:4000/metrics\n";
+        assert_eq!(
+            super::ui_address(out).as_deref(),
+            Some("http://10.0.0.5:4000/")
+        );
+        assert_eq!(super::ui_address("cruise: loading\n"), None);
+    }
+
     use super::*;
 
     #[test]

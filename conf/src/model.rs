@@ -875,8 +875,8 @@ fn parse_bits_per_sec(text: &str) -> Option<f64> {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct StatusConfig {
-    /// Address the JSON status endpoint binds to (loopback unless you mean it).
-    /// Empty: no status endpoint.
+    /// Address the AM's status port binds to: the web UI, `/status`,
+    /// `/history` and `/metrics` (loopback unless you mean it). Empty: none.
     pub bind: String,
 }
 

@@ -10,6 +10,8 @@
 # datanode $DN_PORT (9864), YARN RM $RM_PORT (8088), Mesos master
 # $MESOS_PORT (5050). HDFS paths live under DIR/hdfs; the simulators' logs
 # are DIR/*.log. The simulators really launch the containers they allocate.
+# cruise-sim and cruise are target/release/ (CRUISE_SIM, CRUISE_BIN override
+# them); whichever is missing is built first.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 DIR="${1:-${TMPDIR:-/tmp}/cruise-sandbox}"
@@ -18,9 +20,15 @@ RM_PORT="${RM_PORT:-8088}"; MESOS_PORT="${MESOS_PORT:-5050}"
 mkdir -p "$DIR/hadoop-conf" "$DIR/hdfs"
 
 SIM="${CRUISE_SIM:-target/release/cruise-sim}"
-if [ ! -x "$SIM" ]; then
-    echo "sandbox: building cruise-sim and cruise (release)" >&2
-    cargo build --release -q -p cruise-sim -p cruise-appmaster
+CRUISE="${CRUISE_BIN:-target/release/cruise}"
+# Build whatever is missing (cargo shows its progress: a first build takes
+# a few minutes on 2 cores).
+missing=()
+[ -x "$SIM" ] || missing+=(-p cruise-sim)
+[ -x "$CRUISE" ] || missing+=(-p cruise-appmaster)
+if [ "${#missing[@]}" -gt 0 ]; then
+    echo "sandbox: building ${missing[*]} (release) for $SIM and $CRUISE" >&2
+    cargo build --release "${missing[@]}"
 fi
 
 start() { # name, args...

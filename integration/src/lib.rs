@@ -15,6 +15,7 @@
 //! - [`bench`]: the shared pieces of the benchmarks; [`optbench`]: those of
 //!   the optimizer's (cases, one `cruise run` on an emulated cluster);
 //!   [`clusters`]: emulated clusters drawn by a seeded generator;
+//! - [`required_tool`]: an external tool a test needs, or why it is skipped;
 //! - [`pid_alive`], [`free_port`] and [`FreezingProxy`] (a TCP proxy whose
 //!   open connections can be stalled, to starve a client of heartbeats).
 
@@ -465,6 +466,33 @@ impl Spawned {
             let _ = r.await;
         }
         Ok(status)
+    }
+}
+
+/// An external tool a test needs (e.g. `promtool`, `chromium`), found on
+/// `PATH`. Missing, it is `Ok(None)` after printing that `test` is
+/// skipped and how to install it, unless `CRUISE_UI_TOOLS_REQUIRED=1` (as
+/// in CI's stage for these tests, `integration/ui/ci.sh`): then the test
+/// fails, naming the tool.
+pub fn required_tool(name: &str, package: &str, test: &str) -> anyhow::Result<Option<PathBuf>> {
+    let found = std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|d| d.join(name))
+            .find(|p| p.is_file())
+    });
+    match found {
+        Some(p) => Ok(Some(p)),
+        None if std::env::var_os("CRUISE_UI_TOOLS_REQUIRED").is_some_and(|v| v == "1") => bail!(
+            "{test}: CRUISE_UI_TOOLS_REQUIRED=1 but `{name}` is not on PATH \
+             (Debian package `{package}`; integration/ui/ci.sh installs it)"
+        ),
+        None => {
+            eprintln!(
+                "SKIPPED {test}: `{name}` is not on PATH (apt-get install {package}, \
+                 or run integration/ui/ci.sh)"
+            );
+            Ok(None)
+        }
     }
 }
 

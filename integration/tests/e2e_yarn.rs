@@ -142,6 +142,31 @@ async fn mlr_submitted_to_yarn_reaches_local_accuracy() {
         "accuracy {acc} in:\n{log_text}"
     );
     assert!(log_text.contains("yarn containers"), "{log_text}");
+    // Each progress line once: the AM's log does not repeat its phases
+    // and epochs.
+    for line in ["epoch 1/5", "loading: "] {
+        let n = log_text.lines().filter(|l| l.contains(line)).count();
+        assert_eq!(n, 1, "{line:?} {n} times in:\n{log_text}");
+    }
+    assert!(!log_text.contains("epoch done"), "{log_text}");
+
+    // `cruise status` after the job: its result, and nothing that reads
+    // like an error.
+    let o = cruise(&["status", &app_id], &conf).await;
+    let out = text(&o.stdout);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    assert!(
+        out.contains("removed when the job ended") && !out.contains("does not exist"),
+        "{out}"
+    );
+    for needle in [
+        "finished: 5 epochs of",
+        "final        log-loss ",
+        "(the final model evaluated over all input), accuracy ",
+        "configuration started with 4 containers: 3 workers, 1 server",
+    ] {
+        assert!(out.contains(needle), "no {needle:?} in:\n{out}");
+    }
     let summary = cruise(&["logs", &app_id, "--file", "summary.json"], &conf).await;
     let s: Value = serde_json::from_slice(&summary.stdout)
         .unwrap_or_else(|e| panic!("{e}: {}", text(&summary.stdout)));
@@ -230,6 +255,18 @@ async fn kill_destroys_the_service() {
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    // While it runs, `cruise status` says where its web UI is, and it answers.
+    let o = cruise(&["status", &app_id], &conf).await;
+    let out = text(&o.stdout);
+    let ui = out
+        .lines()
+        .find_map(|l| l.strip_prefix("web UI       "))
+        .and_then(|l| l.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no web UI in:\n{out}"))
+        .to_string();
+    let page = reqwest::get(&ui).await.unwrap();
+    assert!(page.status().is_success(), "GET {ui}: {}", page.status());
+    assert!(page.text().await.unwrap().contains("<svg"), "{ui}");
     let o = cruise(&["kill", &app_id], &conf).await;
     assert!(o.status.success(), "{}", text(&o.stderr));
     let out = text(&o.stdout);
@@ -241,7 +278,15 @@ async fn kill_destroys_the_service() {
     let o = cruise(&["status", &app_id], &conf).await;
     let out = text(&o.stdout);
     assert!(
-        out.contains("KILLED") && out.contains("does not exist"),
+        out.contains("KILLED") && out.contains("removed when the job ended"),
+        "{out}"
+    );
+    // `cruise logs` says the output ends where the job was killed.
+    let o = cruise(&["logs", &app_id], &conf).await;
+    let out = text(&o.stdout);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    assert!(
+        out.contains(&format!("cruise: {app_id} was killed (KILLED")),
         "{out}"
     );
 }

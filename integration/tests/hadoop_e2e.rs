@@ -371,7 +371,7 @@ async fn killed_job_is_killed_in_yarn_and_its_service_destroyed() {
     let o = cruise(&["status", &app_id], &h).await;
     let out = text(&o.stdout);
     assert!(
-        out.contains("KILLED") && out.contains("does not exist"),
+        out.contains("KILLED") && out.contains("removed when the job ended"),
         "{out}"
     );
 }

@@ -65,6 +65,45 @@ async fn default_run_trains_mlr_on_separate_processes() {
 /// stretched 200× (process emulation, 0.005 of a core), the default job under
 /// SSP with staleness 2 ends as accurate as an unhindered one. (Asynchronous,
 /// the same job ended at 0.82–0.90: see `DEFAULT_JOB_MIN_ACCURACY`.)
+/// The summary says what its final loss is when it differs from the last
+/// epoch's: the final model evaluated after training, not the epoch's
+/// mean over mini-batches taken before their updates.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_summary_says_what_the_final_loss_is() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = cruise();
+    c.args(["run", "-e", "3", "--work-dir"]).arg(dir.path());
+    let mut p = Spawned::spawn(c).unwrap();
+    assert!(p.wait(WAIT).await.unwrap().success(), "{}", p.stderr());
+    let (out, err) = (p.stdout(), p.stderr());
+    let last_epoch = err
+        .lines()
+        .find_map(|l| l.strip_prefix("epoch 3/3  log-loss "))
+        .and_then(|r| r.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no line for epoch 3 in:\n{err}"))
+        .to_string();
+    assert_eq!(
+        err.lines().filter(|l| l.starts_with("epoch 3/3")).count(),
+        1,
+        "{err}"
+    );
+    let fin = out
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("final log-loss"))
+        .unwrap_or_else(|| panic!("no final log-loss in:\n{out}"))
+        .trim();
+    if fin.starts_with(&last_epoch) {
+        assert!(!fin.contains('('), "{fin}");
+    } else {
+        assert!(
+            fin.contains(&format!(
+                "(the final model over all input, after training; epoch 3's training log-loss was {last_epoch})"
+            )),
+            "{fin}\n{err}"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn straggler_does_not_drift_under_ssp() {
     let dir = tempfile::tempdir().unwrap();

@@ -282,6 +282,16 @@ impl PlanTracker {
         self.running().next().is_none() && (self.cancelled || self.ready.is_empty())
     }
 
+    /// When operation `i` started, after the plan was tracked (`None`:
+    /// it has not started).
+    pub fn started_after(&self, i: usize) -> Option<Duration> {
+        self.started
+            .get(i)
+            .copied()
+            .flatten()
+            .map(|t| t.saturating_duration_since(self.start))
+    }
+
     /// The operations that have been running for longer than `limit`.
     pub fn overdue(&self, limit: Duration) -> Vec<usize> {
         self.running()
@@ -413,7 +423,9 @@ mod tests {
     #[test]
     fn operations_start_when_their_dependencies_succeeded_within_the_bound() {
         let mut t = PlanTracker::new(chain(), ExecutorConfig { max_parallel: 1 }).unwrap();
+        assert_eq!(t.started_after(0), None);
         assert_eq!(started(&mut t), [0], "one at a time, in plan order");
+        assert!(t.started_after(0).is_some() && t.started_after(1).is_none());
         assert!(t.finished(0, Ok(OpReport::default())));
         assert!(!t.finished(0, Ok(OpReport::default())), "ended twice");
         assert_eq!(started(&mut t), [1]);

@@ -124,9 +124,41 @@ impl EvalMetrics {
     }
 }
 
+/// Running totals of what one evaluator reported since it joined (the
+/// counters of `/metrics`): nothing is smoothed or skipped here.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct EvalTotals {
+    /// Evaluator id.
+    pub id: EvaluatorId,
+    /// Mini-batches it ran as a worker.
+    pub mini_batches: u64,
+    /// Records they trained on.
+    pub records: u64,
+    /// Seconds computing.
+    pub compute_secs: f64,
+    /// Seconds of timed pull round trips.
+    pub pull_secs: f64,
+    /// Seconds of timed push round trips.
+    pub push_secs: f64,
+    /// Bytes pulled.
+    pub pull_bytes: u64,
+    /// Bytes pushed.
+    pub push_bytes: u64,
+    /// Requests it served as a server.
+    pub requests: u64,
+    /// CPU seconds serving them (at its CPU share).
+    pub serve_secs: f64,
+    /// Bytes it received in requests.
+    pub served_bytes_in: u64,
+    /// Bytes it sent in answers.
+    pub served_bytes_out: u64,
+}
+
 /// All of the job's measurements.
 #[derive(Debug, Clone)]
 pub struct Metrics {
+    /// Running totals per evaluator.
+    totals: BTreeMap<EvaluatorId, EvalTotals>,
     window: usize,
     warmup: u32,
     evals: BTreeMap<EvaluatorId, EvalMetrics>,
@@ -150,6 +182,8 @@ pub struct MetricsView {
     pub links: Vec<LinkView>,
     /// Per link measured by bulk transfers (probes and block moves).
     pub capacity: Vec<LinkView>,
+    /// Running totals per evaluator (also of those that left).
+    pub totals: Vec<EvalTotals>,
 }
 
 /// One evaluator's smoothed figures.
@@ -192,6 +226,7 @@ impl Metrics {
     /// Empty metrics: windows of `window` samples, `warmup` mini-batches skipped.
     pub fn new(window: usize, warmup: u32) -> Self {
         Metrics {
+            totals: BTreeMap::new(),
             window,
             warmup,
             evals: BTreeMap::new(),
@@ -239,6 +274,17 @@ impl Metrics {
     /// Records a worker's report of one or more mini-batches (their totals).
     pub fn mini_batch(&mut self, id: EvaluatorId, r: &MiniBatchReport, links: &[LinkSample]) {
         self.worker_batches += u64::from(r.mini_batches);
+        let t = self.totals.entry(id).or_insert_with(|| EvalTotals {
+            id,
+            ..EvalTotals::default()
+        });
+        t.mini_batches += u64::from(r.mini_batches);
+        t.records += r.stats.records;
+        t.compute_secs += r.comp_secs;
+        t.pull_secs += r.pull_secs;
+        t.push_secs += r.push_secs;
+        t.pull_bytes += r.pull_bytes;
+        t.push_bytes += r.push_bytes;
         let e = self.eval(id);
         let n = r.mini_batches.max(1);
         if e.skip > 0 {
@@ -334,6 +380,14 @@ impl Metrics {
     pub fn server(&mut self, id: EvaluatorId, r: &ServerReport) {
         let all = self.worker_batches;
         let bytes = r.bytes_in + r.bytes_out;
+        let t = self.totals.entry(id).or_insert_with(|| EvalTotals {
+            id,
+            ..EvalTotals::default()
+        });
+        t.requests += r.requests;
+        t.serve_secs += r.own_secs.max(r.busy_secs);
+        t.served_bytes_in += r.bytes_in;
+        t.served_bytes_out += r.bytes_out;
         let e = self.eval(id);
         let since = e
             .batches_at_report
@@ -463,6 +517,7 @@ impl Metrics {
                     })
                 })
                 .collect(),
+            totals: self.totals.values().cloned().collect(),
         }
     }
 }
@@ -493,6 +548,24 @@ mod tests {
             timed_pulls: 1,
             timed_pushes: 1,
         }
+    }
+
+    #[test]
+    fn totals_count_every_mini_batch_warm_up_and_reconfigurations_included() {
+        let mut m = Metrics::new(4, 2);
+        let e = EvaluatorId(1);
+        for _ in 0..3 {
+            m.mini_batch(e, &report(100, 0.01, 1000), &[]);
+        }
+        m.reset_after_reconfiguration();
+        m.mini_batch(e, &report(100, 0.01, 1000), &[]);
+        let t = &m.view().totals[0];
+        assert_eq!((t.id, t.mini_batches, t.records), (e, 4, 400));
+        assert_eq!((t.pull_bytes, t.push_bytes), (4000, 4000));
+        assert!((t.compute_secs - 0.04).abs() < 1e-12);
+        // The smoothed figures skipped the warm-up and the first after the
+        // reconfiguration.
+        assert_eq!(m.get(e).map(|x| x.batches), Some(0));
     }
 
     #[test]

@@ -9,11 +9,13 @@
 //! and a status snapshot is published for the status endpoint and tests.
 
 pub mod control;
+pub mod history;
 mod job;
 pub mod metrics;
 mod outputs;
 pub mod snapshot;
 
+pub(crate) use job::role_name;
 pub use job::{PlanRecord, plural, split_text};
 
 use std::net::SocketAddr;
@@ -219,6 +221,9 @@ pub struct Status {
     pub optimizer: Option<String>,
     /// The smoothed measurements the optimizer works from.
     pub metrics: metrics::MetricsView,
+    /// The optimizer's last look: the predicted epoch time of each split,
+    /// `(workers, servers, seconds)`.
+    pub splits: Vec<(u32, u32, f64)>,
     /// Reconfigurations so far.
     pub reconfigurations: Vec<PlanRecord>,
     /// The emulated cluster the job runs on (mechanism and container
@@ -240,6 +245,8 @@ pub struct EvaluatorStatus {
     pub role: Role,
     /// Process id.
     pub pid: u32,
+    /// The host it runs on, as it reported.
+    pub host: String,
     /// Data-plane address.
     pub data_addr: Option<SocketAddr>,
     /// Resident set size, bytes.
@@ -288,6 +295,9 @@ pub enum Event {
     Decided {
         /// The snapshot it decided on and its decision, or why there is none.
         decided: Result<(Box<cruise_optimizer::Snapshot>, cruise_optimizer::Decision), String>,
+        /// The predicted epoch time of each split, `(workers, servers,
+        /// seconds)` ([`crate::whatif::split_epochs`]).
+        splits: Vec<(u32, u32, f64)>,
     },
 }
 
@@ -444,13 +454,22 @@ pub async fn run_job(opts: JobOptions) -> Result<JobSummary, AmError> {
         cancel.clone(),
     ));
 
+    let started = std::time::Instant::now();
+    let (history_tx, history_rx) = watch::channel(history::Published::default());
+    let history_file = history::path(&opts.work_dir, &job_id);
+    let history = history::spawn_writer(&history_file, started, history_tx, &tracker)?;
     let status_addr = if config.status.bind.is_empty() {
         None
     } else {
         Some(
             crate::status::serve(
                 &config.status.bind,
-                opts.status.subscribe(),
+                crate::status::Published {
+                    status: opts.status.subscribe(),
+                    history: history_rx,
+                    logs: (config.runtime.kind == cruise_conf::RuntimeKind::Local)
+                        .then(|| opts.work_dir.join("containers")),
+                },
                 &tracker,
                 cancel.clone(),
             )
@@ -476,7 +495,7 @@ pub async fn run_job(opts: JobOptions) -> Result<JobSummary, AmError> {
         status: status_addr,
         containers: config.job.containers,
     });
-    tracing::info!(%job_id, %am_addr, ?status_addr, "AM started");
+    tracing::info!(%job_id, %am_addr, ?status_addr, history = %history_file.display(), "AM started");
 
     let driver = job::Driver::new(
         config,
@@ -490,6 +509,7 @@ pub async fn run_job(opts: JobOptions) -> Result<JobSummary, AmError> {
         ev_tx,
         cancel.clone(),
         outputs,
+        history,
     );
     let result = driver.run(ev_rx, rm_rx).await;
 

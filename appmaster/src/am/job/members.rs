@@ -208,6 +208,7 @@ impl Driver {
                 conn_cancel,
                 data_addr: None,
                 pid: 0,
+                host: String::new(),
                 role: Role::Idle,
                 last_heard: Instant::now(),
                 rss: 0,
@@ -242,6 +243,7 @@ impl Driver {
             .ok_or_else(|| AmError::JobFailed(format!("evaluator {id} vanished")))?;
         e.data_addr = Some(data_addr);
         e.pid = pid;
+        e.host = host.to_string();
         tracing::info!(evaluator = %id, container = %e.container, pid, %host, %data_addr, "evaluator registered");
         let setup = JobSetup {
             evaluator: id,

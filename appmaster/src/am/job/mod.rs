@@ -39,6 +39,7 @@ use cruise_container::protocol::{AmToEval, AppParams, EvalToAm, EvaluatorId, Sta
 use cruise_hdfs::Split;
 use cruise_rm::{ContainerId, ContainerRequest, ExitStatus, ResourceManager, RmEvent};
 
+use super::history::{HistoryLog, Member};
 use super::outputs::Outputs;
 use super::{AmError, EpochSummary, Event, JobSummary, Progress, Role, Status};
 
@@ -88,6 +89,7 @@ struct Evaluator {
     conn_cancel: CancellationToken,
     data_addr: Option<SocketAddr>,
     pid: u32,
+    host: String,
     role: Role,
     last_heard: Instant,
     rss: u64,
@@ -189,6 +191,12 @@ pub(super) struct Driver {
     rc: Reconfig,
     /// The emulated cluster, in words (from the resource manager).
     emulation: Option<String>,
+    /// The job's history (records for the file and the web UI).
+    history: HistoryLog,
+    /// The members and roles last recorded in the history.
+    recorded_members: Vec<Member>,
+    /// The app (for its derived metric), once built.
+    app: Option<Arc<dyn apps::App>>,
 }
 
 impl Driver {
@@ -205,8 +213,9 @@ impl Driver {
         events: mpsc::Sender<Event>,
         cancel: CancellationToken,
         outputs: Outputs,
+        history: HistoryLog,
     ) -> Self {
-        let now = Instant::now();
+        let now = history.started();
         let initial_split = config.job.initial_split();
         let config_for_rc = config.clone();
         let emulation = rm.emulation();
@@ -250,6 +259,9 @@ impl Driver {
             pending_loss: None,
             rc: Reconfig::new(&config_for_rc),
             emulation,
+            history,
+            recorded_members: Vec::new(),
+            app: None,
         }
     }
 
@@ -277,6 +289,7 @@ impl Driver {
                 Err(e)
             }
         };
+        self.record_end(r.as_ref().err());
         for e in self.evaluators.values() {
             e.conn_cancel.cancel();
         }
@@ -293,6 +306,8 @@ impl Driver {
             apps::build(&self.config, &self.params).map_err(|e| AmError::Config(e.to_string()))?;
         self.loss_name = app.loss_name();
         self.has_accuracy = app.has_accuracy();
+        self.record_start();
+        self.app = Some(app);
         let n = self.config.job.containers;
         self.phase(Phase::Allocating, format!("allocating {n} containers"));
         self.rm
@@ -340,7 +355,9 @@ impl Driver {
 
     fn phase(&mut self, p: Phase, text: String) {
         self.phase = p;
-        tracing::info!(phase = p.name(), "{text}");
+        // People read phases from the progress channel (its lines go to
+        // the same stderr): logged at debug, they are not said twice.
+        tracing::debug!(phase = p.name(), "{text}");
         let _ = self.progress.send(Progress::Phase(text));
         self.publish_status(None);
     }
@@ -413,7 +430,7 @@ impl Driver {
                 });
             }
             Event::Message { eval, msg } => self.on_message(eval, msg).await?,
-            Event::Decided { decided } => self.on_decided(decided),
+            Event::Decided { decided, splits } => self.on_decided(decided, splits),
         }
         Ok(())
     }
@@ -578,7 +595,8 @@ pub fn split_text(w: u32, s: u32) -> String {
     format!("{}, {}", plural(w, "worker"), plural(s, "server"))
 }
 
-fn role_name(r: Role) -> &'static str {
+/// A role as the status, the history and the pages name it.
+pub(crate) fn role_name(r: Role) -> &'static str {
     match r {
         Role::Idle => "idle",
         Role::Worker => "worker",

@@ -202,7 +202,10 @@ impl Driver {
             };
             self.epoch_started = Instant::now();
             self.epochs.push(summary);
-            tracing::info!(
+            self.record_epoch(&summary);
+            // A line per epoch goes to stderr through the progress
+            // channel; logged at debug, it is not said twice.
+            tracing::debug!(
                 epoch = summary.epoch,
                 loss = summary.stats.mean_loss(),
                 secs = summary.secs,

@@ -200,6 +200,8 @@ pub(super) struct Reconfig {
     /// Stop training once the running plan is done (the last epoch ended).
     pub(super) stop_after_plan: bool,
     pub(super) last_decision: Option<String>,
+    /// The optimizer's last look: the predicted epoch time of each split.
+    pub(super) last_splits: Vec<(u32, u32, f64)>,
     pub(super) history: Vec<PlanRecord>,
     /// Bytes of each input block (from loading), for the optimizer.
     pub(super) input_bytes: HashMap<BlockId, u64>,
@@ -248,6 +250,7 @@ impl Reconfig {
             reclaim: None,
             stop_after_plan: false,
             last_decision: None,
+            last_splits: Vec::new(),
             history: Vec::new(),
             input_bytes: HashMap::new(),
             mini_batches_per_epoch: 0,
@@ -268,6 +271,11 @@ impl Reconfig {
         if let Some(p) = &mut self.plan {
             p.tracker.finished(op.0, result);
         }
+    }
+
+    /// Whether a plan is deleting an evaluator (it is draining or leaving).
+    pub(super) fn is_deleting(&self, id: EvaluatorId) -> bool {
+        self.deletes.contains_key(&id)
     }
 
     /// Whether an evaluator is on its way out (its end is expected).

@@ -7,17 +7,19 @@ use cruise_optimizer::{ExecutorConfig, Job, OpOutcome, Operation, Plan, PlanTrac
 
 use super::{DeleteStage, OpIndex, PlanRecord, RunningPlan, ready_to_leave};
 use crate::am::AmError;
+use crate::am::history::{OpRecord, Record};
 use crate::am::job::{Driver, plural, split_text};
 
 impl Driver {
-    /// Starts `plan`; its first operations start at the loop's next step
-    /// ([`Driver::step_plan`]).
-    pub(super) fn start_plan(&mut self, plan: Plan, job: Job, summary: String) {
+    /// Starts `plan`, recording `started` in the history; its first
+    /// operations start at the loop's next step ([`Driver::step_plan`]).
+    pub(super) fn start_plan(&mut self, plan: Plan, job: Job, summary: String, started: Record) {
         let config = ExecutorConfig {
             max_parallel: self.config.optimizer.max_parallel as usize,
         };
         match PlanTracker::new(plan, config) {
             Ok(tracker) => {
+                self.history.push(started);
                 self.rc.plan = Some(RunningPlan {
                     tracker,
                     job,
@@ -209,8 +211,14 @@ impl Driver {
             bytes_moved: 0,
         };
         let plan = running.tracker.plan();
+        let mut ops = Vec::with_capacity(report.outcomes.len());
         for (i, o) in report.outcomes.iter().enumerate() {
             let op = &plan.ops[i].op;
+            ops.push(op_record(
+                op,
+                o,
+                running.tracker.started_after(i).map(|d| d.as_secs_f64()),
+            ));
             match o {
                 OpOutcome::Succeeded { duration, report } => {
                     record.succeeded += 1;
@@ -261,6 +269,12 @@ impl Driver {
             }
         )));
         self.rc.history.push(record);
+        self.history.push(Record::PlanEnded {
+            plan: self.rc.history.len(),
+            at_secs: self.history.now(),
+            secs,
+            ops,
+        });
         self.rc.metrics.reset_after_reconfiguration();
         self.rc.last_check = Instant::now();
         let held = self.members().count() as u32 + self.rc.adds.len() as u32;
@@ -299,5 +313,51 @@ impl Driver {
         if let Err(e) = started {
             self.rc.op_done(i, Err(e));
         }
+    }
+}
+
+/// How operation `op` ended, for the history: its kind, what it did, its
+/// outcome and its times.
+fn op_record(op: &Operation, outcome: &OpOutcome, start_secs: Option<f64>) -> OpRecord {
+    let what = match op {
+        Operation::Add { container, role } => format!("{container} as {role:?}").to_lowercase(),
+        Operation::Delete { container } => container.clone(),
+        Operation::Switch { container, to_role } => {
+            format!("{container} to {}", format!("{to_role:?}").to_lowercase())
+        }
+        Operation::Move {
+            blocks, from, to, ..
+        } => format!("{} blocks {from} → {to}", blocks.len()),
+    };
+    let kind = op.kind().name().to_string();
+    let (kind, outcome, secs, bytes, error) = match outcome {
+        OpOutcome::Succeeded { duration, report } => (
+            if report.reloaded {
+                "reload input".to_string()
+            } else {
+                kind
+            },
+            "succeeded",
+            duration.as_secs_f64(),
+            report.bytes_moved,
+            None,
+        ),
+        OpOutcome::Failed { duration, error } => (
+            kind,
+            "failed",
+            duration.as_secs_f64(),
+            0,
+            Some(error.to_string()),
+        ),
+        OpOutcome::Skipped { reason } => (kind, "skipped", 0.0, 0, Some(format!("{reason:?}"))),
+    };
+    OpRecord {
+        kind,
+        what,
+        outcome: outcome.to_string(),
+        start_secs,
+        secs,
+        bytes,
+        error,
     }
 }

@@ -100,15 +100,22 @@ impl Driver {
         let events = self.events.clone();
         self.rc.deciding = Some(evals);
         self.tracker.spawn(async move {
-            let decided = tokio::task::spawn_blocking(move || {
-                policy
+            let looked = tokio::task::spawn_blocking(move || {
+                let splits = crate::whatif::split_epochs(&snapshot);
+                let decided = policy
                     .decide(&snapshot, &current)
                     .map(|d| (Box::new(snapshot), d))
-                    .map_err(|e| e.to_string())
+                    .map_err(|e| e.to_string());
+                (decided, splits)
             })
-            .await
-            .unwrap_or_else(|e| Err(format!("the optimizer's search failed: {e}")));
-            let _ = events.send(Event::Decided { decided }).await;
+            .await;
+            let (decided, splits) = looked.unwrap_or_else(|e| {
+                (
+                    Err(format!("the optimizer's search failed: {e}")),
+                    Vec::new(),
+                )
+            });
+            let _ = events.send(Event::Decided { decided, splits }).await;
         });
     }
 
@@ -138,10 +145,14 @@ impl Driver {
     pub(in crate::am::job) fn on_decided(
         &mut self,
         decided: Result<(Box<Snapshot>, Decision), String>,
+        splits: Vec<(u32, u32, f64)>,
     ) {
         let Some(asked) = self.rc.deciding.take() else {
             return;
         };
+        if !splits.is_empty() {
+            self.rc.last_splits = splits;
+        }
         if self.phase != Phase::Training || self.rc.plan.is_some() || self.rc.stop_after_plan {
             return;
         }
@@ -221,7 +232,19 @@ impl Driver {
                     write_snapshot(&plan_snapshot_path(std::path::Path::new(file), n), &snapshot);
                 }
                 self.rc.policy.leaving(&snapshot);
-                self.start_plan(p.plan, snapshot.job, summary);
+                self.history.push(crate::am::history::Record::Splits {
+                    at_secs: self.history.now(),
+                    splits: self.rc.last_splits.clone(),
+                });
+                let started = crate::am::history::Record::PlanStarted {
+                    plan: self.rc.history.len() + 1,
+                    at_secs: self.history.now(),
+                    summary: summary.clone(),
+                    predicted_before_secs: p.current_epoch_secs,
+                    predicted_after_secs: p.predicted_epoch_secs,
+                    forced: p.forced,
+                };
+                self.start_plan(p.plan, snapshot.job, summary, started);
             }
         }
     }
@@ -229,6 +252,10 @@ impl Driver {
     pub(super) fn note_decision(&mut self, text: String) {
         if self.rc.last_decision.as_deref() != Some(text.as_str()) {
             tracing::info!("optimizer: {text}");
+            self.history.push(crate::am::history::Record::Decision {
+                at_secs: self.history.now(),
+                text: text.clone(),
+            });
         }
         self.rc.last_decision = Some(text);
     }
