@@ -32,6 +32,16 @@ impl Driver {
     /// The loop's deadlines: a lost evaluator's exit status, heartbeats,
     /// the initial allocation. A loss the job can survive is survived.
     pub(super) async fn check_time(&mut self) -> Result<(), AmError> {
+        if let Some(f) = &self.pending_fatal
+            && f.since.elapsed() >= EXIT_STATUS_WAIT
+        {
+            let (eval, error) = (f.eval, f.error.clone());
+            self.pending_fatal = None;
+            return Err(AmError::JobFailed(format!(
+                "{} failed: {error}",
+                self.describe(eval)
+            )));
+        }
         if let Some(loss) = &self.pending_loss
             && loss.since.elapsed() >= EXIT_STATUS_WAIT
         {
@@ -109,9 +119,11 @@ impl Driver {
                 }
                 let evaluator = self.containers.get(&container).and_then(|c| c.evaluator);
                 if let Some(id) = evaluator
-                    && self.evaluators.get(&id).is_some_and(|e| e.gone)
+                    && (self.evaluators.get(&id).is_some_and(|e| e.gone)
+                        || self.pending_fatal.as_ref().is_some_and(|f| f.eval == id))
                 {
-                    // Let go already (a lost worker, an unasked evaluator).
+                    // Let go already (a lost worker, an unasked evaluator),
+                    // or failed and said why (its failure is pending).
                     tracing::info!(
                         "container {container} of evaluator {id} ended: {exit}{}",
                         stderr_note(&diagnostics)

@@ -147,6 +147,16 @@ struct PendingLoss {
     since: Instant,
 }
 
+/// An evaluator that reported a fatal failure, while the AM waits briefly
+/// for the loss that may have caused it (a worker's request to a server
+/// that was killed fails before the AM hears of the server): the job's
+/// failure then names that loss first.
+struct PendingFatal {
+    eval: EvaluatorId,
+    error: String,
+    since: Instant,
+}
+
 /// The owner of the job's state.
 pub(super) struct Driver {
     config: CruiseConfig,
@@ -187,6 +197,8 @@ pub(super) struct Driver {
     initial_split: (u32, u32),
     /// A lost evaluator whose exit status we are waiting for.
     pending_loss: Option<PendingLoss>,
+    /// A fatal report whose cause the AM is waiting to hear of.
+    pending_fatal: Option<PendingFatal>,
     /// Measurements and live reconfiguration.
     rc: Reconfig,
     /// The emulated cluster, in words (from the resource manager).
@@ -257,6 +269,7 @@ impl Driver {
             outputs,
             initial_split,
             pending_loss: None,
+            pending_fatal: None,
             rc: Reconfig::new(&config_for_rc),
             emulation,
             history,
@@ -277,6 +290,14 @@ impl Driver {
             Err(e) if self.cancel.is_cancelled() && !matches!(e, AmError::Cancelled) => {
                 tracing::debug!("after the job was cancelled: {e}");
                 Err(AmError::Cancelled)
+            }
+            // A failure that came with an evaluator's fatal report still
+            // pending: the report is what the failure caused.
+            Err(AmError::JobFailed(m)) => {
+                Err(AmError::JobFailed(match self.pending_fatal.take() {
+                    Some(f) => format!("{m}; then {} failed: {}", self.describe(f.eval), f.error),
+                    None => m,
+                }))
             }
             r => r,
         };
@@ -396,7 +417,11 @@ impl Driver {
                     return Ok(());
                 };
                 e.connected = false;
-                if self.phase == Phase::Finishing || e.gone || self.rc.is_leaving(eval) {
+                if self.phase == Phase::Finishing
+                    || e.gone
+                    || self.rc.is_leaving(eval)
+                    || self.pending_fatal.as_ref().is_some_and(|f| f.eval == eval)
+                {
                     return Ok(());
                 }
                 let container = e.container.clone();
@@ -560,10 +585,16 @@ impl Driver {
                 self.on_start_probe(id, to).await?;
             }
             EvalToAm::Fatal { error } => {
-                return Err(AmError::JobFailed(format!(
-                    "{} failed: {error}",
-                    self.describe(id)
-                )));
+                // Failed for good; the job fails too, once the loss that
+                // may have caused it had time to be heard of (`check_time`).
+                tracing::warn!("{} failed: {error}", self.describe(id));
+                if self.pending_fatal.is_none() {
+                    self.pending_fatal = Some(PendingFatal {
+                        eval: id,
+                        error,
+                        since: Instant::now(),
+                    });
+                }
             }
         }
         Ok(())

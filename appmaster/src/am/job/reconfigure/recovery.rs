@@ -34,7 +34,9 @@ impl Driver {
             return Some("it is not one of the job's evaluators".into());
         };
         let max = self.config.job.max_failures;
-        if self.phase != Phase::Training {
+        if let Some(f) = self.pending_fatal.as_ref().filter(|f| f.eval == id) {
+            Some(format!("it failed: {}", f.error))
+        } else if self.phase != Phase::Training {
             Some(format!(
                 "losses are survived while training, and the job is {}",
                 self.phase.name()
