@@ -5,7 +5,8 @@
 //! the job published, and encodes it; nothing is registered or counted on
 //! the job's loop, so a scrape costs the job nothing. Counters are the
 //! job's running totals (records, mini-batches, seconds, bytes, requests
-//! per evaluator; plans and their operations by kind and outcome); gauges
+//! per evaluator; plans and their operations by kind and outcome; workers
+//! lost and survived); gauges
 //! are its state now (phase, epochs, evaluators by role, memory, measured
 //! link capacity, the last epoch's figures). Per-evaluator series are
 //! labelled `evaluator`; the role is on `cruise_evaluator_info`, so a
@@ -175,6 +176,12 @@ pub fn encode(status: &Status, history: &[Record]) -> Result<String, std::fmt::E
         "Bytes the plans' operations moved, by kind",
         Some(Unit::Bytes),
     );
+    let lost = b.counter(
+        "workers_lost",
+        "Workers the job lost and went on without (job.max_failures)",
+        None,
+    );
+    count(&lost, vec![], status.lost.len() as f64);
 
     set(
         &info,
@@ -299,6 +306,7 @@ mod tests {
             job_id: "job_1".into(),
             phase: "training".into(),
             records_processed: 42,
+            lost: vec!["evaluator 3 lost".into()],
             ..Status::default()
         };
         let history = vec![
@@ -318,6 +326,7 @@ mod tests {
         let text = encode(&status, &history).unwrap();
         for line in [
             "cruise_records_processed_total 42.0",
+            "cruise_workers_lost_total 1.0",
             r#"cruise_plans_total{outcome="succeeded"} 1.0"#,
             r#"cruise_plans_total{outcome="partly_failed"} 1.0"#,
             r#"cruise_plan_operations_total{kind="move_input",outcome="succeeded"} 2.0"#,
