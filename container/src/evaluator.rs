@@ -593,7 +593,7 @@ fn start_job(
     })?;
     tracing::info!(evaluator = %setup.evaluator, app = %config.job.app, "job set up");
     Ok(Job {
-        fs: FileSystem::from_env().unwrap_or_default(),
+        fs: crate::input_fs::file_system(&config.hdfs),
         config,
         app,
         dp,
