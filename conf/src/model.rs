@@ -277,6 +277,9 @@ pub struct RuntimeConfig {
     pub rm_retry_backoff_ms: u64,
     /// YARN and Mesos: timeout of one REST call, milliseconds.
     pub rm_request_timeout_ms: u64,
+    /// YARN and Mesos: most bytes of a REST answer (not of Mesos's event
+    /// stream, whose records are bounded on their own).
+    pub rm_max_response_bytes: u64,
 }
 
 impl Default for RuntimeConfig {
@@ -295,6 +298,7 @@ impl Default for RuntimeConfig {
             rm_retries: 5,
             rm_retry_backoff_ms: 200,
             rm_request_timeout_ms: 30_000,
+            rm_max_response_bytes: 16 << 20,
         }
     }
 }
@@ -1292,6 +1296,12 @@ impl CruiseConfig {
             return bad(
                 "hdfs.max_response_bytes",
                 format!("{} is below 4096", h.max_response_bytes),
+            );
+        }
+        if self.runtime.rm_max_response_bytes < 4096 {
+            return bad(
+                "runtime.rm_max_response_bytes",
+                format!("{} is below 4096", self.runtime.rm_max_response_bytes),
             );
         }
         if self.runtime.rm_request_timeout_ms == 0 {

@@ -91,6 +91,17 @@ pub enum Reply {
         /// The pause between two bytes.
         every: Duration,
     },
+    /// Headers without a length and `body`, then nothing more: the
+    /// connection stays open until the client closes it (an event stream
+    /// that goes quiet).
+    Open {
+        /// HTTP status.
+        status: u16,
+        /// Extra headers.
+        headers: Vec<(String, String)>,
+        /// The body sent.
+        body: Vec<u8>,
+    },
     /// Reads the request and never answers; the connection stays open
     /// until the client closes it or the server stops.
     Silent,
@@ -103,6 +114,15 @@ impl Reply {
             status,
             headers: vec![("Content-Type".into(), "application/json".into())],
             body: value.to_string().into_bytes(),
+        }
+    }
+
+    /// An answer with no body.
+    pub fn empty(status: u16) -> Reply {
+        Reply::Full {
+            status,
+            headers: Vec::new(),
+            body: Vec::new(),
         }
     }
 
@@ -329,10 +349,20 @@ async fn serve(mut conn: TcpStream, handler: &Handler, c: &Counters) {
                     }
                 }
             }
+            Reply::Open {
+                status,
+                headers,
+                body,
+            } => {
+                let mut out = head(status, &headers, None);
+                out.extend_from_slice(&body);
+                if send(&mut conn, &out, c).await {
+                    hold(&mut conn).await;
+                }
+                return;
+            }
             Reply::Silent => {
-                // Hold the connection until the client gives up.
-                let mut tmp = [0u8; 1024];
-                while conn.read(&mut tmp).await.is_ok_and(|n| n > 0) {}
+                hold(&mut conn).await;
                 return;
             }
         }
@@ -347,6 +377,12 @@ pub fn webhdfs_status(suffix: &str, kind: &str, length: u64) -> serde_json::Valu
         "owner": "cruise", "pathSuffix": suffix, "permission": "644",
         "replication": 1, "storagePolicy": 0, "type": kind
     })
+}
+
+/// Keeps a connection open until the client closes it.
+async fn hold(conn: &mut TcpStream) {
+    let mut tmp = [0u8; 1024];
+    while conn.read(&mut tmp).await.is_ok_and(|n| n > 0) {}
 }
 
 /// A WebHDFS `LISTSTATUS_BATCH` answer.
