@@ -385,6 +385,29 @@ async fn hold(conn: &mut TcpStream) {
     while conn.read(&mut tmp).await.is_ok_and(|n| n > 0) {}
 }
 
+/// A namenode's redirect of request `r` to the same path and query on
+/// `datanode` (`http://host:port`).
+pub fn webhdfs_redirect(datanode: &str, r: &Request) -> Reply {
+    let q: Vec<String> = r.query.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    Reply::redirect(&format!("{datanode}{}?{}", r.path, q.join("&")))
+}
+
+/// A namenode serving one file of `length` bytes at any path: its status,
+/// a listing of it, and `OPEN` redirected to `datanode`.
+pub fn webhdfs_one_file(
+    datanode: String,
+    length: u64,
+) -> impl Fn(&Request) -> Reply + Send + Sync + 'static {
+    move |r: &Request| match r.param("op") {
+        Some("OPEN") => webhdfs_redirect(&datanode, r),
+        Some("GETFILESTATUS") => Reply::json(
+            200,
+            &serde_json::json!({"FileStatus": webhdfs_status("", "FILE", length)}),
+        ),
+        _ => webhdfs_batch(&[webhdfs_status("", "FILE", length)], 0),
+    }
+}
+
 /// A WebHDFS `LISTSTATUS_BATCH` answer.
 pub fn webhdfs_batch(entries: &[serde_json::Value], remaining: u64) -> Reply {
     Reply::json(

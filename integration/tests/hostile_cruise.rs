@@ -7,11 +7,10 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use cruise_integration::hostile::{
-    HostileServer, Measured, Reply, Request, webhdfs_batch, webhdfs_endless_batch, webhdfs_status,
+    HostileServer, Measured, Reply, Request, webhdfs_endless_batch, webhdfs_one_file,
 };
-use cruise_integration::{binary, processes_under, wait_until};
+use cruise_integration::{Sim, binary, processes_under, wait_until};
 use nix::sys::signal::Signal;
-use serde_json::json;
 
 /// The most memory a job against a hostile server may take: the response
 /// limit (64 MiB by default) and the program itself, with room to spare,
@@ -127,20 +126,9 @@ async fn an_endless_datanode_fails_the_job_with_bounded_memory() {
     })
     .await
     .unwrap();
-    let dn_url = dn.url();
-    let nn = HostileServer::start(move |r: &Request| match r.param("op") {
-        Some("OPEN") => {
-            let q: Vec<String> = r.query.iter().map(|(k, v)| format!("{k}={v}")).collect();
-            Reply::redirect(&format!("{dn_url}{}?{}", r.path, q.join("&")))
-        }
-        Some("GETFILESTATUS") => Reply::json(
-            200,
-            &json!({"FileStatus": webhdfs_status("", "FILE", 49_000)}),
-        ),
-        _ => webhdfs_batch(&[webhdfs_status("", "FILE", 49_000)], 0),
-    })
-    .await
-    .unwrap();
+    let nn = HostileServer::start(webhdfs_one_file(dn.url(), 49_000))
+        .await
+        .unwrap();
     let work = tempfile::tempdir().unwrap();
     let mut job = Measured::spawn(cruise(
         &format!("webhdfs://{}/data/x", nn.addr),
@@ -160,4 +148,72 @@ async fn an_endless_datanode_fails_the_job_with_bounded_memory() {
     assert!(stderr.contains(&dn.url()), "names the datanode: {stderr}");
     assert!(out.peak_rss_bytes < MAX_PEAK_RSS, "{out:?}");
     nothing_left(work.path()).await;
+}
+
+/// A Mesos master that never sends terminal task updates: the finished job
+/// waits a bounded time for them, then ends with its summary.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_master_without_terminal_updates_does_not_hold_the_summary() {
+    let mesos = Sim::start(
+        "mesos",
+        &["--allocation-interval-ms", "200", "--drop-terminal-updates"],
+    )
+    .unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let mut c = Command::new(binary("cruise").expect("cruise is built"));
+    c.env_remove("RUST_LOG")
+        .env_remove("HADOOP_CONF_DIR")
+        .args(["run", "-n", "2", "-w", "1", "-e", "1", "--runtime", "mesos"])
+        .args(["--master", &mesos.address()])
+        .args(["--set", "runtime.release_grace_ms=1000"])
+        .args(["--set", "channel.heartbeat_timeout_ms=3000"])
+        .arg("--work-dir")
+        .arg(work.path());
+    let mut job = Measured::spawn(c).unwrap();
+    let out = job.wait(Duration::from_secs(180)).await.unwrap();
+    let (stdout, stderr) = (job.stdout(), job.stderr());
+    assert_eq!(out.code, Some(0), "{out:?}\n{stderr}\n{}", mesos.log());
+    assert!(stdout.contains("final accuracy"), "{stdout}");
+    assert!(stderr.contains("has not reported the end of"), "{stderr}");
+    nothing_left(&mesos.dir.path().join("work")).await;
+}
+
+/// An evaluator blocked on a datanode that sends a byte a second leaves
+/// when its AM is killed, not when the read gives up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn evaluators_blocked_on_input_leave_with_their_am() {
+    let dn = HostileServer::start(|_: &Request| Reply::Trickle {
+        status: 200,
+        length: 1000,
+        every: Duration::from_secs(1),
+    })
+    .await
+    .unwrap();
+    let nn = HostileServer::start(webhdfs_one_file(dn.url(), 1_000_000))
+        .await
+        .unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let mut c = cruise(&format!("webhdfs://{}/data/x", nn.addr), work.path());
+    c.args(["--set", "hdfs.deadline_ms=600000"]);
+    c.args(["--set", "hdfs.request_timeout_ms=600000"]);
+    let mut job = Measured::spawn(c).unwrap();
+    wait_until(Duration::from_secs(60), || {
+        (dn.requests() >= 1).then_some(())
+    })
+    .await
+    .expect("an evaluator reads from the datanode");
+    assert!(
+        !processes_under(work.path()).is_empty(),
+        "the evaluators run in the work dir; stderr:\n{}",
+        job.stderr()
+    );
+    job.signal(Signal::SIGKILL).unwrap();
+    let out = job.wait(Duration::from_secs(30)).await.unwrap();
+    assert_eq!(out.signal, Some(9), "{out:?}");
+    let left = Instant::now();
+    nothing_left(work.path()).await;
+    eprintln!(
+        "evaluators gone {:.2} s after their AM was killed",
+        left.elapsed().as_secs_f64()
+    );
 }

@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 use cruise_hdfs::webhdfs::RetryPolicy;
 use cruise_hdfs::{HdfsError, WebHdfsClient, WebHdfsOptions};
 use cruise_integration::hostile::{
-    HostileServer, Reply, Request, webhdfs_batch, webhdfs_endless_batch, webhdfs_status,
+    HostileServer, Reply, Request, webhdfs_batch, webhdfs_endless_batch, webhdfs_redirect,
+    webhdfs_status,
 };
 use serde_json::json;
 
@@ -46,12 +47,9 @@ fn client(nn: &HostileServer, options: WebHdfsOptions) -> WebHdfsClient {
 /// A namenode that redirects every OPEN to `datanode` and answers nothing
 /// else.
 async fn redirecting_namenode(datanode: String) -> HostileServer {
-    HostileServer::start(move |r: &Request| {
-        let q: Vec<String> = r.query.iter().map(|(k, v)| format!("{k}={v}")).collect();
-        Reply::redirect(&format!("{datanode}{}?{}", r.path, q.join("&")))
-    })
-    .await
-    .expect("namenode")
+    HostileServer::start(move |r: &Request| webhdfs_redirect(&datanode, r))
+        .await
+        .expect("namenode")
 }
 
 #[tokio::test]

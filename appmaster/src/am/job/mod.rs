@@ -161,6 +161,8 @@ pub(super) struct Driver {
 
     phase: Phase,
     started: Instant,
+    /// When the job entered [`Phase::Finishing`].
+    finishing_since: Option<Instant>,
     evaluators: BTreeMap<EvaluatorId, Evaluator>,
     containers: HashMap<ContainerId, Container>,
     next_eval: EvaluatorId,
@@ -228,6 +230,7 @@ impl Driver {
             cancel,
             phase: Phase::Allocating,
             started: now,
+            finishing_since: None,
             evaluators: BTreeMap::new(),
             containers: HashMap::new(),
             next_eval: EvaluatorId(1),
@@ -329,13 +332,18 @@ impl Driver {
                 }
             }
             self.step_plan().await?;
-            if self.phase == Phase::Finishing && self.all_containers_done() {
+            if self.phase == Phase::Finishing
+                && (self.all_containers_done() || self.finishing_overdue())
+            {
                 return Ok(());
             }
         }
     }
 
     fn phase(&mut self, p: Phase, text: String) {
+        if p == Phase::Finishing && self.phase != Phase::Finishing {
+            self.finishing_since = Some(Instant::now());
+        }
         self.phase = p;
         tracing::info!(phase = p.name(), "{text}");
         let _ = self.progress.send(Progress::Phase(text));
