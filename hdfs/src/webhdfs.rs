@@ -65,6 +65,9 @@ const MAX_QUOTED_BODY: usize = 300;
 /// integer a JSON number holds exactly.
 const MAX_FILE_LENGTH: u64 = 1 << 53;
 
+/// How often a request that has not been answered says so.
+const PROGRESS_EVERY: Duration = Duration::from_secs(10);
+
 /// Most bytes of an error body read (only its start is quoted).
 const MAX_ERROR_BODY: u64 = 64 << 10;
 
@@ -798,17 +801,20 @@ impl WebHdfsClient {
             tries += 1;
             let idx = self.inner.active.load(Ordering::Relaxed) % n;
             let nn = &self.inner.namenodes[idx];
-            let result = match deadline {
-                Some(d) => match tokio::time::timeout_at(started + d, attempt(nn.clone())).await {
-                    Ok(r) => r,
-                    Err(_) => {
-                        return Err(out_of_time(
-                            tries,
-                            format!("attempt {tries} was still waiting for {nn}"),
-                        ));
-                    }
-                },
-                None => attempt(nn.clone()).await,
+            let Some(result) = self
+                .attempt_with_progress(
+                    op,
+                    path,
+                    nn,
+                    deadline.map(|d| started + d),
+                    attempt(nn.clone()),
+                )
+                .await
+            else {
+                return Err(out_of_time(
+                    tries,
+                    format!("attempt {tries} was still waiting for {nn}"),
+                ));
             };
             let err = match result {
                 Ok(v) => return Ok(v),
@@ -853,6 +859,40 @@ impl WebHdfsClient {
             );
             tokio::time::sleep(backoff).await;
             backoff = (backoff * 2).min(policy.max_backoff);
+        }
+    }
+}
+
+impl WebHdfsClient {
+    /// Runs one attempt, saying every [`PROGRESS_EVERY`] what it still
+    /// waits for; `None` when `deadline` passes first.
+    async fn attempt_with_progress<T>(
+        &self,
+        op: &'static str,
+        path: &str,
+        nn: &Url,
+        deadline: Option<tokio::time::Instant>,
+        attempt: impl std::future::Future<Output = Result<T>>,
+    ) -> Option<Result<T>> {
+        let started = tokio::time::Instant::now();
+        let mut progress = tokio::time::interval_at(started + PROGRESS_EVERY, PROGRESS_EVERY);
+        let out_of_time = async {
+            match deadline {
+                Some(d) => tokio::time::sleep_until(d).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::pin!(attempt, out_of_time);
+        loop {
+            tokio::select! {
+                r = &mut attempt => return Some(r),
+                _ = &mut out_of_time => return None,
+                _ = progress.tick() => tracing::warn!(
+                    "WebHDFS {op} {path}: no answer yet after {:.0} s (namenode {}, or the datanode it redirected to)",
+                    started.elapsed().as_secs_f64(),
+                    redact(nn).trim_end_matches('/')
+                ),
+            }
         }
     }
 }

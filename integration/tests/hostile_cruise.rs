@@ -54,6 +54,16 @@ async fn sigterm_stops_input_planning_on_a_silent_namenode() {
     })
     .await
     .expect("the namenode is asked");
+    // Progress is printed while it waits.
+    job.wait_for_stderr(
+        &format!(
+            "WebHDFS LISTSTATUS_BATCH /data: no answer yet after 10 s (namenode http://{}",
+            nn.addr
+        ),
+        Duration::from_secs(60),
+    )
+    .await
+    .unwrap();
     let signalled = Instant::now();
     job.signal(Signal::SIGTERM).unwrap();
     let out = job.wait(Duration::from_secs(30)).await.unwrap();

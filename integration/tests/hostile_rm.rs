@@ -370,3 +370,39 @@ async fn an_absurd_offer_is_declined_and_does_not_count() {
     assert_eq!(cap.max_containers, 4, "{cap:?}");
     let _ = rm.shutdown().await;
 }
+
+/// `cruise run --runtime mesos` against a master that closes every
+/// subscription after one heartbeat: a handful of spaced SUBSCRIBE calls
+/// with the default settings, then a failure naming the cause, exit 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cruise_run_gives_up_on_a_flapping_master() {
+    let mut body = subscribed();
+    body.extend(record(&json!({"type": "HEARTBEAT"})));
+    let (master, subscribes) = flapping_master(body).await;
+    let work = tempfile::tempdir().unwrap();
+    let mut c = std::process::Command::new(binary("cruise").expect("cruise is built"));
+    c.env_remove("RUST_LOG")
+        .env_remove("HADOOP_CONF_DIR")
+        .args(["run", "-n", "2", "-e", "1", "--runtime", "mesos"])
+        .args(["--master", &master.addr.to_string()])
+        .arg("--work-dir")
+        .arg(work.path());
+    let mut job = Measured::spawn(c).unwrap();
+    let out = job.wait(Duration::from_secs(120)).await.unwrap();
+    let stderr = job.stderr();
+    let n = subscribes.load(Ordering::SeqCst);
+    eprintln!(
+        "flapping master: {n} SUBSCRIBE calls in {:.1} s",
+        out.elapsed.as_secs_f64()
+    );
+    assert_eq!(out.code, Some(1), "{out:?}\n{stderr}");
+    assert!(
+        stderr.contains("gave up after 5 re-subscriptions"),
+        "{stderr}"
+    );
+    // runtime.rm_retries = 5: the first subscription, 5 more, and the one
+    // the shutdown makes to tear the framework down.
+    assert_eq!(n, 7, "{stderr}");
+    // Backoffs of at least half of 0.2, 0.4, 0.8, 1.6 and 3.2 s.
+    assert!(out.elapsed >= Duration::from_millis(3100), "{out:?}");
+}
