@@ -12,6 +12,7 @@ use cruise_integration::{binary, wait_until};
 use cruise_rm::http::{Http, HttpOptions, Idempotence, RetryPolicy, parse_base};
 use cruise_rm::mesos::{MesosConfig, MesosRm};
 use cruise_rm::yarn::rm::RmClient;
+use cruise_rm::yarn::services::ServicesClient;
 use cruise_rm::{LaunchSpec, ResourceManager, RmEvent};
 use reqwest::Method;
 use serde_json::{Value, json};
@@ -405,4 +406,22 @@ async fn cruise_run_gives_up_on_a_flapping_master() {
     assert_eq!(n, 7, "{stderr}");
     // Backoffs of at least half of 0.2, 0.4, 0.8, 1.6 and 3.2 s.
     assert!(out.elapsed >= Duration::from_millis(3100), "{out:?}");
+}
+
+#[tokio::test]
+async fn an_unknown_container_state_is_an_error() {
+    let s = HostileServer::start(|_: &Request| {
+        Reply::json(
+            200,
+            &json!({"name": "svc", "id": "application_1_0001", "state": "STABLE",
+                "components": [{"name": "evaluator", "number_of_containers": 1,
+                    "containers": [{"id": "container_1_0001_01_000002", "state": "EXPLODED"}]}]}),
+        )
+    })
+    .await
+    .unwrap();
+    let services = ServicesClient::new(&[s.url()], Some("alice".into()), fast()).unwrap();
+    let msg = services.get("svc").await.unwrap_err().to_string();
+    assert!(msg.contains("/app/v1/services/svc"), "{msg}");
+    assert!(msg.contains("state \"EXPLODED\""), "{msg}");
 }
