@@ -36,8 +36,10 @@ async fn nothing_left(work: &std::path::Path) {
     .unwrap_or_else(|_| panic!("processes left behind: {:?}", processes_under(work)));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sigterm_stops_input_planning_on_a_silent_namenode() {
+/// Starts a job on a namenode that never answers, waits until it is asked
+/// (and, with `progress`, until the job says it still waits), sends
+/// `signal` and checks that the job stops at once, naming the wait.
+async fn signal_stops_input_planning(signal: Signal, progress: bool) {
     let nn = HostileServer::start(|_: &Request| Reply::Silent)
         .await
         .unwrap();
@@ -54,22 +56,23 @@ async fn sigterm_stops_input_planning_on_a_silent_namenode() {
     })
     .await
     .expect("the namenode is asked");
-    // Progress is printed while it waits.
-    job.wait_for_stderr(
-        &format!(
-            "WebHDFS LISTSTATUS_BATCH /data: no answer yet after 10 s (namenode http://{}",
-            nn.addr
-        ),
-        Duration::from_secs(60),
-    )
-    .await
-    .unwrap();
+    if progress {
+        job.wait_for_stderr(
+            &format!(
+                "WebHDFS LISTSTATUS_BATCH /data: no answer yet after 10 s (namenode http://{}",
+                nn.addr
+            ),
+            Duration::from_secs(60),
+        )
+        .await
+        .unwrap();
+    }
     let signalled = Instant::now();
-    job.signal(Signal::SIGTERM).unwrap();
+    job.signal(signal).unwrap();
     let out = job.wait(Duration::from_secs(30)).await.unwrap();
     let stderr = job.stderr();
     eprintln!(
-        "stopped {:.2} s after SIGTERM, peak RSS {} KiB",
+        "stopped {:.2} s after {signal}, peak RSS {} KiB",
         signalled.elapsed().as_secs_f64(),
         out.peak_rss_bytes >> 10
     );
@@ -82,6 +85,17 @@ async fn sigterm_stops_input_planning_on_a_silent_namenode() {
         "{stderr}"
     );
     nothing_left(work.path()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_stops_input_planning_on_a_silent_namenode() {
+    // Progress is printed while it waits.
+    signal_stops_input_planning(Signal::SIGTERM, true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigint_stops_input_planning_on_a_silent_namenode() {
+    signal_stops_input_planning(Signal::SIGINT, false).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
