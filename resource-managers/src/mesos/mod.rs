@@ -70,6 +70,16 @@ pub const TERMINAL_STATES: [&str; 8] = [
     "TASK_GONE_BY_OPERATOR",
 ];
 
+/// Task states that are not terminal.
+const LIVE_STATES: [&str; 6] = [
+    "TASK_STAGING",
+    "TASK_STARTING",
+    "TASK_RUNNING",
+    "TASK_KILLING",
+    "TASK_UNREACHABLE",
+    "TASK_UNKNOWN",
+];
+
 /// Settings of the Mesos resource manager.
 #[derive(Debug, Clone)]
 pub struct MesosConfig {
@@ -1022,6 +1032,12 @@ impl Actor {
                 ),
                 vec![],
             );
+        }
+        if !TERMINAL_STATES.contains(&state.as_str()) && !LIVE_STATES.contains(&state.as_str()) {
+            tracing::warn!(
+                "Mesos UPDATE for task {tid:?} has state {state:?}, not a Mesos task state; ignored"
+            );
+            return;
         }
         let Some(t) = self.tasks.get_mut(&tid) else {
             tracing::debug!(task = %tid, %state, "update for a task this framework does not hold");
