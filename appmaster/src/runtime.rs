@@ -172,6 +172,7 @@ pub fn http_options(config: &CruiseConfig) -> HttpOptions {
         },
         connect_timeout: Duration::from_millis(rt.rm_request_timeout_ms.min(10_000)),
         request_timeout: Duration::from_millis(rt.rm_request_timeout_ms),
+        max_body_bytes: rt.rm_max_response_bytes,
     }
 }
 

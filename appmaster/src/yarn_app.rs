@@ -32,7 +32,7 @@ use bytes::Bytes;
 use serde::Serialize;
 
 use cruise_conf::{CruiseConfig, Layers, RuntimeKind};
-use cruise_hdfs::{FileSystem, Location, WebHdfsOptions, is_hidden};
+use cruise_hdfs::{FileSystem, Location, is_hidden};
 use cruise_rm::yarn::ARTIFACT_DIR;
 use cruise_rm::yarn::rm::{
     AppReport, LocalResource, Resource, ResourceType, RmClient, Submission,
@@ -79,11 +79,11 @@ fn clients(config: &CruiseConfig, s: &YarnSettings) -> anyhow::Result<(RmClient,
     ))
 }
 
-fn file_system(user: &str) -> anyhow::Result<FileSystem> {
+fn file_system(config: &CruiseConfig, user: &str) -> anyhow::Result<FileSystem> {
     let conf = hadoop_conf()?;
     Ok(FileSystem::new(
         conf,
-        WebHdfsOptions::from_env().with_user(user),
+        cruise_container::input_fs::webhdfs_options(&config.hdfs).with_user(user),
     ))
 }
 
@@ -210,7 +210,7 @@ fn build_tarball() -> anyhow::Result<Vec<u8>> {
 pub async fn submit(mut config: CruiseConfig, work: &Path) -> anyhow::Result<Submitted> {
     let s = yarn_settings(&config)?;
     let (rm, _) = clients(&config, &s)?;
-    let fs = file_system(&s.user)?;
+    let fs = file_system(&config, &s.user)?;
     let app = rm.new_application().await?;
     let id = app.application_id.clone();
     check_fits(&config, &app.maximum_resource_capability)?;

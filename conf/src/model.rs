@@ -36,6 +36,8 @@ pub struct CruiseConfig {
     pub yarn: YarnConfig,
     /// The Mesos runtime.
     pub mesos: MesosConfig,
+    /// The WebHDFS client (input, staging).
+    pub hdfs: HdfsConfig,
     /// An emulated cluster of unequal containers (local runtime).
     pub emulation: EmulationConfig,
 }
@@ -280,6 +282,9 @@ pub struct RuntimeConfig {
     pub rm_retry_backoff_ms: u64,
     /// YARN and Mesos: timeout of one REST call, milliseconds.
     pub rm_request_timeout_ms: u64,
+    /// YARN and Mesos: most bytes of a REST answer (not of Mesos's event
+    /// stream, whose records are bounded on their own).
+    pub rm_max_response_bytes: u64,
 }
 
 impl Default for RuntimeConfig {
@@ -298,6 +303,7 @@ impl Default for RuntimeConfig {
             rm_retries: 5,
             rm_retry_backoff_ms: 200,
             rm_request_timeout_ms: 30_000,
+            rm_max_response_bytes: 16 << 20,
         }
     }
 }
@@ -592,6 +598,41 @@ impl MesosConfig {
             .filter(|m| !m.is_empty())
             .map(String::from)
             .collect()
+    }
+}
+
+/// `[hdfs]`: how the WebHDFS client talks to namenodes and datanodes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HdfsConfig {
+    /// TCP connect timeout, milliseconds.
+    pub connect_timeout_ms: u64,
+    /// Timeout of one request, its whole body included, milliseconds.
+    pub request_timeout_ms: u64,
+    /// Longest silence while waiting for an answer or the next bytes of a
+    /// body, milliseconds.
+    pub read_timeout_ms: u64,
+    /// Time budget of one operation with all its retries, milliseconds.
+    pub deadline_ms: u64,
+    /// Attempts of one operation, the first included.
+    pub retries: u32,
+    /// Most bytes of a JSON answer (a listing, a status) or an error body.
+    pub max_response_bytes: u64,
+    /// Most entries of one directory listing.
+    pub max_list_entries: u64,
+}
+
+impl Default for HdfsConfig {
+    fn default() -> Self {
+        HdfsConfig {
+            connect_timeout_ms: 5_000,
+            request_timeout_ms: 60_000,
+            read_timeout_ms: 20_000,
+            deadline_ms: 90_000,
+            retries: 4,
+            max_response_bytes: 64 << 20,
+            max_list_entries: 1_000_000,
+        }
     }
 }
 
@@ -1240,6 +1281,33 @@ impl CruiseConfig {
         }
         if self.runtime.rm_retries == 0 {
             return bad("runtime.rm_retries", "must be at least 1".to_string());
+        }
+        let h = &self.hdfs;
+        for (key, v) in [
+            ("hdfs.connect_timeout_ms", h.connect_timeout_ms),
+            ("hdfs.request_timeout_ms", h.request_timeout_ms),
+            ("hdfs.read_timeout_ms", h.read_timeout_ms),
+            ("hdfs.deadline_ms", h.deadline_ms),
+            ("hdfs.max_list_entries", h.max_list_entries),
+        ] {
+            if v == 0 {
+                return bad(key, "must be above 0".into());
+            }
+        }
+        if h.retries == 0 {
+            return bad("hdfs.retries", "must be at least 1".into());
+        }
+        if h.max_response_bytes < 4096 {
+            return bad(
+                "hdfs.max_response_bytes",
+                format!("{} is below 4096", h.max_response_bytes),
+            );
+        }
+        if self.runtime.rm_max_response_bytes < 4096 {
+            return bad(
+                "runtime.rm_max_response_bytes",
+                format!("{} is below 4096", self.runtime.rm_max_response_bytes),
+            );
         }
         if self.runtime.rm_request_timeout_ms == 0 {
             return bad(

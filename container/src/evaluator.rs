@@ -209,13 +209,17 @@ struct Roles {
 
 /// What the handlers of the AM's messages reach the rest of the evaluator
 /// by: the control channel to the AM, the loop's channel for a task's
-/// fatal error, the tracker tasks are spawned on, and the clock bound the
-/// worker waits on (SSP).
+/// fatal error, the tracker tasks are spawned on, the clock bound the
+/// worker waits on (SSP), and the token that drops pending work when the
+/// evaluator ends.
 struct Links {
     to_am: mpsc::Sender<EvalToAm>,
     fail: mpsc::Sender<String>,
     tracker: TaskTracker,
     min_clock: watch::Sender<u32>,
+    /// Cancelled when the evaluator ends: work still waiting for its
+    /// answer (e.g. a read blocked on a datanode) is dropped then.
+    stop: CancellationToken,
 }
 
 impl Links {
@@ -234,9 +238,16 @@ impl Links {
         what: &'static str,
         work: impl Future<Output = Result<Option<EvalToAm>, E>> + Send + 'static,
     ) {
-        let (tx, fail) = (self.to_am.clone(), self.fail.clone());
+        let (tx, fail, stop) = (self.to_am.clone(), self.fail.clone(), self.stop.clone());
         self.tracker.spawn(async move {
-            match work.await.map_err(|e| format!("{what}: {e}")) {
+            let result = tokio::select! {
+                r = work => r,
+                _ = stop.cancelled() => {
+                    tracing::info!("{what}: dropped, the evaluator is ending");
+                    return;
+                }
+            };
+            match result.map_err(|e| format!("{what}: {e}")) {
                 Ok(Some(answer)) => {
                     let _ = tx.send(answer).await;
                 }
@@ -305,6 +316,7 @@ pub async fn run(
         fail: fail_tx,
         tracker: tracker.clone(),
         min_clock: watch::channel(0u32).0,
+        stop: cancel.clone(),
     };
     register(&links, data_addr).await?;
     tracing::info!(container = %env.container_id, %data_addr, "registered with the AM at {}", env.am_addr);
@@ -593,7 +605,7 @@ fn start_job(
     })?;
     tracing::info!(evaluator = %setup.evaluator, app = %config.job.app, "job set up");
     Ok(Job {
-        fs: FileSystem::from_env().unwrap_or_default(),
+        fs: crate::input_fs::file_system(&config.hdfs),
         config,
         app,
         dp,

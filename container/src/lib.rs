@@ -13,10 +13,12 @@
 //! - [`apps`]: the ML applications and their data generators.
 //! - [`evaluator`]: the evaluator's event loop and process entry point.
 //! - [`emulate`]: in-process throttling of an emulated slower container.
+//! - [`input_fs`]: the file system input is read through (`[hdfs]`).
 
 pub mod apps;
 pub mod emulate;
 pub mod evaluator;
+pub mod input_fs;
 pub mod os;
 pub mod ownership;
 pub mod peer;

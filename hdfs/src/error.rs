@@ -107,6 +107,61 @@ pub enum HdfsError {
         source: reqwest::Error,
     },
 
+    /// The response body could not be read to its end: the connection
+    /// closed, failed or timed out part-way (a truncated body).
+    #[error("WebHDFS {op} {endpoint}: HTTP {status}: the body ended after {received}{} bytes: {reason}{}",
+        match expected { Some(n) => format!(" of {n}"), None => String::new() },
+        if *retryable { " (retryable)" } else { "" })]
+    BodyRead {
+        /// The WebHDFS operation.
+        op: &'static str,
+        /// The URL that answered (secrets redacted).
+        endpoint: String,
+        /// The HTTP status code of the response.
+        status: u16,
+        /// Bytes of the body received before it failed.
+        received: u64,
+        /// The length the server announced (`Content-Length`), if any.
+        expected: Option<u64>,
+        /// Why the body ended (connection closed, timed out, ...).
+        reason: String,
+        /// Whether the request may be sent again.
+        retryable: bool,
+    },
+
+    /// A response body is larger than what was asked for or than the limit
+    /// on bodies of its kind; reading stopped at the limit.
+    #[error("WebHDFS {op} {endpoint}: HTTP {status}: {what}")]
+    TooLarge {
+        /// The WebHDFS operation.
+        op: &'static str,
+        /// The URL that answered (secrets redacted).
+        endpoint: String,
+        /// The HTTP status code of the response.
+        status: u16,
+        /// What exceeded which limit.
+        what: String,
+    },
+
+    /// Every attempt of an operation ran out of its time budget.
+    #[error(
+        "WebHDFS {op} {path}: gave up after {secs:.1} s ({attempts} attempts, deadline {deadline_secs:.0} s): {last}"
+    )]
+    DeadlineExceeded {
+        /// The WebHDFS operation.
+        op: &'static str,
+        /// The file-system path.
+        path: String,
+        /// Attempts made.
+        attempts: u32,
+        /// Seconds spent.
+        secs: f64,
+        /// The operation's deadline in seconds.
+        deadline_secs: f64,
+        /// The last error, or what the attempt cut short was waiting for.
+        last: String,
+    },
+
     /// A server answered, but not in the shape the protocol defines.
     #[error("WebHDFS {op} {endpoint}: HTTP {status}: malformed response: {detail}")]
     MalformedResponse {
@@ -157,9 +212,9 @@ impl HdfsError {
     /// Whether retrying the same operation may succeed.
     pub fn is_retryable(&self) -> bool {
         match self {
-            HdfsError::Remote { retryable, .. } | HdfsError::Transport { retryable, .. } => {
-                *retryable
-            }
+            HdfsError::Remote { retryable, .. }
+            | HdfsError::Transport { retryable, .. }
+            | HdfsError::BodyRead { retryable, .. } => *retryable,
             _ => false,
         }
     }

@@ -12,7 +12,14 @@
 //!   exponential backoff ([`RetryPolicy`]), and `StandbyException` or an
 //!   unreachable namenode rotates to the next configured namenode (HA failover);
 //! - `LISTSTATUS_BATCH` is used for listings and falls back to `LISTSTATUS`
-//!   when the server does not know it.
+//!   when the server does not know it; pages must advance (`startAfter`
+//!   grows) and a listing holds at most `max_list_entries` entries;
+//! - every body is read as it arrives with a limit: the range asked for
+//!   (`OPEN`), `max_response_bytes` (JSON answers), a few KiB (error
+//!   bodies); a body that ends early is a [`HdfsError::BodyRead`], retried
+//!   like a transport failure;
+//! - an operation has a time budget (`deadline`) over all its attempts,
+//!   besides the timeouts of one request.
 //!
 //! Data-carrying steps that are not idempotent (`APPEND`'s upload) are retried
 //! only when the request certainly did not reach the server (connect failure)
@@ -54,6 +61,16 @@ const SEGMENT: &AsciiSet = &CONTROLS
 /// Most bytes of an error body quoted in a message.
 const MAX_QUOTED_BODY: usize = 300;
 
+/// The longest file length believed: 2^53 bytes (8 PiB), also the largest
+/// integer a JSON number holds exactly.
+const MAX_FILE_LENGTH: u64 = 1 << 53;
+
+/// How often a request that has not been answered says so.
+const PROGRESS_EVERY: Duration = Duration::from_secs(10);
+
+/// Most bytes of an error body read (only its start is quoted).
+const MAX_ERROR_BODY: u64 = 64 << 10;
+
 /// How failed requests are retried.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RetryPolicy {
@@ -70,7 +87,7 @@ pub struct RetryPolicy {
 impl Default for RetryPolicy {
     fn default() -> Self {
         RetryPolicy {
-            max_attempts: 6,
+            max_attempts: 4,
             initial_backoff: Duration::from_millis(200),
             max_backoff: Duration::from_secs(5),
         }
@@ -92,6 +109,19 @@ pub struct WebHdfsOptions {
     pub connect_timeout: Duration,
     /// Timeout of one whole request (including the body), if any.
     pub request_timeout: Option<Duration>,
+    /// Longest silence while waiting for the answer or the next bytes of
+    /// a body, if any.
+    pub read_timeout: Option<Duration>,
+    /// Time budget of one operation, all its attempts and backoffs
+    /// included: no retry starts that would end after it.
+    pub deadline: Option<Duration>,
+    /// Most bytes of a JSON answer or an error body; a longer one fails
+    /// the operation without being read further. `OPEN` reads at most the
+    /// range asked for (this limit when no length is given).
+    pub max_response_bytes: u64,
+    /// Most entries of one directory listing (over all its
+    /// `LISTSTATUS_BATCH` pages).
+    pub max_list_entries: u64,
 }
 
 impl Default for WebHdfsOptions {
@@ -101,8 +131,12 @@ impl Default for WebHdfsOptions {
             doas: None,
             delegation: None,
             retry: RetryPolicy::default(),
-            connect_timeout: Duration::from_secs(10),
-            request_timeout: Some(Duration::from_secs(300)),
+            connect_timeout: Duration::from_secs(5),
+            request_timeout: Some(Duration::from_secs(60)),
+            read_timeout: Some(Duration::from_secs(20)),
+            deadline: Some(Duration::from_secs(90)),
+            max_response_bytes: 64 << 20,
+            max_list_entries: 1_000_000,
         }
     }
 }
@@ -282,6 +316,9 @@ impl WebHdfsClient {
         if let Some(t) = options.request_timeout {
             builder = builder.timeout(t);
         }
+        if let Some(t) = options.read_timeout {
+            builder = builder.read_timeout(t);
+        }
         let http = builder.build().map_err(|e| HdfsError::Config {
             source_name: "HTTP client".into(),
             reason: e.to_string(),
@@ -315,6 +352,11 @@ impl WebHdfsClient {
             .to_string()
     }
 
+    /// The limit on JSON and error bodies.
+    fn limit(&self) -> BodyLimit {
+        BodyLimit::Response(self.inner.options.max_response_bytes)
+    }
+
     // ---- operations --------------------------------------------------
 
     /// `GETFILESTATUS`.
@@ -325,7 +367,7 @@ impl WebHdfsClient {
             let resp = self
                 .send(op, Method::GET, &url, None, Idempotence::Idempotent)
                 .await?;
-            let body: FileStatusBody = json_body(op, &url, resp).await?;
+            let body: FileStatusBody = json_body(op, &url, resp, self.limit()).await?;
             convert_status(op, &url, body.file_status, path)
         })
         .await
@@ -356,8 +398,13 @@ impl WebHdfsClient {
             let resp = self
                 .send(op, Method::GET, &url, None, Idempotence::Idempotent)
                 .await?;
-            let body: FileStatusesBody = json_body(op, &url, resp).await?;
-            entries(op, &url, path, body.file_statuses.file_status)
+            let body: FileStatusesBody = json_body(op, &url, resp, self.limit()).await?;
+            let list = body.file_statuses.file_status;
+            let max = self.inner.options.max_list_entries;
+            if list.len() as u64 > max {
+                return Err(too_many_entries(op, &url, max, list.len().to_string()));
+            }
+            entries(op, &url, path, list)
         })
         .await
     }
@@ -378,7 +425,8 @@ impl WebHdfsClient {
                     let resp = self
                         .send(op, Method::GET, &url, None, Idempotence::Idempotent)
                         .await?;
-                    let body: DirectoryListingBody = json_body(op, &url, resp).await?;
+                    let body: DirectoryListingBody =
+                        json_body(op, &url, resp, self.limit()).await?;
                     let listing = body.directory_listing;
                     let batch = entries(
                         op,
@@ -390,12 +438,23 @@ impl WebHdfsClient {
                 })
                 .await?;
             let last = batch.last().map(|e| e.suffix.clone());
+            let max = self.inner.options.max_list_entries;
+            let total = (out.len() as u64)
+                .saturating_add(batch.len() as u64)
+                .saturating_add(remaining);
+            if total > max {
+                let count = format!(
+                    "at least {total} ({} so far, remainingEntries {remaining})",
+                    out.len() + batch.len()
+                );
+                return Err(too_many_entries(op, &url, max, count));
+            }
             out.extend(batch);
             if remaining == 0 {
                 return Ok(out);
             }
             match last {
-                Some(s) if !s.is_empty() && Some(&s) != start_after.as_ref() => {
+                Some(s) if !s.is_empty() && start_after.as_ref().is_none_or(|a| s > *a) => {
                     start_after = Some(s)
                 }
                 _ => {
@@ -404,7 +463,8 @@ impl WebHdfsClient {
                         endpoint: redact(&url),
                         status: 200,
                         detail: format!(
-                            "remainingEntries is {remaining} but the batch gave no new entry to continue after"
+                            "remainingEntries is {remaining} but the batch gave no entry after {:?} to continue from",
+                            start_after.as_deref().unwrap_or("")
                         ),
                     });
                 }
@@ -412,8 +472,10 @@ impl WebHdfsClient {
         }
     }
 
-    /// `OPEN` from `offset`, `len` bytes (to the end when `None`); fewer at
-    /// the end of the file.
+    /// `OPEN` from `offset`, `len` bytes (to the end when `None`, at most
+    /// [`WebHdfsOptions::max_response_bytes`]); fewer at the end of the
+    /// file. The body is read as it arrives and the read stops with an
+    /// error as soon as the datanode sends more than was asked for.
     pub async fn open(&self, path: &str, offset: u64, len: Option<u64>) -> Result<Bytes> {
         let op = "OPEN";
         self.run(op, path, |nn: Url| async move {
@@ -431,27 +493,17 @@ impl WebHdfsClient {
                     .send(op, Method::GET, &dn, None, Idempotence::Idempotent)
                     .await?;
                 if !resp.status().is_success() {
-                    return Err(unexpected_status(op, &dn, resp).await);
+                    return Err(unexpected_status(op, &dn, resp, self.limit()).await);
                 }
                 (resp, dn)
             } else {
                 (resp, url)
             };
-            let status = resp.status().as_u16();
-            let data = resp
-                .bytes()
-                .await
-                .map_err(|e| transport(op, &url, e, Idempotence::Idempotent))?;
-            if let Some(l) = len
-                && data.len() as u64 > l
-            {
-                return Err(HdfsError::MalformedResponse {
-                    op,
-                    endpoint: redact(&url),
-                    status,
-                    detail: format!("asked for {l} bytes, got {}", data.len()),
-                });
-            }
+            let limit = match len {
+                Some(l) => BodyLimit::Range(l),
+                None => self.limit(),
+            };
+            let data = read_body(op, &url, resp, limit, Idempotence::Idempotent).await?;
             Ok(data)
         })
         .await
@@ -479,7 +531,7 @@ impl WebHdfsClient {
                 .await?;
             match resp.status() {
                 StatusCode::CREATED | StatusCode::OK => Ok(()),
-                _ => Err(unexpected_status(op, &dn, resp).await),
+                _ => Err(unexpected_status(op, &dn, resp, self.limit()).await),
             }
         })
         .await
@@ -503,7 +555,7 @@ impl WebHdfsClient {
                 .await?;
             match resp.status() {
                 StatusCode::OK | StatusCode::CREATED | StatusCode::NO_CONTENT => Ok(()),
-                _ => Err(unexpected_status(op, &dn, resp).await),
+                _ => Err(unexpected_status(op, &dn, resp, self.limit()).await),
             }
         })
         .await
@@ -567,7 +619,7 @@ impl WebHdfsClient {
             let resp = self
                 .send(op, method.clone(), &url, None, Idempotence::Idempotent)
                 .await?;
-            let body: BooleanBody = json_body(op, &url, resp).await?;
+            let body: BooleanBody = json_body(op, &url, resp, self.limit()).await?;
             Ok(body.boolean)
         })
         .await
@@ -584,7 +636,7 @@ impl WebHdfsClient {
         if resp.status().is_redirection() {
             return self.redirect_target(op, url, &resp);
         }
-        let body: LocationBody = json_body(op, url, resp).await?;
+        let body: LocationBody = json_body(op, url, resp, self.limit()).await?;
         self.datanode_url(op, url, 200, &body.location)
     }
 
@@ -720,7 +772,7 @@ impl WebHdfsClient {
         if status.is_success() || status.is_redirection() {
             return Ok(resp);
         }
-        Err(decode_error(op, url, resp, idem).await)
+        Err(decode_error(op, url, resp, idem, self.limit()).await)
     }
 
     /// Runs `attempt` against the active namenode, retrying retryable errors
@@ -735,11 +787,36 @@ impl WebHdfsClient {
         let mut backoff = policy.initial_backoff;
         let mut failovers_in_round = 0usize;
         let mut tries = 0u32;
+        let started = tokio::time::Instant::now();
+        let deadline = self.inner.options.deadline;
+        let out_of_time = |tries: u32, last: String| HdfsError::DeadlineExceeded {
+            op,
+            path: path.to_string(),
+            attempts: tries,
+            secs: started.elapsed().as_secs_f64(),
+            deadline_secs: deadline.unwrap_or_default().as_secs_f64(),
+            last,
+        };
         loop {
             tries += 1;
             let idx = self.inner.active.load(Ordering::Relaxed) % n;
             let nn = &self.inner.namenodes[idx];
-            let err = match attempt(nn.clone()).await {
+            let Some(result) = self
+                .attempt_with_progress(
+                    op,
+                    path,
+                    nn,
+                    deadline.map(|d| started + d),
+                    attempt(nn.clone()),
+                )
+                .await
+            else {
+                return Err(out_of_time(
+                    tries,
+                    format!("attempt {tries} was still waiting for {nn}"),
+                ));
+            };
+            let err = match result {
                 Ok(v) => return Ok(v),
                 Err(e) => e,
             };
@@ -773,9 +850,49 @@ impl WebHdfsClient {
                 }
             }
             failovers_in_round = 0;
-            tracing::warn!(op, path, attempt = tries, backoff_ms = backoff.as_millis() as u64, error = %err, "WebHDFS request failed; retrying");
+            if deadline.is_some_and(|d| started.elapsed() + backoff >= d) {
+                return Err(out_of_time(tries, err.to_string()));
+            }
+            tracing::warn!(
+                "WebHDFS {op} {path}: attempt {tries} of {budget} failed, retrying in {:.1} s: {err}",
+                backoff.as_secs_f64()
+            );
             tokio::time::sleep(backoff).await;
             backoff = (backoff * 2).min(policy.max_backoff);
+        }
+    }
+}
+
+impl WebHdfsClient {
+    /// Runs one attempt, saying every [`PROGRESS_EVERY`] what it still
+    /// waits for; `None` when `deadline` passes first.
+    async fn attempt_with_progress<T>(
+        &self,
+        op: &'static str,
+        path: &str,
+        nn: &Url,
+        deadline: Option<tokio::time::Instant>,
+        attempt: impl std::future::Future<Output = Result<T>>,
+    ) -> Option<Result<T>> {
+        let started = tokio::time::Instant::now();
+        let mut progress = tokio::time::interval_at(started + PROGRESS_EVERY, PROGRESS_EVERY);
+        let out_of_time = async {
+            match deadline {
+                Some(d) => tokio::time::sleep_until(d).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::pin!(attempt, out_of_time);
+        loop {
+            tokio::select! {
+                r = &mut attempt => return Some(r),
+                _ = &mut out_of_time => return None,
+                _ = progress.tick() => tracing::warn!(
+                    "WebHDFS {op} {path}: no answer yet after {:.0} s (namenode {}, or the datanode it redirected to)",
+                    started.elapsed().as_secs_f64(),
+                    redact(nn).trim_end_matches('/')
+                ),
+            }
         }
     }
 }
@@ -807,6 +924,17 @@ fn is_unsupported_op(err: &HdfsError) -> bool {
         || matches!(err, HdfsError::RetriesExhausted { last, .. } if is_unsupported_op(last))
 }
 
+/// A listing longer than [`WebHdfsOptions::max_list_entries`]; `count`
+/// says how long.
+fn too_many_entries(op: &'static str, url: &Url, max: u64, count: String) -> HdfsError {
+    HdfsError::TooLarge {
+        op,
+        endpoint: redact(url),
+        status: 200,
+        what: format!("the listing has {count} entries, more than {max} (hdfs.max_list_entries)"),
+    }
+}
+
 /// The URL with secrets (`delegation`) redacted, for messages.
 pub fn redact(url: &Url) -> String {
     if !url.query_pairs().any(|(k, _)| k == "delegation") {
@@ -830,9 +958,7 @@ pub fn redact(url: &Url) -> String {
 
 fn transport(op: &'static str, url: &Url, e: reqwest::Error, idem: Idempotence) -> HdfsError {
     let retryable = match idem {
-        Idempotence::Idempotent => {
-            e.is_connect() || e.is_timeout() || e.is_request() || e.is_body()
-        }
+        Idempotence::Idempotent => !e.is_builder(),
         Idempotence::NotIdempotent => e.is_connect(),
     };
     HdfsError::Transport {
@@ -849,11 +975,12 @@ async fn decode_error(
     url: &Url,
     resp: reqwest::Response,
     idem: Idempotence,
+    limit: BodyLimit,
 ) -> HdfsError {
     let status = resp.status().as_u16();
-    let text = match resp.text().await {
+    let text = match read_error_body(op, url, resp, limit, idem).await {
         Ok(t) => t,
-        Err(e) => return transport(op, url, e, idem),
+        Err(e) => return e,
     };
     let (exception, java_class_name, message) =
         match serde_json::from_str::<RemoteExceptionBody>(&text) {
@@ -900,9 +1027,17 @@ async fn decode_error(
 
 /// A success-range status the step does not expect (e.g. 200 where 201 is
 /// due is fine, but a 3xx from a datanode is not).
-async fn unexpected_status(op: &'static str, url: &Url, resp: reqwest::Response) -> HdfsError {
+async fn unexpected_status(
+    op: &'static str,
+    url: &Url,
+    resp: reqwest::Response,
+    limit: BodyLimit,
+) -> HdfsError {
     let status = resp.status().as_u16();
-    let text = resp.text().await.unwrap_or_default();
+    let text = match read_error_body(op, url, resp, limit, Idempotence::Idempotent).await {
+        Ok(t) => t,
+        Err(e) => return e,
+    };
     HdfsError::MalformedResponse {
         op,
         endpoint: redact(url),
@@ -915,6 +1050,7 @@ async fn json_body<T: serde::de::DeserializeOwned>(
     op: &'static str,
     url: &Url,
     resp: reqwest::Response,
+    limit: BodyLimit,
 ) -> Result<T> {
     let status = resp.status().as_u16();
     if status != 200 && status != 201 {
@@ -925,16 +1061,171 @@ async fn json_body<T: serde::de::DeserializeOwned>(
             detail: "expected 200 with a JSON body".into(),
         });
     }
-    let text = resp
-        .text()
-        .await
-        .map_err(|e| transport(op, url, e, Idempotence::Idempotent))?;
-    serde_json::from_str(&text).map_err(|e| HdfsError::MalformedResponse {
+    let body = read_body(op, url, resp, limit, Idempotence::Idempotent).await?;
+    serde_json::from_slice(&body).map_err(|e| HdfsError::MalformedResponse {
         op,
         endpoint: redact(url),
         status,
-        detail: format!("invalid JSON ({e}): {}", quote(&text)),
+        detail: format!(
+            "invalid JSON ({e}): {}",
+            quote(&String::from_utf8_lossy(&body))
+        ),
     })
+}
+
+/// What bounds a response body.
+#[derive(Debug, Clone, Copy)]
+enum BodyLimit {
+    /// The length of the range asked for (`OPEN`).
+    Range(u64),
+    /// The limit on JSON and error bodies
+    /// ([`WebHdfsOptions::max_response_bytes`]).
+    Response(u64),
+}
+
+impl BodyLimit {
+    fn bytes(self) -> u64 {
+        match self {
+            BodyLimit::Range(n) | BodyLimit::Response(n) => n,
+        }
+    }
+
+    fn exceeded(self, seen: u64, announced: bool) -> String {
+        let (limit, what) = match self {
+            BodyLimit::Range(n) => (n, "the length asked for"),
+            BodyLimit::Response(n) => (
+                n,
+                "the limit on JSON and error bodies (hdfs.max_response_bytes)",
+            ),
+        };
+        if announced {
+            format!("the body announces {seen} bytes, more than {limit} ({what}); not read")
+        } else {
+            format!("the body goes on past {limit} bytes ({what}); stopped reading")
+        }
+    }
+}
+
+/// Reads a response body of at most `limit` bytes as it arrives: a
+/// `Content-Length` above the limit fails before any of it is read, a body
+/// that goes past it fails at the chunk that crosses it, and a body that
+/// ends early (closed connection, timeout) is a [`HdfsError::BodyRead`],
+/// retryable when the request is.
+async fn read_body(
+    op: &'static str,
+    url: &Url,
+    mut resp: reqwest::Response,
+    limit: BodyLimit,
+    idem: Idempotence,
+) -> Result<Bytes> {
+    let status = resp.status().as_u16();
+    let expected = resp.content_length();
+    let too_large = |seen, announced| HdfsError::TooLarge {
+        op,
+        endpoint: redact(url),
+        status,
+        what: limit.exceeded(seen, announced),
+    };
+    if let Some(n) = expected
+        && n > limit.bytes()
+    {
+        return Err(too_large(n, true));
+    }
+    let capacity = expected.unwrap_or(0).min(limit.bytes()).min(1 << 20);
+    let mut buf = bytes::BytesMut::with_capacity(usize::try_from(capacity).unwrap_or(0));
+    loop {
+        match resp.chunk().await {
+            Ok(Some(chunk)) => {
+                let seen = (buf.len() as u64).saturating_add(chunk.len() as u64);
+                if seen > limit.bytes() {
+                    return Err(too_large(seen, false));
+                }
+                buf.extend_from_slice(&chunk);
+            }
+            Ok(None) => return Ok(buf.freeze()),
+            Err(e) => return Err(body_read(op, url, status, buf.len(), expected, &e, idem)),
+        }
+    }
+}
+
+/// An error body as text, at most [`MAX_ERROR_BODY`] bytes of it (and at
+/// most the response limit): a longer one is cut there, since only its
+/// start is quoted.
+async fn read_error_body(
+    op: &'static str,
+    url: &Url,
+    mut resp: reqwest::Response,
+    limit: BodyLimit,
+    idem: Idempotence,
+) -> Result<String> {
+    let cap = limit.bytes().min(MAX_ERROR_BODY) as usize;
+    let status = resp.status().as_u16();
+    let mut buf: Vec<u8> = Vec::new();
+    loop {
+        match resp.chunk().await {
+            Ok(Some(chunk)) => {
+                let room = cap - buf.len();
+                if chunk.len() > room {
+                    buf.extend_from_slice(&chunk[..room]);
+                    let mut text = String::from_utf8_lossy(&buf).into_owned();
+                    text.push_str(&format!(" ... (cut at {cap} bytes)"));
+                    return Ok(text);
+                }
+                buf.extend_from_slice(&chunk);
+            }
+            Ok(None) => return Ok(String::from_utf8_lossy(&buf).into_owned()),
+            Err(e) => {
+                let expected = resp.content_length();
+                return Err(body_read(op, url, status, buf.len(), expected, &e, idem));
+            }
+        }
+    }
+}
+
+/// A body that ended after `received` bytes with `e`.
+fn body_read(
+    op: &'static str,
+    url: &Url,
+    status: u16,
+    received: usize,
+    expected: Option<u64>,
+    e: &reqwest::Error,
+    idem: Idempotence,
+) -> HdfsError {
+    HdfsError::BodyRead {
+        op,
+        endpoint: redact(url),
+        status,
+        received: received as u64,
+        expected,
+        reason: error_chain(e),
+        retryable: idem == Idempotence::Idempotent,
+    }
+}
+
+/// An error and its causes on one line (reqwest's own message hides the
+/// cause, e.g. that the connection closed mid-body).
+fn error_chain(e: &reqwest::Error) -> String {
+    use std::error::Error;
+    let mut s = if e.is_timeout() {
+        "timed out".to_string()
+    } else {
+        e.to_string()
+    };
+    let mut src = e.source();
+    let mut depth = 0;
+    while let Some(inner) = src
+        && depth < 5
+    {
+        let t = inner.to_string();
+        if !s.contains(&t) {
+            s.push_str(": ");
+            s.push_str(&t);
+        }
+        src = inner.source();
+        depth += 1;
+    }
+    s
 }
 
 fn quote(text: &str) -> String {
@@ -1001,6 +1292,12 @@ fn convert_status(
                 js.permission
             ))
         })?;
+    if js.length > MAX_FILE_LENGTH {
+        return Err(bad(format!(
+            "FileStatus length {} is beyond any real file (more than 2^53 bytes)",
+            js.length
+        )));
+    }
     Ok(FileStatus {
         uri: path.to_string(),
         path: path.to_string(),

@@ -16,6 +16,8 @@
 //!   the optimizer's (cases, one `cruise run` on an emulated cluster);
 //!   [`clusters`]: emulated clusters drawn by a seeded generator;
 //! - [`required_tool`]: an external tool a test needs, or why it is skipped;
+//! - [`hostile`]: scripted misbehaving HTTP servers (namenode, datanode,
+//!   RM, master) and a child process measured for its peak memory;
 //! - [`pid_alive`], [`free_port`] and [`FreezingProxy`] (a TCP proxy whose
 //!   open connections can be stalled, to starve a client of heartbeats).
 
@@ -23,6 +25,7 @@ pub mod bench;
 pub mod clusters;
 pub mod fake_am;
 pub mod hadoop;
+pub mod hostile;
 pub mod optbench;
 
 use std::net::SocketAddr;

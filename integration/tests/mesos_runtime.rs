@@ -36,6 +36,7 @@ fn config(master: &str) -> MesosConfig {
             },
             connect_timeout: Duration::from_secs(2),
             request_timeout: Duration::from_secs(2),
+            ..HttpOptions::default()
         },
         user: "alice".into(),
         framework_name: "cruise-test".into(),

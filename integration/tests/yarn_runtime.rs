@@ -35,6 +35,7 @@ fn fast_http() -> HttpOptions {
         },
         connect_timeout: Duration::from_secs(2),
         request_timeout: Duration::from_secs(10),
+        ..HttpOptions::default()
     }
 }
 

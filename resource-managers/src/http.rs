@@ -3,9 +3,12 @@
 //! that name the endpoint and the HTTP status.
 //!
 //! What is retried: connection failures always (the request never reached
-//! the server); timeouts, other transport errors and 502/503/504 answers only
-//! for requests marked idempotent. Every other answer is returned to the
-//! caller, which decides what a status means.
+//! the server); timeouts, other transport errors, bodies that end early and
+//! 429/502/503/504 answers only for requests marked idempotent, waiting
+//! at least what a `Retry-After` asks (at most the request timeout). Every
+//! other answer is returned to the caller, which decides what a status
+//! means. A body is read as it arrives and refused past
+//! [`HttpOptions::max_body_bytes`].
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -51,6 +54,8 @@ pub struct HttpOptions {
     pub connect_timeout: Duration,
     /// Timeout of one request (not used for streams).
     pub request_timeout: Duration,
+    /// Most bytes of a response body (not of event streams).
+    pub max_body_bytes: u64,
 }
 
 impl Default for HttpOptions {
@@ -59,6 +64,7 @@ impl Default for HttpOptions {
             retry: RetryPolicy::default(),
             connect_timeout: Duration::from_secs(5),
             request_timeout: Duration::from_secs(30),
+            max_body_bytes: 16 << 20,
         }
     }
 }
@@ -330,18 +336,19 @@ impl Http {
                 Ok(resp) => {
                     let status = resp.status();
                     let hdrs = resp.headers().clone();
-                    match resp.bytes().await {
+                    match self.read_body(&endpoint, resp).await? {
                         Ok(body) => Ok(Reply {
                             endpoint: endpoint.clone(),
                             status,
                             headers: hdrs,
                             body,
                         }),
-                        Err(e) => Err((e.is_connect(), format!("reading the body: {e}"))),
+                        Err(reason) => Err((false, reason)),
                     }
                 }
                 Err(e) => Err((e.is_connect(), transport_reason(&e))),
             };
+            let mut wait = backoff;
             let (retry, reason) = match outcome {
                 Ok(reply) => {
                     // 500 too: real YARN's Services API answers a read of a
@@ -350,12 +357,16 @@ impl Http {
                     let busy = matches!(
                         reply.status,
                         StatusCode::INTERNAL_SERVER_ERROR
+                            | StatusCode::TOO_MANY_REQUESTS
                             | StatusCode::BAD_GATEWAY
                             | StatusCode::SERVICE_UNAVAILABLE
                             | StatusCode::GATEWAY_TIMEOUT
                     );
                     if !(busy && idem == Idempotence::Idempotent) || tried >= attempts {
                         return Ok(reply);
+                    }
+                    if let Some(after) = retry_after(&reply) {
+                        wait = wait.max(after.min(self.options.request_timeout));
                     }
                     (
                         true,
@@ -378,11 +389,56 @@ impl Http {
                 });
             }
             tracing::warn!(
-                service = self.what, %endpoint, attempt = tried, backoff_ms = backoff.as_millis() as u64,
-                "request failed ({reason}); retrying"
+                "{} {endpoint}: attempt {tried} of {attempts} failed ({reason}); retrying in {:.1} s",
+                self.what,
+                wait.as_secs_f64()
             );
-            tokio::time::sleep(backoff).await;
+            tokio::time::sleep(wait).await;
             backoff = (backoff * 2).min(policy.max_backoff);
+        }
+    }
+
+    /// Reads a body as it arrives: `Err` (outer) when it goes past
+    /// [`HttpOptions::max_body_bytes`], `Ok(Err(reason))` when it ends
+    /// early (closed connection, timeout), which is retried like a
+    /// transport failure.
+    pub(crate) async fn read_body(
+        &self,
+        endpoint: &str,
+        mut resp: reqwest::Response,
+    ) -> Result<Result<Bytes, String>, RmError> {
+        let limit = self.options.max_body_bytes;
+        let status = resp.status().as_u16();
+        let too_long = |what: String| RmError::Malformed {
+            endpoint: endpoint.to_string(),
+            status,
+            detail: format!(
+                "{what}, more than the limit of {limit} bytes (runtime.rm_max_response_bytes)"
+            ),
+        };
+        let expected = resp.content_length();
+        if let Some(n) = expected.filter(|n| *n > limit) {
+            return Err(too_long(format!("the body announces {n} bytes")));
+        }
+        let mut buf = bytes::BytesMut::new();
+        loop {
+            match resp.chunk().await {
+                Ok(Some(c)) => {
+                    if (buf.len() as u64).saturating_add(c.len() as u64) > limit {
+                        return Err(too_long("the body goes on".to_string()));
+                    }
+                    buf.extend_from_slice(&c);
+                }
+                Ok(None) => return Ok(Ok(buf.freeze())),
+                Err(e) => {
+                    let of = expected.map(|n| format!(" of {n}")).unwrap_or_default();
+                    return Ok(Err(format!(
+                        "the body ended after {}{of} bytes: {}",
+                        buf.len(),
+                        transport_reason(&e)
+                    )));
+                }
+            }
         }
     }
 
@@ -404,6 +460,13 @@ impl Http {
         )
         .await
     }
+}
+
+/// The wait a `Retry-After` header asks for, in seconds (an HTTP date is
+/// not honoured).
+fn retry_after(reply: &Reply) -> Option<Duration> {
+    let secs: u64 = reply.header("retry-after")?.trim().parse().ok()?;
+    Some(Duration::from_secs(secs))
 }
 
 /// A short reason for a transport error (reqwest's messages hide the cause).

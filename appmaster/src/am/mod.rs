@@ -69,6 +69,10 @@ pub enum AmError {
     /// The job was cancelled (Ctrl-C).
     #[error("job cancelled")]
     Cancelled,
+    /// The job was cancelled (SIGINT, SIGTERM) before it started; the text
+    /// says what it was waiting for.
+    #[error("job cancelled while {0}")]
+    CancelledWhile(String),
 }
 
 /// The role of an evaluator: the optimizer's, so that a plan's roles are
@@ -356,7 +360,16 @@ pub async fn plan_input(fs: &FileSystem, uri: &str, blocks: u32) -> Result<Vec<S
     Ok(splits)
 }
 
-/// Runs a job to its end.
+/// What answers for an input URI, for messages: its file system.
+fn input_service(uri: &str) -> String {
+    match cruise_hdfs::Location::parse(uri) {
+        Ok(cruise_hdfs::Location::Remote {
+            scheme, authority, ..
+        }) => format!("the WebHDFS namenode of {}://{authority}", scheme.as_str()),
+        _ => "the local file system".to_string(),
+    }
+}
+
 /// The job's input splits, and its outputs (the held-out input's splits,
 /// one per initial worker so that they evaluate in parallel, and the
 /// model's path).
@@ -364,7 +377,7 @@ async fn plan_inputs(
     config: &CruiseConfig,
     input: &str,
 ) -> Result<(Vec<Split>, outputs::Outputs), AmError> {
-    let fs = FileSystem::from_env().unwrap_or_default();
+    let fs = cruise_container::input_fs::file_system(&config.hdfs);
     let blocks = config
         .store
         .input_blocks_for(config.runtime.capacity_ceiling(&config.job));
@@ -420,11 +433,23 @@ fn evaluator_launch(
     })
 }
 
+/// Runs a job to its end.
 pub async fn run_job(opts: JobOptions) -> Result<JobSummary, AmError> {
     let config = opts.config;
     let job_id = new_job_id();
     let secret = Secret::generate();
-    let (splits, outputs) = plan_inputs(&config, &opts.input).await?;
+    // The input's file system may be slow to answer (its own deadlines
+    // bound that): a signal stops the wait.
+    let (splits, outputs) = tokio::select! {
+        r = plan_inputs(&config, &opts.input) => r?,
+        _ = opts.cancel.cancelled() => {
+            return Err(AmError::CancelledWhile(format!(
+                "planning the input: waiting for {} to list {}",
+                input_service(&opts.input),
+                opts.input
+            )));
+        }
+    };
     let io = |context: &str| {
         let context = context.to_string();
         move |source| AmError::Io { context, source }

@@ -179,12 +179,16 @@ impl SchedulerClient {
                         }
                     }
                     Ok(resp) if resp.status() == StatusCode::SERVICE_UNAVAILABLE => {
-                        let b = resp.bytes().await.unwrap_or_default();
-                        format!("503 {}", server_message(&b))
+                        let b = self.http.read_body(&endpoint, resp).await?;
+                        format!("503 {}", server_message(&b.unwrap_or_default()))
                     }
                     Ok(resp) => {
                         let status = resp.status().as_u16();
-                        let b = resp.bytes().await.unwrap_or_default();
+                        let b = self
+                            .http
+                            .read_body(&endpoint, resp)
+                            .await?
+                            .unwrap_or_default();
                         return Err(RmError::Http {
                             endpoint,
                             status,

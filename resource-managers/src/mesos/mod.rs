@@ -31,7 +31,12 @@
 //! Liveness: when no event (HEARTBEAT included) arrives for
 //! `missed_heartbeats` heartbeat intervals, or the stream ends, the actor
 //! subscribes again with its framework id (failover) and sends RECONCILE for
-//! its tasks. A 307 from a non-leading master is followed. ERROR events and a
+//! its tasks. Re-subscriptions wait an exponential backoff with jitter
+//! (`http.retry`) and give up after `http.retry.attempts` in a row; only a
+//! subscription that stayed up for `missed_heartbeats` heartbeat intervals
+//! starts the count again (a heartbeat or an offer alone proves nothing).
+//! Offers that are malformed or absurd (no id, a negative, non-finite or
+//! impossibly large cpus or mem) are declined with a warning saying why. A 307 from a non-leading master is followed. ERROR events and a
 //! master that stays unreachable end the framework with `AllocationFailed`.
 //! If the actor is dropped without shutdown, [`TeardownGuard`] tears the
 //! framework down (re-subscribing first if its stream is gone); the
@@ -63,6 +68,16 @@ pub const TERMINAL_STATES: [&str; 8] = [
     "TASK_DROPPED",
     "TASK_GONE",
     "TASK_GONE_BY_OPERATOR",
+];
+
+/// Task states that are not terminal.
+const LIVE_STATES: [&str; 6] = [
+    "TASK_STAGING",
+    "TASK_STARTING",
+    "TASK_RUNNING",
+    "TASK_KILLING",
+    "TASK_UNREACHABLE",
+    "TASK_UNKNOWN",
 ];
 
 /// Settings of the Mesos resource manager.
@@ -175,6 +190,7 @@ impl MesosRm {
             heartbeat: Duration::from_secs(15),
             last_event: Instant::now(),
             subscribed_once: false,
+            subscribed_at: None,
             resubscribes: 0,
             dead: false,
             tasks: BTreeMap::new(),
@@ -245,6 +261,7 @@ impl Drop for TeardownGuard {
                     },
                     connect_timeout: Duration::from_secs(2),
                     request_timeout: Duration::from_secs(5),
+                    ..HttpOptions::default()
                 };
                 let Ok(c) = SchedulerClient::new(&masters, opts) else {
                     return;
@@ -318,8 +335,10 @@ async fn subscription(
     client: Arc<SchedulerClient>,
     call: Value,
     generation: u64,
+    delay: Duration,
     notes: mpsc::UnboundedSender<Note>,
 ) {
+    tokio::time::sleep(delay).await;
     let mut sub = match client.subscribe(&call).await {
         Ok(s) => s,
         Err(e) => {
@@ -397,7 +416,10 @@ struct Actor {
     heartbeat: Duration,
     last_event: Instant,
     subscribed_once: bool,
-    /// Re-subscriptions since the last heartbeat or offer.
+    /// When the current subscription was confirmed.
+    subscribed_at: Option<Instant>,
+    /// Re-subscriptions since a subscription last stayed up for
+    /// [`Actor::stable_for`].
     resubscribes: u32,
     /// The framework ended (ERROR, or the master stayed unreachable).
     dead: bool,
@@ -491,10 +513,16 @@ impl Actor {
 
     /// Starts a (new) subscription, replacing the current one.
     fn subscribe(&mut self) {
+        self.subscribe_after(Duration::ZERO);
+    }
+
+    /// Starts a (new) subscription after `delay`, replacing the current one.
+    fn subscribe_after(&mut self, delay: Duration) {
         if let Some(s) = self.stream.take() {
             s.abort();
         }
         self.generation += 1;
+        self.subscribed_at = None;
         self.stream_id = None;
         self.set_stream(None);
         let fid = self.framework_id();
@@ -504,6 +532,7 @@ impl Actor {
             Arc::clone(&self.client),
             call,
             self.generation,
+            delay,
             self.note_tx.clone(),
         )));
     }
@@ -528,16 +557,36 @@ impl Actor {
         }
     }
 
+    /// How long a subscription must stay up to count as working: as long
+    /// as the heartbeats it may miss.
+    fn stable_for(&self) -> Duration {
+        self.heartbeat * self.cfg.missed_heartbeats.max(1)
+    }
+
     fn resubscribe(&mut self, why: String) {
+        if self
+            .subscribed_at
+            .is_some_and(|t| t.elapsed() >= self.stable_for())
+        {
+            self.resubscribes = 0;
+        }
         self.resubscribes += 1;
-        if self.resubscribes > self.cfg.http.retry.attempts.max(1) {
+        let attempts = self.cfg.http.retry.attempts.max(1);
+        if self.resubscribes > attempts {
             self.fail(format!(
-                "the Mesos master connection keeps failing ({why}); gave up after {} re-subscriptions",
-                self.resubscribes - 1
+                "the Mesos master connection keeps failing ({why}); gave up after {} re-subscriptions, none of which stayed up for {:.0} s",
+                self.resubscribes - 1,
+                self.stable_for().as_secs_f64()
             ));
             return;
         }
-        self.subscribe();
+        let delay = backoff(&self.cfg.http.retry, self.resubscribes, self.generation);
+        tracing::warn!(
+            "Mesos subscription lost ({why}); subscribing again in {:.2} s ({} of {attempts})",
+            delay.as_secs_f64(),
+            self.resubscribes
+        );
+        self.subscribe_after(delay);
     }
 
     fn fail(&mut self, reason: String) {
@@ -635,30 +684,37 @@ impl Actor {
         Ok(())
     }
 
+    /// Evaluators that fit in the agents' free resources (saturating: an
+    /// absurd offer cannot wrap the count).
     fn fit(&self) -> u32 {
         let (mem, cores) = self.size.unwrap_or(self.cfg.default_size);
         let (mem, cores) = (f64::from(mem.max(1)), f64::from(cores.max(1)));
         self.agents
             .values()
             .map(|a| {
+                // `as` saturates a float (and maps NaN to 0).
                 ((a.cpus + 1e-9) / cores)
                     .floor()
                     .min(((a.mem + 1e-9) / mem).floor())
                     .max(0.0) as u32
             })
-            .sum()
+            .fold(0u32, u32::saturating_add)
+    }
+
+    fn held(&self) -> u32 {
+        u32::try_from(self.tasks.len()).unwrap_or(u32::MAX)
     }
 
     fn capacity(&self) -> Result<Capacity, RmError> {
-        let held = self.tasks.len() as u32;
+        let held = self.held();
         Ok(Capacity {
-            max_containers: held + self.fit(),
+            max_containers: held.saturating_add(self.fit()),
             running: held,
         })
     }
 
     fn update_capacity(&mut self) {
-        let max = self.tasks.len() as u32 + self.fit();
+        let max = self.held().saturating_add(self.fit());
         match self.reported_capacity {
             None => self.reported_capacity = Some(max),
             Some(r) if r != max => {
@@ -681,6 +737,7 @@ impl Actor {
                 self.stream_id = Some(stream_id.clone());
                 self.set_stream(Some(stream_id));
                 self.last_event = Instant::now();
+                self.subscribed_at = Some(Instant::now());
             }
             Note::Event { generation, event } if generation == self.generation => {
                 self.last_event = Instant::now();
@@ -699,7 +756,6 @@ impl Actor {
                 if fatal {
                     self.fail(reason);
                 } else {
-                    tracing::warn!("Mesos subscription ended: {reason}; subscribing again");
                     self.resubscribe(reason);
                 }
             }
@@ -756,9 +812,8 @@ impl Actor {
                     self.filtered = false;
                 }
             }
-            "HEARTBEAT" => self.resubscribes = 0,
+            "HEARTBEAT" => {}
             "OFFERS" => {
-                self.resubscribes = 0;
                 let offers = ev["offers"]["offers"]
                     .as_array()
                     .cloned()
@@ -800,6 +855,23 @@ impl Actor {
 
     fn on_offers(&mut self, offers: &[Value]) {
         let mut decline = Vec::new();
+        let mut valid = Vec::new();
+        for o in offers {
+            match check_offer(o) {
+                Ok(()) => valid.push(o.clone()),
+                Err(why) => {
+                    let oid = o["id"]["value"].as_str().unwrap_or("");
+                    let agent = o["agent_id"]["value"].as_str().unwrap_or("?");
+                    if oid.is_empty() {
+                        tracing::warn!("ignoring a Mesos offer from agent {agent}: {why}");
+                    } else {
+                        tracing::warn!("declining Mesos offer {oid} from agent {agent}: {why}");
+                        decline.push(json!({"value": oid}));
+                    }
+                }
+            }
+        }
+        let offers = valid.as_slice();
         // Replace the view of every agent these offers come from.
         let mut fresh: HashMap<String, AgentView> = HashMap::new();
         for o in offers {
@@ -961,6 +1033,12 @@ impl Actor {
                 vec![],
             );
         }
+        if !TERMINAL_STATES.contains(&state.as_str()) && !LIVE_STATES.contains(&state.as_str()) {
+            tracing::warn!(
+                "Mesos UPDATE for task {tid:?} has state {state:?}, not a Mesos task state; ignored"
+            );
+            return;
+        }
         let Some(t) = self.tasks.get_mut(&tid) else {
             tracing::debug!(task = %tid, %state, "update for a task this framework does not hold");
             return;
@@ -1086,6 +1164,57 @@ impl Actor {
             Err(_) => Err(RmError::Stopped("mesos")),
         }
     }
+}
+
+/// Most cpus and memory (MB) one agent is believed to offer; more is a
+/// malformed offer.
+const MAX_OFFER_CPUS: f64 = 1e5;
+const MAX_OFFER_MEM_MB: f64 = 1e9;
+
+/// Why an offer cannot be used, if it cannot: no id or agent, or cpus or
+/// mem that are negative, not finite, or beyond any machine.
+fn check_offer(o: &Value) -> Result<(), String> {
+    if o["id"]["value"].as_str().is_none_or(str::is_empty) {
+        return Err("it has no id".into());
+    }
+    if o["agent_id"]["value"].as_str().is_none_or(str::is_empty) {
+        return Err("it names no agent".into());
+    }
+    let Some(resources) = o["resources"].as_array() else {
+        return Err("it has no resource list".into());
+    };
+    for r in resources {
+        let name = r["name"].as_str().unwrap_or("");
+        let max = match name {
+            "cpus" => MAX_OFFER_CPUS,
+            "mem" => MAX_OFFER_MEM_MB,
+            _ => continue,
+        };
+        if r["type"].as_str().unwrap_or("SCALAR") != "SCALAR" {
+            continue;
+        }
+        let Some(v) = r["scalar"]["value"].as_f64() else {
+            return Err(format!("its {name} has no scalar value: {}", r["scalar"]));
+        };
+        if !v.is_finite() || v < 0.0 || v > max {
+            return Err(format!("{name} {v} is not between 0 and {max}"));
+        }
+    }
+    Ok(())
+}
+
+/// The wait before re-subscription `n` (1-based): the policy's initial
+/// backoff doubled per attempt, at most its maximum, with jitter (between
+/// half and all of it) so that frameworks do not come back in step.
+fn backoff(policy: &crate::http::RetryPolicy, n: u32, seed: u64) -> Duration {
+    use std::hash::BuildHasher;
+    let base = policy
+        .initial_backoff
+        .saturating_mul(1u32 << (n.saturating_sub(1)).min(16))
+        .min(policy.max_backoff);
+    let r = std::collections::hash_map::RandomState::new().hash_one(seed);
+    let frac = 0.5 + 0.5 * (r % 1000) as f64 / 1000.0;
+    base.mul_f64(frac)
 }
 
 /// Sum of a scalar resource in a resource list.
@@ -1217,6 +1346,38 @@ mod tests {
             parse_exit("TASK_LOST", "Agent removed"),
             ExitStatus::Unknown
         );
+    }
+
+    #[test]
+    fn absurd_offers_are_refused_with_a_reason() {
+        let offer = |cpus: Value| {
+            json!({"id": {"value": "o1"}, "agent_id": {"value": "a1"}, "hostname": "h",
+                "resources": [{"name": "cpus", "type": "SCALAR", "scalar": {"value": cpus}},
+                              {"name": "mem", "type": "SCALAR", "scalar": {"value": 4096.0}}]})
+        };
+        assert!(check_offer(&offer(json!(4.0))).is_ok());
+        let e = check_offer(&offer(json!(1e12))).unwrap_err();
+        assert!(e.contains("cpus 1000000000000"), "{e}");
+        assert!(check_offer(&offer(json!(-1.0))).is_err());
+        assert!(check_offer(&offer(json!("4"))).is_err());
+        assert!(check_offer(&json!({"agent_id": {"value": "a"}, "resources": []})).is_err());
+    }
+
+    #[test]
+    fn backoff_grows_with_jitter_to_its_cap() {
+        let p = crate::http::RetryPolicy {
+            attempts: 5,
+            initial_backoff: Duration::from_millis(200),
+            max_backoff: Duration::from_secs(5),
+        };
+        for seed in 0..50 {
+            let b1 = backoff(&p, 1, seed);
+            assert!(b1 >= Duration::from_millis(100) && b1 <= Duration::from_millis(200));
+            let b4 = backoff(&p, 4, seed);
+            assert!(b4 >= Duration::from_millis(800) && b4 <= Duration::from_millis(1600));
+            let b20 = backoff(&p, 20, seed);
+            assert!(b20 >= Duration::from_millis(2500) && b20 <= Duration::from_secs(5));
+        }
     }
 
     #[test]

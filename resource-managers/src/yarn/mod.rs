@@ -47,6 +47,10 @@ use services::{ComponentSpec, ENDED_CONTAINER_STATES, ServiceSpec, ServicesClien
 /// (`YarnServiceConstants.APP_LIB_DIR`).
 pub const ARTIFACT_DIR: &str = "lib";
 
+/// Most containers one node is believed to have room for; a node report
+/// saying more is counted as this, with a warning naming the node.
+const MAX_PER_NODE: i64 = 100_000;
+
 /// Settings of the YARN resource manager.
 #[derive(Debug, Clone)]
 pub struct YarnConfig {
@@ -155,6 +159,7 @@ impl ServiceGuard {
                     },
                     connect_timeout: Duration::from_secs(2),
                     request_timeout: Duration::from_secs(5),
+                    ..HttpOptions::default()
                 };
                 let Ok(c) = ServicesClient::new(&addresses, user, opts) else {
                     return;
@@ -528,9 +533,10 @@ impl Actor {
 
     async fn capacity(&mut self) -> Result<Capacity, RmError> {
         let fit = self.fit().await?;
+        let held = u32::try_from(self.known.len()).unwrap_or(u32::MAX);
         Ok(Capacity {
-            max_containers: self.known.len() as u32 + fit,
-            running: self.known.len() as u32,
+            max_containers: held.saturating_add(fit),
+            running: held,
         })
     }
 
@@ -540,11 +546,23 @@ impl Actor {
         let (mem, cores) = self.size.unwrap_or(self.cfg.default_size);
         let mem = i64::from(self.normalize(mem));
         let cores = i64::from(cores.max(1));
-        let fit: i64 = nodes
+        let fit = nodes
             .iter()
-            .map(|n| (n.avail_memory_mb.max(0) / mem).min(n.available_virtual_cores.max(0) / cores))
-            .sum();
-        Ok(u32::try_from(fit).unwrap_or(u32::MAX))
+            .map(|n| {
+                let fit =
+                    (n.avail_memory_mb.max(0) / mem).min(n.available_virtual_cores.max(0) / cores);
+                if fit > MAX_PER_NODE {
+                    tracing::warn!(
+                        "YARN node {} reports room for {fit} containers ({} MB, {} vcores free); counting {MAX_PER_NODE}",
+                        n.id,
+                        n.avail_memory_mb,
+                        n.available_virtual_cores
+                    );
+                }
+                u32::try_from(fit.min(MAX_PER_NODE)).unwrap_or(0)
+            })
+            .fold(0u32, u32::saturating_add);
+        Ok(fit)
     }
 
     async fn capacity_tick(&mut self) {
@@ -558,7 +576,9 @@ impl Actor {
             return;
         }
         let max = match self.fit().await {
-            Ok(fit) => self.known.len() as u32 + fit,
+            Ok(fit) => u32::try_from(self.known.len())
+                .unwrap_or(u32::MAX)
+                .saturating_add(fit),
             Err(e) => {
                 tracing::warn!("reading YARN capacity failed: {e}");
                 return;

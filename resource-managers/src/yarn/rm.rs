@@ -22,6 +22,21 @@ use crate::http::{Http, HttpOptions, Idempotence, Reply, parse_base};
 /// Application states after which nothing changes.
 pub const FINAL_STATES: [&str; 3] = ["FINISHED", "FAILED", "KILLED"];
 
+/// Every application state (`YarnApplicationState`).
+pub const APP_STATES: [&str; 8] = [
+    "NEW",
+    "NEW_SAVING",
+    "SUBMITTED",
+    "ACCEPTED",
+    "RUNNING",
+    "FINISHED",
+    "FAILED",
+    "KILLED",
+];
+
+/// Every final status (`FinalApplicationStatus`).
+pub const FINAL_STATUSES: [&str; 5] = ["UNDEFINED", "SUCCEEDED", "FAILED", "KILLED", "ENDED"];
+
 /// `clusterInfo`.
 #[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase", default)]
@@ -159,6 +174,19 @@ impl AppReport {
     pub fn is_final(&self) -> bool {
         FINAL_STATES.contains(&self.state.as_str())
     }
+}
+
+/// Whether `id` has the form `application_<digits>_<digits>`.
+pub fn is_application_id(id: &str) -> bool {
+    let mut parts = id.split('_');
+    parts.next() == Some("application")
+        && parts
+            .by_ref()
+            .take(2)
+            .filter(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+            .count()
+            == 2
+        && parts.next().is_none()
 }
 
 /// One application attempt.
@@ -422,7 +450,19 @@ impl RmClient {
                 Idempotence::Idempotent,
             )
             .await?;
-        Self::expect(r, &[StatusCode::OK])?.json()
+        let r = Self::expect(r, &[StatusCode::OK])?;
+        let app: NewApplication = r.json()?;
+        if !is_application_id(&app.application_id) {
+            return Err(RmError::Malformed {
+                endpoint: r.endpoint.clone(),
+                status: r.status.as_u16(),
+                detail: format!(
+                    "application-id {:?} is not an application id (application_<cluster timestamp>_<sequence>)",
+                    app.application_id
+                ),
+            });
+        }
+        Ok(app)
     }
 
     /// `POST /ws/v1/cluster/apps` (202 Accepted).
@@ -443,11 +483,29 @@ impl RmClient {
     pub async fn app(&self, id: &str) -> Result<AppReport, RmError> {
         let r = Self::expect(self.get(&format!("/apps/{id}")).await?, &[StatusCode::OK])?;
         let v: Value = r.json()?;
-        serde_json::from_value(v["app"].clone()).map_err(|e| RmError::Malformed {
+        let bad = |detail: String| RmError::Malformed {
             endpoint: r.endpoint.clone(),
             status: 200,
-            detail: format!("app: {e}"),
-        })
+            detail,
+        };
+        let app: AppReport =
+            serde_json::from_value(v["app"].clone()).map_err(|e| bad(format!("app: {e}")))?;
+        // A missing or unknown state would read as "not final yet" forever.
+        if !APP_STATES.contains(&app.state.as_str()) {
+            return Err(bad(format!(
+                "app.state {:?} is not a YARN application state ({})",
+                app.state,
+                APP_STATES.join(", ")
+            )));
+        }
+        if !FINAL_STATUSES.contains(&app.final_status.as_str()) {
+            return Err(bad(format!(
+                "app.finalStatus {:?} is not a YARN final status ({})",
+                app.final_status,
+                FINAL_STATUSES.join(", ")
+            )));
+        }
+        Ok(app)
     }
 
     /// `GET /ws/v1/cluster/apps/{id}/appattempts`.
@@ -528,7 +586,16 @@ impl RmClient {
                 reason: crate::http::transport_reason(&e),
             })?;
         let status = resp.status();
-        let body = resp.bytes().await.unwrap_or_default();
+        let body = self
+            .http
+            .read_body(&endpoint, resp)
+            .await?
+            .map_err(|reason| RmError::Unreachable {
+                service: "YARN NodeManager",
+                endpoint: endpoint.clone(),
+                attempts: 1,
+                reason,
+            })?;
         match status {
             StatusCode::OK => Ok(Some(
                 strip_log_framing(&String::from_utf8_lossy(&body), file).to_string(),

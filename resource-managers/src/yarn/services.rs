@@ -21,6 +21,18 @@ use crate::http::{Http, HttpOptions, Idempotence, Reply, parse_base};
 /// `SUCCEEDED`/`FAILED` for components that do not restart).
 pub const ENDED_CONTAINER_STATES: [&str; 3] = ["STOPPED", "SUCCEEDED", "FAILED"];
 
+/// Every container state of the Services API (`ContainerState`).
+pub const CONTAINER_STATES: [&str; 8] = [
+    "RUNNING_BUT_UNREADY",
+    "READY",
+    "STOPPED",
+    "NEEDS_UPGRADE",
+    "UPGRADING",
+    "SUCCEEDED",
+    "FAILED",
+    "FAILED_UPGRADE",
+];
+
 /// One container of a component, as `GET /services/{name}` reports it.
 #[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 #[serde(default)]
@@ -227,7 +239,25 @@ impl ServicesClient {
         if r.status == StatusCode::NOT_FOUND {
             return Ok(None);
         }
-        Self::expect(r, &[StatusCode::OK])?.json().map(Some)
+        let r = Self::expect(r, &[StatusCode::OK])?;
+        let report: ServiceReport = r.json()?;
+        // A container with no id or an unknown state would be neither
+        // running nor ended: waited on forever.
+        for c in report.components.iter().flat_map(|c| &c.containers) {
+            if c.id.is_empty() || !CONTAINER_STATES.contains(&c.state.as_str()) {
+                return Err(RmError::Malformed {
+                    endpoint: r.endpoint.clone(),
+                    status: r.status.as_u16(),
+                    detail: format!(
+                        "container {:?} has state {:?}, not a Services API container state ({})",
+                        c.id,
+                        c.state,
+                        CONTAINER_STATES.join(", ")
+                    ),
+                });
+            }
+        }
+        Ok(Some(report))
     }
 
     /// `PUT /app/v1/services/{name}/components/{component}` with

@@ -315,6 +315,40 @@ impl Driver {
         })
     }
 
+    /// Whether the job has waited long enough for the resource manager to
+    /// report its containers' ends after asking the evaluators to leave:
+    /// their grace (`runtime.release_grace_ms`) and a heartbeat timeout.
+    /// The job's result does not depend on those reports, so it ends
+    /// without them, naming the containers whose end was never reported
+    /// (the resource manager's shutdown stops them).
+    pub(super) fn finishing_overdue(&self) -> bool {
+        let limit = Duration::from_millis(
+            self.config
+                .runtime
+                .release_grace_ms
+                .saturating_add(self.config.channel.heartbeat_timeout_ms),
+        );
+        if self.finishing_since.is_none_or(|t| t.elapsed() < limit) {
+            return false;
+        }
+        let missing: Vec<&str> = self
+            .evaluators
+            .values()
+            .filter(|e| {
+                self.containers
+                    .get(&e.container)
+                    .is_none_or(|c| c.ended.is_none())
+            })
+            .map(|e| e.container.as_str())
+            .collect();
+        tracing::warn!(
+            "the resource manager has not reported the end of {} within {:.1} s of the shutdown; finishing without it",
+            missing.join(", "),
+            limit.as_secs_f64()
+        );
+        true
+    }
+
     pub(super) async fn shutdown_all(&mut self, reason: &str) {
         let ids: Vec<EvaluatorId> = self.evaluators.keys().copied().collect();
         for id in ids {

@@ -176,6 +176,8 @@ pub(super) struct Driver {
 
     phase: Phase,
     started: Instant,
+    /// When the job entered [`Phase::Finishing`].
+    finishing_since: Option<Instant>,
     evaluators: BTreeMap<EvaluatorId, Evaluator>,
     containers: HashMap<ContainerId, Container>,
     next_eval: EvaluatorId,
@@ -252,6 +254,7 @@ impl Driver {
             cancel,
             phase: Phase::Allocating,
             started: now,
+            finishing_since: None,
             evaluators: BTreeMap::new(),
             containers: HashMap::new(),
             next_eval: EvaluatorId(1),
@@ -368,13 +371,18 @@ impl Driver {
                 }
             }
             self.step_plan().await?;
-            if self.phase == Phase::Finishing && self.all_containers_done() {
+            if self.phase == Phase::Finishing
+                && (self.all_containers_done() || self.finishing_overdue())
+            {
                 return Ok(());
             }
         }
     }
 
     fn phase(&mut self, p: Phase, text: String) {
+        if p == Phase::Finishing && self.phase != Phase::Finishing {
+            self.finishing_since = Some(Instant::now());
+        }
         self.phase = p;
         // People read phases from the progress channel (its lines go to
         // the same stderr): logged at debug, they are not said twice.

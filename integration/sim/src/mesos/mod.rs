@@ -127,6 +127,10 @@ pub struct Options {
     /// Grace period between SIGTERM and SIGKILL when killing a task, ms.
     #[arg(long, default_value_t = 3000)]
     kill_grace_ms: u64,
+    /// Never send terminal task updates (a buggy master), to test a
+    /// framework's bound on waiting for them.
+    #[arg(long)]
+    drop_terminal_updates: bool,
     /// Run as a non-leading master that redirects schedulers to this leader (HOST:PORT).
     #[arg(long)]
     leader_redirect: Option<String>,
@@ -234,6 +238,7 @@ async fn run(args: Options) -> anyhow::Result<()> {
         agent_ports: ports,
         heartbeat,
         update_retry: Duration::from_secs_f64(args.update_retry_secs),
+        drop_terminal_updates: args.drop_terminal_updates,
         work_dir: work_dir.clone(),
         master_id: state::new_uuid_string(),
         host: addr.ip().to_string(),

@@ -29,6 +29,8 @@ pub(crate) struct Config {
     pub agent_ports: (u64, u64),
     pub heartbeat: Duration,
     pub update_retry: Duration,
+    /// A buggy master: terminal task updates are never sent.
+    pub drop_terminal_updates: bool,
     pub work_dir: PathBuf,
     pub master_id: String,
     pub host: String,
@@ -612,6 +614,10 @@ impl State {
         };
         t.state = state;
         t.latest = st.clone();
+        if self.cfg.drop_terminal_updates && is_terminal(state) {
+            tracing::info!(task = %key.1, state, "terminal update dropped (--drop-terminal-updates)");
+            return;
+        }
         t.pending.push_back(PendingUpdate {
             uuid,
             status: st,
