@@ -89,6 +89,9 @@ pub enum HdfsError {
         message: String,
         /// Whether trying again (possibly on another namenode) may succeed.
         retryable: bool,
+        /// The wait the server asked for with `Retry-After` (in seconds;
+        /// an HTTP date is not honoured), if any.
+        retry_after_secs: Option<u64>,
     },
 
     /// A request could not be sent or its response not received.
@@ -216,6 +219,16 @@ impl HdfsError {
             | HdfsError::Transport { retryable, .. }
             | HdfsError::BodyRead { retryable, .. } => *retryable,
             _ => false,
+        }
+    }
+
+    /// The wait the server asked for before trying again (`Retry-After`).
+    pub fn retry_after(&self) -> Option<std::time::Duration> {
+        match self {
+            HdfsError::Remote {
+                retry_after_secs, ..
+            } => retry_after_secs.map(std::time::Duration::from_secs),
+            _ => None,
         }
     }
 

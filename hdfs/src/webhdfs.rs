@@ -9,7 +9,8 @@
 //! - errors are decoded from the `RemoteException` JSON into
 //!   [`HdfsError::Remote`] with a retryable flag; `StandbyException`,
 //!   `RetriableException`, 5xx and connection failures are retried with
-//!   exponential backoff ([`RetryPolicy`]), and `StandbyException` or an
+//!   exponential backoff ([`RetryPolicy`]; at least what a `Retry-After`
+//!   asks), and `StandbyException` or an
 //!   unreachable namenode rotates to the next configured namenode (HA failover);
 //! - `LISTSTATUS_BATCH` is used for listings and falls back to `LISTSTATUS`
 //!   when the server does not know it; pages must advance (`startAfter`
@@ -850,14 +851,16 @@ impl WebHdfsClient {
                 }
             }
             failovers_in_round = 0;
-            if deadline.is_some_and(|d| started.elapsed() + backoff >= d) {
+            // At least what the server asked for with `Retry-After`.
+            let wait = err.retry_after().map_or(backoff, |a| a.max(backoff));
+            if deadline.is_some_and(|d| started.elapsed() + wait >= d) {
                 return Err(out_of_time(tries, err.to_string()));
             }
             tracing::warn!(
                 "WebHDFS {op} {path}: attempt {tries} of {budget} failed, retrying in {:.1} s: {err}",
-                backoff.as_secs_f64()
+                wait.as_secs_f64()
             );
-            tokio::time::sleep(backoff).await;
+            tokio::time::sleep(wait).await;
             backoff = (backoff * 2).min(policy.max_backoff);
         }
     }
@@ -978,6 +981,11 @@ async fn decode_error(
     limit: BodyLimit,
 ) -> HdfsError {
     let status = resp.status().as_u16();
+    let retry_after_secs = resp
+        .headers()
+        .get(reqwest::header::RETRY_AFTER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
     let text = match read_error_body(op, url, resp, limit, idem).await {
         Ok(t) => t,
         Err(e) => return e,
@@ -1022,6 +1030,7 @@ async fn decode_error(
         java_class_name,
         message,
         retryable,
+        retry_after_secs,
     }
 }
 

@@ -313,3 +313,32 @@ async fn an_absurd_file_length_is_rejected() {
     assert!(msg.contains("length 1000000000000000000"), "{msg}");
     assert!(msg.contains("GETFILESTATUS"), "{msg}");
 }
+
+/// A namenode that answers `503` with `Retry-After: 1` twice is asked
+/// again after at least the second it asked for each time, not after the
+/// client's own 10 ms and 20 ms.
+#[tokio::test]
+async fn retry_after_is_honoured() {
+    let calls = Arc::new(AtomicU64::new(0));
+    let c = Arc::clone(&calls);
+    let nn = HostileServer::start(move |_: &Request| {
+        if c.fetch_add(1, Ordering::SeqCst) < 2 {
+            Reply::Full {
+                status: 503,
+                headers: vec![("Retry-After".into(), "1".into())],
+                body: b"busy".to_vec(),
+            }
+        } else {
+            Reply::json(200, &json!({"FileStatus": webhdfs_status("", "FILE", 7)}))
+        }
+    })
+    .await
+    .unwrap();
+    let t = Instant::now();
+    let st = within(client(&nn, options()).get_file_status("/data/x"))
+        .await
+        .expect("the third answer");
+    assert_eq!(st.len, 7);
+    assert_eq!(nn.requests(), 3);
+    assert!(t.elapsed() >= Duration::from_secs(2), "{:?}", t.elapsed());
+}

@@ -284,7 +284,9 @@ async fn not_found_is_reported_at_once_and_names_endpoint_op_and_status() {
             java_class_name,
             message,
             retryable,
+            retry_after_secs,
         } => {
+            assert_eq!(*retry_after_secs, None);
             assert_eq!(*op, "GETFILESTATUS");
             assert!(endpoint.starts_with(&sim.namenode), "{endpoint}");
             assert!(endpoint.contains("/webhdfs/v1/no/such/file"), "{endpoint}");
