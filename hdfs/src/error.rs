@@ -91,7 +91,7 @@ pub enum HdfsError {
         retryable: bool,
         /// The wait the server asked for with `Retry-After` (in seconds;
         /// an HTTP date is not honoured), if any.
-        retry_after_secs: Option<u64>,
+        retry_after_secs: Option<u32>,
     },
 
     /// A request could not be sent or its response not received.
@@ -227,7 +227,7 @@ impl HdfsError {
         match self {
             HdfsError::Remote {
                 retry_after_secs, ..
-            } => retry_after_secs.map(std::time::Duration::from_secs),
+            } => retry_after_secs.map(|s| std::time::Duration::from_secs(u64::from(s))),
             _ => None,
         }
     }

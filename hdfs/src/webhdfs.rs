@@ -985,7 +985,7 @@ async fn decode_error(
         .headers()
         .get(reqwest::header::RETRY_AFTER)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<u64>().ok());
+        .and_then(|v| v.trim().parse::<u32>().ok());
     let text = match read_error_body(op, url, resp, limit, idem).await {
         Ok(t) => t,
         Err(e) => return e,
