@@ -271,6 +271,28 @@ pub fn free_port() -> anyhow::Result<u16> {
     Ok(l.local_addr()?.port())
 }
 
+/// A loopback port that refuses connections for as long as the returned
+/// socket lives: bound, never listening, so nothing else can take the port
+/// meanwhile (a port from [`free_port`] can be given to another test's
+/// listener before it is used, which then answers instead of refusing).
+pub fn refused_port() -> anyhow::Result<(std::os::fd::OwnedFd, u16)> {
+    use nix::sys::socket::{
+        AddressFamily, SockFlag, SockType, SockaddrIn, bind, getsockname, socket,
+    };
+    let fd = socket(
+        AddressFamily::Inet,
+        SockType::Stream,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    )?;
+    bind(
+        std::os::fd::AsRawFd::as_raw_fd(&fd),
+        &SockaddrIn::new(127, 0, 0, 1, 0),
+    )?;
+    let addr: SockaddrIn = getsockname(std::os::fd::AsRawFd::as_raw_fd(&fd))?;
+    Ok((fd, addr.port()))
+}
+
 /// A TCP proxy on loopback to `target`. [`FreezingProxy::freeze`] stalls the
 /// connections open at that moment (they stay open but forward nothing), the
 /// way a half-dead network path does; new connections are forwarded.

@@ -125,7 +125,7 @@ async fn mlr_on_mesos_reaches_local_accuracy() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unreachable_master_fails_the_run_with_its_address() {
-    let port = cruise_integration::free_port().unwrap();
+    let (_refusing, port) = cruise_integration::refused_port().unwrap();
     let dir = tempfile::tempdir().unwrap();
     let o = tokio::time::timeout(
         Duration::from_secs(120),

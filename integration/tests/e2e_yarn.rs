@@ -293,7 +293,7 @@ async fn kill_destroys_the_service() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unreachable_cluster_is_named() {
-    let port = cruise_integration::free_port().unwrap();
+    let (_refusing, port) = cruise_integration::refused_port().unwrap();
     let dir = tempfile::tempdir().unwrap();
     let o = tokio::process::Command::new(binary("cruise").unwrap())
         .args([

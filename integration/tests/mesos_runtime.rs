@@ -14,7 +14,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
-use cruise_integration::{FreezingProxy, Sim, free_port, pid_alive, wait_for};
+use cruise_integration::{FreezingProxy, Sim, pid_alive, refused_port, wait_for};
 use cruise_rm::http::{HttpOptions, RetryPolicy};
 use cruise_rm::mesos::{MesosConfig, MesosRm};
 use cruise_rm::{ContainerRequest, ExitStatus, LaunchSpec, ResourceManager, RmEvent};
@@ -385,7 +385,7 @@ async fn resubscribes_when_heartbeats_stop() {
 
 #[tokio::test]
 async fn unreachable_master_is_named() {
-    let port = free_port().unwrap();
+    let (_refusing, port) = refused_port().unwrap();
     let out = tempfile::tempdir().unwrap();
     let (tx, rx) = mpsc::unbounded_channel();
     let mut ev = Events::new(rx);

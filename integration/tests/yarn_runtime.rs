@@ -14,7 +14,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::time::Duration;
 
-use cruise_integration::{Sim, free_port, pid_alive, wait_for};
+use cruise_integration::{Sim, pid_alive, refused_port, wait_for};
 use cruise_rm::http::{HttpOptions, RetryPolicy};
 use cruise_rm::yarn::rm::{RmClient, Submission};
 use cruise_rm::yarn::{YarnConfig, YarnRm};
@@ -535,7 +535,7 @@ fn service_destroyed_when_its_runtime_dies() {
 
 #[tokio::test]
 async fn unreachable_rm_is_named() {
-    let port = free_port().unwrap();
+    let (_refusing, port) = refused_port().unwrap();
     let out = tempfile::tempdir().unwrap();
     let (tx, _rx) = mpsc::unbounded_channel();
     let rm = YarnRm::start(
