@@ -213,7 +213,11 @@ async fn bad_split_is_improved_and_the_optimum_stays() {
 
 /// The local runtime offers 6 containers a few seconds in and takes 2 back
 /// later: the job grows into the offer, gives the containers back (moving
-/// their blocks off first), and keeps training.
+/// their blocks off first), and keeps training. It may give them back before
+/// the capacity shrinks: on this 2-core machine six processes measure slower
+/// than four, and what the job measured outranks the model's prediction. The
+/// forced scale-in itself is pinned by the in-process
+/// `reconfig::reclaimed_capacity_is_given_back_and_training_goes_on`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn capacity_schedule_grows_and_shrinks_the_job() {
     let _one = ONE_AT_A_TIME.lock().await;
@@ -257,16 +261,9 @@ async fn capacity_schedule_grows_and_shrinks_the_job() {
         "grew only at {grown_at} s, after the capacity was taken back"
     );
 
-    let shrunk = await_status(&addr, WAIT, |s| {
-        s["capacity"] == 4
-            && active(s) <= 4
-            && s["reconfigurations"].as_array().is_some_and(|r| {
-                r.iter()
-                    .any(|p| p["summary"].as_str().unwrap_or("").contains("forced"))
-            })
-    })
-    .await
-    .unwrap();
+    let shrunk = await_status(&addr, WAIT, |s| s["capacity"] == 4 && active(s) <= 4)
+        .await
+        .unwrap();
     for p in shrunk["reconfigurations"].as_array().unwrap() {
         assert!(p["failed"].as_array().unwrap().is_empty(), "{p}");
     }
