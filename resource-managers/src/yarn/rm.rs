@@ -625,15 +625,26 @@ pub fn strip_log_framing<'a>(text: &'a str, file: &str) -> &'a str {
     }
     let marker = format!("End of LogType:{file}");
     match body.rfind(&marker) {
-        Some(at)
-            if body[at + marker.len()..]
-                .chars()
-                .all(|c| c == '.' || c == '*' || c.is_whitespace()) =>
-        {
-            &body[..at]
-        }
+        Some(at) if is_trailer(&body[at + marker.len()..]) => &body[..at],
         _ => body,
     }
+}
+
+/// Whether `rest` (what follows `End of LogType:<file>`) is the rest of a
+/// NodeManager's trailer: dots, stars and blank space, and for a container
+/// still running the note that its log "may not be complete".
+fn is_trailer(rest: &str) -> bool {
+    const RUNNING: &str = "This log file belongs to a running container";
+    let rest = rest.trim_start_matches('.');
+    let rest = match rest.strip_prefix(RUNNING) {
+        Some(r) => match r.find("may not be complete.") {
+            Some(i) => &r[i + "may not be complete.".len()..],
+            None => return false,
+        },
+        None => rest,
+    };
+    rest.chars()
+        .all(|c| c == '.' || c == '*' || c.is_whitespace())
 }
 
 #[cfg(test)]
@@ -703,6 +714,10 @@ mod tests {
     fn node_manager_log_framing_is_stripped() {
         let stars = "*".repeat(77);
         let real = format!("{{\"a\":1}}End of LogType:summary.json.\n{stars}\n\n");
+        let running = format!(
+            "{{\"a\":1}}End of LogType:summary.json.This log file belongs to a running container (container_1_0001_01_000001) and so may not be complete.\n{stars}\n\n"
+        );
+        assert_eq!(strip_log_framing(&running, "summary.json"), "{\"a\":1}");
         assert_eq!(strip_log_framing(&real, "summary.json"), "{\"a\":1}");
         let lines = format!("x\ny\nEnd of LogType:stderr.\n{stars}\n\n");
         assert_eq!(strip_log_framing(&lines, "stderr"), "x\ny\n");
