@@ -36,6 +36,16 @@ pub fn exit_on_help(usage: &str) {
     }
 }
 
+/// The repetitions asked for as the first argument, `default` without one.
+pub fn reps_arg(default: usize) -> anyhow::Result<usize> {
+    match std::env::args().nth(1) {
+        Some(a) => a
+            .parse()
+            .with_context(|| format!("REPS {a:?} is not a number")),
+        None => Ok(default),
+    }
+}
+
 /// The median of `v` (sorted in place; the mean of the middle two when the
 /// count is even); NaN if empty.
 pub fn median(v: &mut [f64]) -> f64 {

@@ -510,18 +510,12 @@ impl Measured {
 
     /// Its stdout so far.
     pub fn stdout(&self) -> String {
-        self.stdout
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        crate::captured(&self.stdout)
     }
 
     /// Its stderr so far.
     pub fn stderr(&self) -> String {
-        self.stderr
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        crate::captured(&self.stderr)
     }
 
     /// Sends `signal` to the process.

@@ -271,6 +271,12 @@ pub fn free_port() -> anyhow::Result<u16> {
     Ok(l.local_addr()?.port())
 }
 
+/// What a child's output reader has captured so far (a poisoned lock still
+/// holds the text).
+pub fn captured(buf: &Mutex<String>) -> String {
+    buf.lock().unwrap_or_else(|p| p.into_inner()).clone()
+}
+
 /// A loopback port that refuses connections for as long as the returned
 /// socket lives: bound, never listening, so nothing else can take the port
 /// meanwhile (a port from [`free_port`] can be given to another test's
@@ -443,18 +449,12 @@ impl Spawned {
 
     /// Everything written to stdout so far.
     pub fn stdout(&self) -> String {
-        self.stdout
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        captured(&self.stdout)
     }
 
     /// Everything written to stderr so far.
     pub fn stderr(&self) -> String {
-        self.stderr
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        captured(&self.stderr)
     }
 
     /// Waits until a stderr line contains `needle`; returns that line.

@@ -328,13 +328,7 @@ impl MeasuredSplit {
     }
 
     fn role_of(&self, id: &str) -> Role {
-        if self.workers.contains(id) {
-            Role::Worker
-        } else if self.servers.contains(id) {
-            Role::Server
-        } else {
-            Role::Idle
-        }
+        role_in(&self.workers, &self.servers, id)
     }
 
     /// Whether `target` (a split of `snapshot`'s containers) is this split
@@ -345,18 +339,9 @@ impl MeasuredSplit {
     /// measured it and gave it back would otherwise try the same again
     /// with the next container offered.)
     fn matches(&self, target: &(BTreeSet<String>, BTreeSet<String>), snapshot: &Snapshot) -> bool {
-        let role_in = |id: &String| {
-            if target.0.contains(id) {
-                Role::Worker
-            } else if target.1.contains(id) {
-                Role::Server
-            } else {
-                Role::Idle
-            }
-        };
         let mut offered = (0, 0);
         for c in &snapshot.containers {
-            match (c.role, role_in(&c.id)) {
+            match (c.role, role_in(&target.0, &target.1, &c.id)) {
                 (Role::Idle, Role::Worker) => offered.0 += 1,
                 (Role::Idle, Role::Server) => offered.1 += 1,
                 (Role::Idle, Role::Idle) => {}
@@ -375,6 +360,17 @@ impl MeasuredSplit {
     /// "2W+3S", for decisions' reasons.
     fn text(&self) -> String {
         format!("{}W+{}S", self.workers.len(), self.servers.len())
+    }
+}
+
+/// The role of `id` in a split of `workers` and `servers`.
+fn role_in(workers: &BTreeSet<String>, servers: &BTreeSet<String>, id: &str) -> Role {
+    if workers.contains(id) {
+        Role::Worker
+    } else if servers.contains(id) {
+        Role::Server
+    } else {
+        Role::Idle
     }
 }
 

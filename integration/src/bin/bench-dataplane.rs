@@ -179,12 +179,7 @@ fn main() -> anyhow::Result<()> {
     cruise_integration::bench::exit_on_help(USAGE);
     // The data planes here stand for evaluators: tuned as `cruise` tunes them.
     cruise_container::os::tune_allocator();
-    let reps: usize = match std::env::args().nth(1) {
-        Some(a) => a
-            .parse()
-            .with_context(|| format!("REPS {a:?} is not a number"))?,
-        None => 7,
-    };
+    let reps = cruise_integration::bench::reps_arg(7)?;
     let mut sizes = Vec::new();
     for a in std::env::args().skip(2) {
         let mib: usize = a

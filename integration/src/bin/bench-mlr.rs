@@ -119,12 +119,7 @@ integration/bench/setup.sh).
 
 fn main() -> anyhow::Result<()> {
     cruise_integration::bench::exit_on_help(USAGE);
-    let reps: usize = match std::env::args().nth(1) {
-        Some(a) => a
-            .parse()
-            .with_context(|| format!("REPS {a:?} is not a number"))?,
-        None => 3,
-    };
+    let reps = cruise_integration::bench::reps_arg(3)?;
     let batches: Vec<u32> = match std::env::args().nth(2) {
         Some(a) => a
             .split(',')

@@ -261,12 +261,7 @@ fn main() -> anyhow::Result<()> {
     cruise_integration::bench::exit_on_help(USAGE);
     // The data planes here stand for evaluators: tuned as `cruise` tunes them.
     cruise_container::os::tune_allocator();
-    let reps: usize = match std::env::args().nth(1) {
-        Some(a) => a
-            .parse()
-            .with_context(|| format!("REPS {a:?} is not a number"))?,
-        None => 6,
-    };
+    let reps = cruise_integration::bench::reps_arg(6)?;
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

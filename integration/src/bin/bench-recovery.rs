@@ -133,12 +133,7 @@ async fn one(cruise: &std::path::Path) -> anyhow::Result<Rep> {
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> anyhow::Result<()> {
     cruise_integration::bench::exit_on_help(USAGE);
-    let reps: usize = match std::env::args().nth(1) {
-        Some(a) => a
-            .parse()
-            .with_context(|| format!("REPS {a:?} is not a number"))?,
-        None => 3,
-    };
+    let reps = cruise_integration::bench::reps_arg(3)?;
     println!("## Surviving a lost worker ({})", machine_note());
     let cruise = cruise_release_binary()?;
     let mut runs = Vec::new();

@@ -31,12 +31,7 @@ Peak resident memory of the AM and of each evaluator in a default
 
 fn main() -> anyhow::Result<()> {
     cruise_integration::bench::exit_on_help(USAGE);
-    let reps: usize = match std::env::args().nth(1) {
-        Some(a) => a
-            .parse()
-            .with_context(|| format!("REPS {a:?} is not a number"))?,
-        None => 3,
-    };
+    let reps = cruise_integration::bench::reps_arg(3)?;
     println!("## Peak RSS, default `cruise run` ({})", machine_note());
     let cruise = cruise_release_binary()?;
     let dir = std::env::temp_dir().join(format!("cruise-bench-rss-{}", std::process::id()));
