@@ -472,8 +472,8 @@ fn write_policy(out: &mut String, snap: &Snapshot, policy: &TriggerPolicy) {
         policy.config.min_gain * 100.0,
         match policy.proposed {
             Some(l) if policy.config.confirmations > 1 => format!(
-                "{} looks in a row to reconfigure ({} workers + {} servers proposed on the last {})",
-                policy.config.confirmations, l.workers, l.servers, l.looks
+                "{} looks in a row to reconfigure ({} so far; the last proposed {} workers + {} servers)",
+                policy.config.confirmations, l.looks, l.workers, l.servers
             ),
             _ => format!(
                 "{} look{} in a row to reconfigure",
@@ -716,10 +716,14 @@ mod tests {
             r.contains("decision: reconfigure to 3 workers + 1 servers"),
             "{r}"
         );
-        // A proposal of another split does not count.
+        // A look that proposed another split counts too: the looks confirm
+        // leaving, the latest says where to.
         std::fs::write(&p, second.replace("\"workers\": 3,", "\"workers\": 2,")).unwrap();
         let r = report(&p, None, None).unwrap();
-        assert!(r.contains("look 1 of 2"), "{r}");
+        assert!(
+            r.contains("decision: reconfigure to 3 workers + 1 servers"),
+            "{r}"
+        );
     }
 
     #[test]

@@ -402,7 +402,8 @@ pub struct OptimizerConfig {
     /// one, and the cost model lost which containers were better linked.
     pub bandwidth_noise_tolerance: f64,
     /// A reconfiguration runs only after this many consecutive looks propose
-    /// the same split (1: at once). Forced plans (capacity reclaimed) run at once.
+    /// one (to the split the latest proposed; 1: at once). Forced plans
+    /// (capacity reclaimed) run at once.
     pub confirmations: u32,
     /// Before any plan ran: seconds to add a container (start, calibrate,
     /// register). Learned from real plans afterwards.

@@ -12,7 +12,7 @@ use serde_json::Value;
 use tokio::process::Command;
 use tokio::sync::Mutex;
 
-use cruise_integration::{Spawned, await_status, binary, status_address};
+use cruise_integration::{Spawned, await_status, binary, decisions, status_address};
 
 const WAIT: Duration = Duration::from_secs(300);
 
@@ -107,7 +107,11 @@ async fn bad_split_is_improved_and_the_optimum_stays() {
     let s = finish(job(dir.path(), 1, 30, 2500)).await;
 
     let plans = s["reconfigurations"].as_array().unwrap();
-    assert!(!plans.is_empty(), "no reconfiguration: {s}");
+    assert!(
+        !plans.is_empty(),
+        "no reconfiguration; the optimizer's decisions:\n{}\nsummary: {s}",
+        decisions(dir.path())
+    );
     for p in plans {
         assert!(p["failed"].as_array().unwrap().is_empty(), "{p}");
     }
@@ -201,8 +205,9 @@ async fn bad_split_is_improved_and_the_optimum_stays() {
     let s2 = finish(job(dir.path(), 3, 8, 5)).await;
     assert!(
         s2["reconfigurations"].as_array().unwrap().is_empty(),
-        "a job at the optimum reconfigured: {}",
-        s2["reconfigurations"]
+        "a job at the optimum reconfigured: {}; the optimizer's decisions:\n{}",
+        s2["reconfigurations"],
+        decisions(dir.path())
     );
     assert!(
         epochs(&s2).iter().all(|&(w, _, _)| w == 3),

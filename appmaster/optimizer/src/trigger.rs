@@ -12,7 +12,8 @@
 //!   remaining epochs exceeds the plan's predicted duration. A job at its optimum
 //!   therefore never reconfigures.
 //! * **Reconfigure** with a plan otherwise, once
-//!   [`TriggerConfig::confirmations`] looks in a row have proposed the same split
+//!   [`TriggerConfig::confirmations`] looks in a row have proposed to
+//!   reconfigure, to the split the latest of them proposed
 //!   ([`TriggerPolicy::confirm`]; until then the decision is **Considering**), so
 //!   that one noisy look does not move the job. Containers offered by the resource manager
 //!   (role `idle`) are candidates like any other. Containers marked `reclaimed` force a
@@ -62,7 +63,7 @@ pub struct TriggerConfig {
     pub min_gain: f64,
     /// Parallelism of the plan executor, for the plan duration prediction.
     pub max_parallel: usize,
-    /// Looks in a row that must propose the same split before a plan runs
+    /// Looks in a row that must propose to reconfigure before a plan runs
     /// (at least 1; a forced plan runs at once).
     pub confirmations: u32,
 }
@@ -262,10 +263,11 @@ pub struct PolicyState {
     pub max_parallel: usize,
     /// The predicted cost of each operation kind.
     pub op_costs: Vec<OpCostEstimate>,
-    /// Looks in a row that must propose the same split.
+    /// Looks in a row that must propose to reconfigure.
     #[serde(default = "one")]
     pub confirmations: u32,
-    /// The split the previous looks proposed, and on how many in a row.
+    /// The split the latest look proposed, and how many looks in a row
+    /// proposed to reconfigure.
     #[serde(default)]
     pub proposed: Option<Looks>,
     /// Configurations the job left, with their measured epoch times.
@@ -281,11 +283,11 @@ fn one() -> u32 {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Looks {
-    /// Workers of the proposed split.
+    /// Workers of the split the latest look proposed.
     pub workers: u32,
-    /// Servers of the proposed split.
+    /// Servers of the split the latest look proposed.
     pub servers: u32,
-    /// Looks in a row that proposed it.
+    /// Looks in a row that proposed to reconfigure.
     pub looks: u32,
 }
 
@@ -476,7 +478,7 @@ pub enum Decision {
         workers: u32,
         /// Servers of the proposed split.
         servers: u32,
-        /// Looks in a row that proposed it, this one included.
+        /// Looks in a row that proposed to reconfigure, this one included.
         look: u32,
         /// Looks it needs.
         of: u32,
@@ -595,8 +597,9 @@ impl TriggerPolicy {
 
     /// Counts a look's decision against [`TriggerConfig::confirmations`]: a
     /// plan that is not forced stands only once that many looks in a row
-    /// proposed its split; before, it becomes [`Decision::Considering`]. Any
-    /// other decision starts the count again. Call it once per look, in
+    /// proposed to reconfigure (the latest look's plan is the one that
+    /// runs); before, it becomes [`Decision::Considering`]. Any other
+    /// decision starts the count again. Call it once per look, in
     /// order, with what [`TriggerPolicy::decide`] returned.
     pub fn confirm(&mut self, decision: Decision) -> Decision {
         let Decision::Reconfigure(p) = decision else {
@@ -605,10 +608,12 @@ impl TriggerPolicy {
         };
         let count = |role| p.target.values().filter(|x| x.role == role).count() as u32;
         let (workers, servers) = (count(Role::Worker), count(Role::Server));
-        let look = match self.proposed {
-            Some(l) if (l.workers, l.servers) == (workers, servers) => l.looks + 1,
-            _ => 1,
-        };
+        // The looks confirm that the running split is worth leaving; where
+        // to is the latest look's answer (it has the most measurements).
+        // Counting only looks that named the same split let two splits the
+        // model puts within noise of each other hold a job at a split both
+        // beat by far, look after look.
+        let look = self.proposed.map_or(1, |l| l.looks + 1);
         let of = self.config.confirmations.max(1);
         if p.forced || look >= of {
             self.proposed = None;

@@ -613,11 +613,11 @@ fn a_policys_state_round_trips() {
     );
 }
 
-/// A plan runs once `confirmations` looks in a row proposed its split; any
-/// other decision starts the count again; a forced plan runs at once; and
+/// A plan runs once `confirmations` looks in a row proposed to reconfigure,
+/// to the split the latest proposed; any other decision starts the count again; a forced plan runs at once; and
 /// a policy rebuilt from a snapshot's state counts on from where the job was.
 #[test]
-fn a_split_must_be_proposed_on_enough_looks_in_a_row() {
+fn a_plan_must_be_proposed_on_enough_looks_in_a_row() {
     let j = job(64, 16, 1000.0);
     let specs = hetero_specs();
     let cfg = config(
@@ -658,6 +658,38 @@ fn a_split_must_be_proposed_on_enough_looks_in_a_row() {
         look(&mut policy),
         Decision::Considering { look: 1, .. }
     ));
+    // A look that proposes another split counts on: the looks agree that
+    // the running split is worth leaving, and the latest says where to.
+    let Decision::Reconfigure(p) = policy.decide(&snap, &cfg).unwrap() else {
+        panic!("the bad split is left")
+    };
+    let mut other = p.clone();
+    let (id, _) = other
+        .target
+        .iter()
+        .find(|(_, t)| t.role == Role::Worker)
+        .expect("a worker in the target");
+    let id = id.clone();
+    if let Some(t) = other.target.get_mut(&id) {
+        t.role = Role::Server;
+    }
+    let count = |p: &cruise_optimizer::Proposal, role| {
+        p.target.values().filter(|t| t.role == role).count() as u32
+    };
+    let (w, s) = (count(&other, Role::Worker), count(&other, Role::Server));
+    assert!(matches!(
+        policy.confirm(Decision::Reconfigure(other)),
+        Decision::Considering { look: 2, workers, servers, .. } if (workers, servers) == (w, s)
+    ));
+    let last = (count(&p, Role::Worker), count(&p, Role::Server));
+    match policy.confirm(Decision::Reconfigure(p)) {
+        Decision::Reconfigure(q) => assert_eq!(
+            (count(&q, Role::Worker), count(&q, Role::Server)),
+            last,
+            "the latest look's split runs"
+        ),
+        d => panic!("three looks in a row proposed to reconfigure: {d:?}"),
+    }
     // A forced plan is not counted.
     let all = ids(0..8);
     let uniform = uniform_specs(8);
