@@ -276,241 +276,15 @@ impl Plan {
     /// The plan that turns `current` into `target` (block counts per container; missing
     /// containers are idle and get deleted).
     pub fn between(current: &Configuration, target: &Target) -> Result<Plan, OptimizerError> {
-        let (n_input, n_model) = current.validate()?;
-        let (mut t_input, mut t_model) = (0u64, 0u64);
-        for (id, p) in target {
-            if !current.containers.contains_key(id) {
-                return Err(OptimizerError::UnknownContainer {
-                    container: id.clone(),
-                    context: "target (not in the current configuration)".into(),
-                });
-            }
-            let ok = match p.role {
-                Role::Worker => p.model_blocks == 0,
-                Role::Server => p.input_blocks == 0,
-                Role::Idle => p.input_blocks == 0 && p.model_blocks == 0,
-            };
-            if !ok {
-                return Err(OptimizerError::InconsistentBlocks(format!(
-                    "target gives `{id}` ({:?}) {} input and {} model blocks",
-                    p.role, p.input_blocks, p.model_blocks
-                )));
-            }
-            t_input += u64::from(p.input_blocks);
-            t_model += u64::from(p.model_blocks);
-        }
-        if t_input != u64::from(n_input) || t_model != u64::from(n_model) {
-            return Err(OptimizerError::InconsistentBlocks(format!(
-                "target holds {t_input} input and {t_model} model blocks, the configuration {n_input} and {n_model}"
-            )));
-        }
-        let want = |id: &str| target.get(id).copied().unwrap_or(Placement::IDLE);
-
-        let mut ops: Vec<Operation> = Vec::new();
-        let mut add_of = BTreeMap::new();
-        let mut switch_of = BTreeMap::new();
-        let mut delete_of = BTreeMap::new();
-        for (id, h) in &current.containers {
-            let to = want(id).role;
-            match (h.role, to) {
-                (Role::Idle, Role::Worker | Role::Server) => {
-                    add_of.insert(id.clone(), ops.len());
-                    ops.push(Operation::Add {
-                        container: id.clone(),
-                        role: to,
-                    });
-                }
-                (Role::Worker, Role::Server) | (Role::Server, Role::Worker) => {
-                    switch_of.insert(id.clone(), ops.len());
-                    ops.push(Operation::Switch {
-                        container: id.clone(),
-                        to_role: to,
-                    });
-                }
-                _ => {}
-            }
-        }
-        let mut moves: Vec<usize> = Vec::new();
+        check_target(current, target)?;
+        let mut draft = Draft::new(current, target);
+        draft.role_changes();
         for table in [Table::Input, Table::Model] {
-            let mut surplus = BinaryHeap::new();
-            let mut deficit = BinaryHeap::new();
-            let mut pool: BTreeMap<&str, Vec<u32>> = BTreeMap::new();
-            for (id, h) in &current.containers {
-                let have = h.table(table).len() as u32;
-                let need = match table {
-                    Table::Input => want(id).input_blocks,
-                    Table::Model => want(id).model_blocks,
-                };
-                if have > need {
-                    surplus.push((have - need, std::cmp::Reverse(id.as_str())));
-                    // Give away the highest block ids, keep the rest.
-                    let give: Vec<u32> = h
-                        .table(table)
-                        .iter()
-                        .rev()
-                        .take((have - need) as usize)
-                        .copied()
-                        .collect();
-                    pool.insert(id.as_str(), give);
-                } else if need > have {
-                    deficit.push((need - have, std::cmp::Reverse(id.as_str())));
-                }
-            }
-            while let (Some((s, std::cmp::Reverse(src))), Some((d, std::cmp::Reverse(dst)))) =
-                (surplus.pop(), deficit.pop())
-            {
-                let n = s.min(d);
-                let give = pool.get_mut(src).ok_or_else(|| {
-                    OptimizerError::InvalidPlan(format!("no blocks pooled for `{src}`"))
-                })?;
-                let mut blocks: Vec<u32> = give.drain(..n as usize).collect();
-                blocks.sort_unstable();
-                moves.push(ops.len());
-                ops.push(Operation::Move {
-                    table,
-                    blocks,
-                    from: src.to_string(),
-                    to: dst.to_string(),
-                });
-                if s > n {
-                    surplus.push((s - n, std::cmp::Reverse(src)));
-                }
-                if d > n {
-                    deficit.push((d - n, std::cmp::Reverse(dst)));
-                }
-            }
-            if !surplus.is_empty() || !deficit.is_empty() {
-                return Err(OptimizerError::InvalidPlan(format!(
-                    "{table:?} blocks do not balance"
-                )));
-            }
+            draft.moves_of(table)?;
         }
-        for id in current.containers.keys() {
-            if want(id).role == Role::Idle {
-                delete_of.insert(id.clone(), ops.len());
-                ops.push(Operation::Delete {
-                    container: id.clone(),
-                });
-            }
-        }
-
-        // Hard edges first (they cannot form a cycle), then the soft ones.
-        let mut edges: Vec<BTreeSet<usize>> = vec![BTreeSet::new(); ops.len()];
-        let mut soft = Vec::new();
-        for &mv in &moves {
-            let Operation::Move {
-                table, from, to, ..
-            } = &ops[mv]
-            else {
-                continue;
-            };
-            if let Some(&a) = add_of.get(to) {
-                edges[a].insert(mv);
-            }
-            if let Some(&d) = delete_of.get(from) {
-                edges[mv].insert(d);
-            }
-            if let Some(&s) = switch_of.get(from) {
-                // The source leaves the role that uses this table: move out first.
-                let leaves = matches!(
-                    (table, current.containers.get(from).map(|h| h.role)),
-                    (Table::Input, Some(Role::Worker)) | (Table::Model, Some(Role::Server))
-                );
-                if leaves {
-                    edges[mv].insert(s);
-                }
-            }
-            if let Some(&s) = switch_of.get(to) {
-                let enters = matches!(
-                    (table, want(to).role),
-                    (Table::Input, Role::Worker) | (Table::Model, Role::Server)
-                );
-                if enters {
-                    soft.push((s, mv));
-                }
-            }
-        }
-        // Which kind gives way in a trade. Relaxing "model in after the
-        // switch to server" leaves a worker holding the model for a while:
-        // it trains with every pull local, and under `sync = async`, where
-        // an epoch is the data set's worth of records from any worker, it
-        // alone can finish the job's epochs (an MLR test job on the
-        // in-process cluster ran its last 150 epochs in 0.3 s that way,
-        // mid-plan). Relaxing "input in after the switch to worker" instead
-        // leaves that input untrained until its new worker switches, which
-        // is harmless while another worker trains throughout; without one
-        // it would stop training, so then the model edge gives way.
-        let steady_worker = current
-            .containers
-            .iter()
-            .any(|(id, h)| h.role == Role::Worker && want(id).role == Role::Worker);
-        soft.sort_by_key(|&(_, mv)| {
-            let model = matches!(
-                ops[mv],
-                Operation::Move {
-                    table: Table::Model,
-                    ..
-                }
-            );
-            model != steady_worker
-        });
-        let mut relaxed = Vec::new();
-        for (s, mv) in soft {
-            if reaches(&edges, mv, s) {
-                relaxed.push((s, mv));
-            } else {
-                edges[s].insert(mv);
-            }
-        }
-        // Topological order, smallest index first among the ready ones.
-        let mut indeg = vec![0usize; ops.len()];
-        for e in &edges {
-            for &b in e {
-                indeg[b] += 1;
-            }
-        }
-        let mut ready: BTreeSet<usize> = (0..ops.len()).filter(|&i| indeg[i] == 0).collect();
-        let mut order = Vec::with_capacity(ops.len());
-        while let Some(i) = ready.pop_first() {
-            order.push(i);
-            for &b in &edges[i] {
-                indeg[b] -= 1;
-                if indeg[b] == 0 {
-                    ready.insert(b);
-                }
-            }
-        }
-        if order.len() != ops.len() {
-            return Err(OptimizerError::InvalidPlan(
-                "dependency graph has a cycle".into(),
-            ));
-        }
-        let mut pos = vec![0usize; ops.len()];
-        for (new, &old) in order.iter().enumerate() {
-            pos[old] = new;
-        }
-        let mut deps: Vec<Vec<usize>> = vec![Vec::new(); ops.len()];
-        for (a, e) in edges.iter().enumerate() {
-            for &b in e {
-                deps[pos[b]].push(pos[a]);
-            }
-        }
-        let mut slots: Vec<Option<Operation>> = ops.into_iter().map(Some).collect();
-        let mut planned = Vec::with_capacity(order.len());
-        for (new, &old) in order.iter().enumerate() {
-            let op = slots[old]
-                .take()
-                .ok_or_else(|| OptimizerError::InvalidPlan("operation ordered twice".into()))?;
-            let mut d = std::mem::take(&mut deps[new]);
-            d.sort_unstable();
-            planned.push(PlannedOp { op, deps: d });
-        }
-        let plan = Plan {
-            ops: planned,
-            relaxed: relaxed.into_iter().map(|(s, m)| (pos[s], pos[m])).collect(),
-        };
-        plan.validate()?;
-        Ok(plan)
+        draft.deletes();
+        let (edges, relaxed) = draft.edges();
+        ordered(draft.ops, &edges, &relaxed)
     }
 
     /// Applies every operation in plan order to `config`, checking each precondition.
@@ -533,6 +307,303 @@ impl Plan {
         }
         Ok(c)
     }
+}
+
+/// Checks that `target` names only containers of `current`, gives each role
+/// only the blocks it may hold, and holds exactly the blocks `current` does.
+fn check_target(current: &Configuration, target: &Target) -> Result<(), OptimizerError> {
+    let (n_input, n_model) = current.validate()?;
+    let (mut t_input, mut t_model) = (0u64, 0u64);
+    for (id, p) in target {
+        if !current.containers.contains_key(id) {
+            return Err(OptimizerError::UnknownContainer {
+                container: id.clone(),
+                context: "target (not in the current configuration)".into(),
+            });
+        }
+        let ok = match p.role {
+            Role::Worker => p.model_blocks == 0,
+            Role::Server => p.input_blocks == 0,
+            Role::Idle => p.input_blocks == 0 && p.model_blocks == 0,
+        };
+        if !ok {
+            return Err(OptimizerError::InconsistentBlocks(format!(
+                "target gives `{id}` ({:?}) {} input and {} model blocks",
+                p.role, p.input_blocks, p.model_blocks
+            )));
+        }
+        t_input += u64::from(p.input_blocks);
+        t_model += u64::from(p.model_blocks);
+    }
+    if t_input != u64::from(n_input) || t_model != u64::from(n_model) {
+        return Err(OptimizerError::InconsistentBlocks(format!(
+            "target holds {t_input} input and {t_model} model blocks, the configuration {n_input} and {n_model}"
+        )));
+    }
+    Ok(())
+}
+
+/// A plan's operations before they are ordered: what [`Plan::between`]
+/// builds, with the index of each container's add, switch and delete so
+/// that the moves can be tied to them.
+struct Draft<'a> {
+    current: &'a Configuration,
+    target: &'a Target,
+    ops: Vec<Operation>,
+    add_of: BTreeMap<String, usize>,
+    switch_of: BTreeMap<String, usize>,
+    delete_of: BTreeMap<String, usize>,
+    moves: Vec<usize>,
+}
+
+impl<'a> Draft<'a> {
+    fn new(current: &'a Configuration, target: &'a Target) -> Self {
+        Draft {
+            current,
+            target,
+            ops: Vec::new(),
+            add_of: BTreeMap::new(),
+            switch_of: BTreeMap::new(),
+            delete_of: BTreeMap::new(),
+            moves: Vec::new(),
+        }
+    }
+
+    /// Where `id` is to be: idle unless the target names it.
+    fn want(&self, id: &str) -> Placement {
+        self.target.get(id).copied().unwrap_or(Placement::IDLE)
+    }
+
+    /// An add for each idle container that gets a role, a switch for each
+    /// worker that becomes a server and each server that becomes a worker.
+    fn role_changes(&mut self) {
+        for (id, h) in &self.current.containers {
+            let to = self.want(id).role;
+            match (h.role, to) {
+                (Role::Idle, Role::Worker | Role::Server) => {
+                    self.add_of.insert(id.clone(), self.ops.len());
+                    self.ops.push(Operation::Add {
+                        container: id.clone(),
+                        role: to,
+                    });
+                }
+                (Role::Worker, Role::Server) | (Role::Server, Role::Worker) => {
+                    self.switch_of.insert(id.clone(), self.ops.len());
+                    self.ops.push(Operation::Switch {
+                        container: id.clone(),
+                        to_role: to,
+                    });
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// The moves of one table: the containers holding more blocks than the
+    /// target gives them (each giving away its highest block ids) paired
+    /// with those holding fewer, largest surplus with largest deficit.
+    fn moves_of(&mut self, table: Table) -> Result<(), OptimizerError> {
+        let mut surplus = BinaryHeap::new();
+        let mut deficit = BinaryHeap::new();
+        let mut pool: BTreeMap<&str, Vec<u32>> = BTreeMap::new();
+        for (id, h) in &self.current.containers {
+            let have = h.table(table).len() as u32;
+            let need = match table {
+                Table::Input => self.want(id).input_blocks,
+                Table::Model => self.want(id).model_blocks,
+            };
+            if have > need {
+                surplus.push((have - need, std::cmp::Reverse(id.as_str())));
+                let give: Vec<u32> = h
+                    .table(table)
+                    .iter()
+                    .rev()
+                    .take((have - need) as usize)
+                    .copied()
+                    .collect();
+                pool.insert(id.as_str(), give);
+            } else if need > have {
+                deficit.push((need - have, std::cmp::Reverse(id.as_str())));
+            }
+        }
+        while let (Some((s, std::cmp::Reverse(src))), Some((d, std::cmp::Reverse(dst)))) =
+            (surplus.pop(), deficit.pop())
+        {
+            let n = s.min(d);
+            let give = pool.get_mut(src).ok_or_else(|| {
+                OptimizerError::InvalidPlan(format!("no blocks pooled for `{src}`"))
+            })?;
+            let mut blocks: Vec<u32> = give.drain(..n as usize).collect();
+            blocks.sort_unstable();
+            self.moves.push(self.ops.len());
+            self.ops.push(Operation::Move {
+                table,
+                blocks,
+                from: src.to_string(),
+                to: dst.to_string(),
+            });
+            if s > n {
+                surplus.push((s - n, std::cmp::Reverse(src)));
+            }
+            if d > n {
+                deficit.push((d - n, std::cmp::Reverse(dst)));
+            }
+        }
+        if !surplus.is_empty() || !deficit.is_empty() {
+            return Err(OptimizerError::InvalidPlan(format!(
+                "{table:?} blocks do not balance"
+            )));
+        }
+        Ok(())
+    }
+
+    /// A delete for each container the target leaves idle.
+    fn deletes(&mut self) {
+        for id in self.current.containers.keys() {
+            if self.want(id).role == Role::Idle {
+                self.delete_of.insert(id.clone(), self.ops.len());
+                self.ops.push(Operation::Delete {
+                    container: id.clone(),
+                });
+            }
+        }
+    }
+
+    /// The dependency edges (`edges[a]` holds what must wait for `a`) and
+    /// the soft edges given up to avoid a cycle, as (switch, move).
+    ///
+    /// Hard edges: a move into an added container after its add; a move out
+    /// of a deleted container before its delete; a move of the table a
+    /// switching container leaves before its switch. Soft edges (a move of
+    /// the table a switching container enters after its switch) are kept
+    /// where they form no cycle.
+    fn edges(&self) -> (Vec<BTreeSet<usize>>, Vec<(usize, usize)>) {
+        let mut edges: Vec<BTreeSet<usize>> = vec![BTreeSet::new(); self.ops.len()];
+        let mut soft = Vec::new();
+        for &mv in &self.moves {
+            let Operation::Move {
+                table, from, to, ..
+            } = &self.ops[mv]
+            else {
+                continue;
+            };
+            if let Some(&a) = self.add_of.get(to) {
+                edges[a].insert(mv);
+            }
+            if let Some(&d) = self.delete_of.get(from) {
+                edges[mv].insert(d);
+            }
+            if let Some(&s) = self.switch_of.get(from) {
+                let leaves = matches!(
+                    (table, self.current.containers.get(from).map(|h| h.role)),
+                    (Table::Input, Some(Role::Worker)) | (Table::Model, Some(Role::Server))
+                );
+                if leaves {
+                    edges[mv].insert(s);
+                }
+            }
+            if let Some(&s) = self.switch_of.get(to) {
+                let enters = matches!(
+                    (table, self.want(to).role),
+                    (Table::Input, Role::Worker) | (Table::Model, Role::Server)
+                );
+                if enters {
+                    soft.push((s, mv));
+                }
+            }
+        }
+        // Which kind gives way in a trade. Relaxing "model in after the
+        // switch to server" leaves a worker holding the model for a while:
+        // it trains with every pull local, and under `sync = async`, where
+        // an epoch is the data set's worth of records from any worker, it
+        // alone can finish the job's epochs mid-plan. Relaxing "input in
+        // after the switch to worker" instead leaves that input untrained
+        // until its new worker switches, which is harmless while another
+        // worker trains throughout; without one it would stop training, so
+        // then the model edge gives way.
+        let steady_worker = self
+            .current
+            .containers
+            .iter()
+            .any(|(id, h)| h.role == Role::Worker && self.want(id).role == Role::Worker);
+        soft.sort_by_key(|&(_, mv)| {
+            let model = matches!(
+                self.ops[mv],
+                Operation::Move {
+                    table: Table::Model,
+                    ..
+                }
+            );
+            model != steady_worker
+        });
+        let mut relaxed = Vec::new();
+        for (s, mv) in soft {
+            if reaches(&edges, mv, s) {
+                relaxed.push((s, mv));
+            } else {
+                edges[s].insert(mv);
+            }
+        }
+        (edges, relaxed)
+    }
+}
+
+/// The plan of `ops` in topological order of `edges` (smallest index first
+/// among the ready ones), with each operation's dependencies and the
+/// relaxed edges renumbered to that order.
+fn ordered(
+    ops: Vec<Operation>,
+    edges: &[BTreeSet<usize>],
+    relaxed: &[(usize, usize)],
+) -> Result<Plan, OptimizerError> {
+    let mut indeg = vec![0usize; ops.len()];
+    for e in edges {
+        for &b in e {
+            indeg[b] += 1;
+        }
+    }
+    let mut ready: BTreeSet<usize> = (0..ops.len()).filter(|&i| indeg[i] == 0).collect();
+    let mut order = Vec::with_capacity(ops.len());
+    while let Some(i) = ready.pop_first() {
+        order.push(i);
+        for &b in &edges[i] {
+            indeg[b] -= 1;
+            if indeg[b] == 0 {
+                ready.insert(b);
+            }
+        }
+    }
+    if order.len() != ops.len() {
+        return Err(OptimizerError::InvalidPlan(
+            "dependency graph has a cycle".into(),
+        ));
+    }
+    let mut pos = vec![0usize; ops.len()];
+    for (new, &old) in order.iter().enumerate() {
+        pos[old] = new;
+    }
+    let mut deps: Vec<Vec<usize>> = vec![Vec::new(); ops.len()];
+    for (a, e) in edges.iter().enumerate() {
+        for &b in e {
+            deps[pos[b]].push(pos[a]);
+        }
+    }
+    let mut slots: Vec<Option<Operation>> = ops.into_iter().map(Some).collect();
+    let mut planned = Vec::with_capacity(order.len());
+    for (new, &old) in order.iter().enumerate() {
+        let op = slots[old]
+            .take()
+            .ok_or_else(|| OptimizerError::InvalidPlan("operation ordered twice".into()))?;
+        let mut d = std::mem::take(&mut deps[new]);
+        d.sort_unstable();
+        planned.push(PlannedOp { op, deps: d });
+    }
+    let plan = Plan {
+        ops: planned,
+        relaxed: relaxed.iter().map(|&(s, m)| (pos[s], pos[m])).collect(),
+    };
+    plan.validate()?;
+    Ok(plan)
 }
 
 fn reaches(edges: &[BTreeSet<usize>], from: usize, to: usize) -> bool {
