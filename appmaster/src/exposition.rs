@@ -75,6 +75,25 @@ pub fn encode(status: &Status, history: &[Record]) -> Result<String, std::fmt::E
     let mut b = Builder {
         registry: Registry::with_prefix("cruise"),
     };
+    job(&mut b, status, history);
+    evaluators(&mut b, status);
+    traffic(&mut b, status);
+    links(&mut b, status);
+    last_epoch(&mut b, status);
+    plans(&mut b, history);
+    let lost = b.counter(
+        "workers_lost",
+        "Workers the job lost and went on without (job.max_failures)",
+        None,
+    );
+    count(&lost, vec![], status.lost.len() as f64);
+    let mut out = String::new();
+    prometheus_text::encode(&mut out, &b.registry)?;
+    Ok(out)
+}
+
+/// The job's identity, phase, progress and capacity.
+fn job(b: &mut Builder, status: &Status, history: &[Record]) {
     let info = b.gauge("job_info", "The job: its id and app (always 1)", None);
     let phase = b.gauge("job_phase", "The job's phase (1 for the current one)", None);
     let epochs = b.gauge("epochs_done", "Epochs trained", None);
@@ -85,6 +104,31 @@ pub fn encode(status: &Status, history: &[Record]) -> Result<String, std::fmt::E
         "Containers the job may hold now",
         None,
     );
+    set(
+        &info,
+        vec![("job_id", status.job_id.clone())]
+            .into_iter()
+            .chain(history.iter().find_map(|r| match r {
+                Record::Job { app, .. } => Some(("app", app.clone())),
+                _ => None,
+            }))
+            .collect(),
+        1.0,
+    );
+    set(&phase, vec![("phase", status.phase.clone())], 1.0);
+    set(&epochs, Vec::new(), f64::from(status.epochs_done));
+    set(&epochs_target, Vec::new(), f64::from(status.epochs));
+    count(&records, Vec::new(), status.records_processed as f64);
+    set(&capacity, Vec::new(), f64::from(status.capacity));
+}
+
+/// The labels of an evaluator's series.
+fn ev(id: u32) -> Labels {
+    vec![("evaluator", format!("e{id}"))]
+}
+
+/// Evaluators by role, and each one's container, host, role and memory.
+fn evaluators(b: &mut Builder, status: &Status) {
     let by_role = b.gauge("evaluators", "Evaluators by role", None);
     let eval_info = b.gauge(
         "evaluator_info",
@@ -101,6 +145,32 @@ pub fn encode(status: &Status, history: &[Record]) -> Result<String, std::fmt::E
         "Bytes of blocks an evaluator holds",
         Some(Unit::Bytes),
     );
+    for role in ["worker", "server", "idle"] {
+        let n = status
+            .evaluators
+            .iter()
+            .filter(|e| crate::am::role_name(e.role) == role)
+            .count();
+        set(&by_role, vec![("role", role.to_string())], n as f64);
+    }
+    for e in &status.evaluators {
+        set(
+            &eval_info,
+            vec![
+                ("evaluator", format!("e{}", e.id.0)),
+                ("container", e.container.clone()),
+                ("host", e.host.clone()),
+                ("role", crate::am::role_name(e.role).to_string()),
+            ],
+            1.0,
+        );
+        set(&rss, ev(e.id.0), e.rss_bytes as f64);
+        set(&held, ev(e.id.0), e.store_bytes as f64);
+    }
+}
+
+/// What each worker computed and exchanged, and what each server served.
+fn traffic(b: &mut Builder, status: &Status) {
     let mini_batches = b.counter("worker_mini_batches", "Mini-batches a worker ran", None);
     let worker_records = b.counter("worker_records", "Records a worker trained on", None);
     let compute = b.counter(
@@ -136,11 +206,47 @@ pub fn encode(status: &Status, history: &[Record]) -> Result<String, std::fmt::E
         "Bytes a server sent in answers",
         Some(Unit::Bytes),
     );
+    for t in &status.metrics.totals {
+        let l = || ev(t.id.0);
+        if t.mini_batches > 0 {
+            count(&mini_batches, l(), t.mini_batches as f64);
+            count(&worker_records, l(), t.records as f64);
+            count(&compute, l(), t.compute_secs);
+            count(&pull, l(), t.pull_secs);
+            count(&push, l(), t.push_secs);
+            count(&pulled, l(), t.pull_bytes as f64);
+            count(&pushed, l(), t.push_bytes as f64);
+        }
+        if t.requests > 0 {
+            count(&requests, l(), t.requests as f64);
+            count(&serve, l(), t.serve_secs);
+            count(&received, l(), t.served_bytes_in as f64);
+            count(&sent, l(), t.served_bytes_out as f64);
+        }
+    }
+}
+
+/// Each measured link's capacity.
+fn links(b: &mut Builder, status: &Status) {
     let link = b.gauge(
         "link_capacity_bytes_per_second",
         "A link's capacity as measured by bulk transfers (probes and block moves)",
         None,
     );
+    for c in &status.metrics.capacity {
+        set(
+            &link,
+            vec![
+                ("from", format!("e{}", c.from.0)),
+                ("to", format!("e{}", c.to.0)),
+            ],
+            c.bytes_per_sec,
+        );
+    }
+}
+
+/// The last epoch's loss, accuracy and duration.
+fn last_epoch(b: &mut Builder, status: &Status) {
     let loss = b.gauge(
         "last_epoch_loss",
         "The training loss of the last epoch",
@@ -156,6 +262,17 @@ pub fn encode(status: &Status, history: &[Record]) -> Result<String, std::fmt::E
         "The wall time of the last epoch",
         Some(Unit::Seconds),
     );
+    if let Some(e) = &status.last_epoch {
+        set(&loss, Vec::new(), e.stats.mean_loss());
+        if e.stats.correct > 0 {
+            set(&accuracy, Vec::new(), e.stats.accuracy());
+        }
+        set(&epoch_secs, Vec::new(), e.secs);
+    }
+}
+
+/// The plans that ended, by outcome, and their operations by kind.
+fn plans(b: &mut Builder, history: &[Record]) {
     let plans = b.counter(
         "plans",
         "Reconfiguration plans that ended, by outcome",
@@ -176,87 +293,6 @@ pub fn encode(status: &Status, history: &[Record]) -> Result<String, std::fmt::E
         "Bytes the plans' operations moved, by kind",
         Some(Unit::Bytes),
     );
-    let lost = b.counter(
-        "workers_lost",
-        "Workers the job lost and went on without (job.max_failures)",
-        None,
-    );
-    count(&lost, vec![], status.lost.len() as f64);
-
-    set(
-        &info,
-        vec![("job_id", status.job_id.clone())]
-            .into_iter()
-            .chain(history.iter().find_map(|r| match r {
-                Record::Job { app, .. } => Some(("app", app.clone())),
-                _ => None,
-            }))
-            .collect(),
-        1.0,
-    );
-    set(&phase, vec![("phase", status.phase.clone())], 1.0);
-    set(&epochs, Vec::new(), f64::from(status.epochs_done));
-    set(&epochs_target, Vec::new(), f64::from(status.epochs));
-    count(&records, Vec::new(), status.records_processed as f64);
-    set(&capacity, Vec::new(), f64::from(status.capacity));
-    for role in ["worker", "server", "idle"] {
-        let n = status
-            .evaluators
-            .iter()
-            .filter(|e| crate::am::role_name(e.role) == role)
-            .count();
-        set(&by_role, vec![("role", role.to_string())], n as f64);
-    }
-    let ev = |id: u32| vec![("evaluator", format!("e{id}"))];
-    for e in &status.evaluators {
-        set(
-            &eval_info,
-            vec![
-                ("evaluator", format!("e{}", e.id.0)),
-                ("container", e.container.clone()),
-                ("host", e.host.clone()),
-                ("role", crate::am::role_name(e.role).to_string()),
-            ],
-            1.0,
-        );
-        set(&rss, ev(e.id.0), e.rss_bytes as f64);
-        set(&held, ev(e.id.0), e.store_bytes as f64);
-    }
-    for t in &status.metrics.totals {
-        let l = || ev(t.id.0);
-        if t.mini_batches > 0 {
-            count(&mini_batches, l(), t.mini_batches as f64);
-            count(&worker_records, l(), t.records as f64);
-            count(&compute, l(), t.compute_secs);
-            count(&pull, l(), t.pull_secs);
-            count(&push, l(), t.push_secs);
-            count(&pulled, l(), t.pull_bytes as f64);
-            count(&pushed, l(), t.push_bytes as f64);
-        }
-        if t.requests > 0 {
-            count(&requests, l(), t.requests as f64);
-            count(&serve, l(), t.serve_secs);
-            count(&received, l(), t.served_bytes_in as f64);
-            count(&sent, l(), t.served_bytes_out as f64);
-        }
-    }
-    for c in &status.metrics.capacity {
-        set(
-            &link,
-            vec![
-                ("from", format!("e{}", c.from.0)),
-                ("to", format!("e{}", c.to.0)),
-            ],
-            c.bytes_per_sec,
-        );
-    }
-    if let Some(e) = &status.last_epoch {
-        set(&loss, Vec::new(), e.stats.mean_loss());
-        if e.stats.correct > 0 {
-            set(&accuracy, Vec::new(), e.stats.accuracy());
-        }
-        set(&epoch_secs, Vec::new(), e.secs);
-    }
     for r in history {
         let Record::PlanEnded { ops: list, .. } = r else {
             continue;
@@ -278,9 +314,6 @@ pub fn encode(status: &Status, history: &[Record]) -> Result<String, std::fmt::E
             count(&moved, vec![("kind", kind)], o.bytes as f64);
         }
     }
-    let mut out = String::new();
-    prometheus_text::encode(&mut out, &b.registry)?;
-    Ok(out)
 }
 
 #[cfg(test)]
