@@ -644,53 +644,10 @@ impl TriggerPolicy {
         snapshot.validate()?;
         check_agreement(snapshot, current)?;
         let forced = snapshot.containers.iter().any(|c| c.reclaimed);
-        if !forced {
-            let active: Vec<_> = snapshot
-                .containers
-                .iter()
-                .filter(|c| c.role == Role::Worker && c.input_blocks > 0)
-                .collect();
-            if active.is_empty() {
-                return Ok(Decision::Wait {
-                    reason: "no active worker yet".into(),
-                });
-            }
-            let min = self.config.min_mini_batches;
-            if let Some(c) = active.iter().find(|c| c.mini_batches < min) {
-                let mut counts: Vec<u32> = active.iter().map(|c| c.mini_batches).collect();
-                counts.sort_unstable();
-                let median = counts[counts.len() / 2];
-                let stragglers_heard = active.iter().all(|c| c.mini_batches >= 1);
-                if !(stragglers_heard && median >= STRAGGLER_FACTOR.saturating_mul(min)) {
-                    return Ok(Decision::Wait {
-                        reason: format!(
-                            "worker `{}` has reported {} of {} mini-batches",
-                            c.id, c.mini_batches, min
-                        ),
-                    });
-                }
-            }
+        if !forced && let Some(reason) = self.waiting_for(snapshot) {
+            return Ok(Decision::Wait { reason });
         }
-        let now = CostModel::including_reclaimed(snapshot)?;
-        let evaluated = || {
-            now.evaluate(&current.counts())
-                .map(|b| b.epoch_secs)
-                .unwrap_or(f64::INFINITY)
-        };
-        // Asynchronous workers each go at their own pace whatever input
-        // they hold: today's configuration is worth its best input
-        // partition, its model split as it is (a better model split needs
-        // moves, which a plan pays for).
-        let current_epoch = if snapshot.job.asynchronous {
-            let placements = now.current_placements();
-            let roles: Vec<Role> = placements.iter().map(|p| p.role).collect();
-            let model_blocks: Vec<u32> = placements.iter().map(|p| p.model_blocks).collect();
-            solve_input_for(&now, &roles, &model_blocks)
-                .map(|s| s.epoch_secs)
-                .unwrap_or_else(|_| evaluated())
-        } else {
-            evaluated()
-        };
+        let current_epoch = current_epoch_secs(snapshot, current)?;
         let model = CostModel::new(snapshot)?;
         let best = solve(&model)?;
         let job = &snapshot.job;
@@ -773,6 +730,35 @@ impl TriggerPolicy {
 }
 
 impl TriggerPolicy {
+    /// Why a look must wait for more measurements, if it must: no worker
+    /// holds input yet, or one has reported fewer than `min_mini_batches`
+    /// (a straggler that has reported at least one stops holding the look
+    /// once the median worker has reported [`STRAGGLER_FACTOR`] times as
+    /// many).
+    fn waiting_for(&self, snapshot: &Snapshot) -> Option<String> {
+        let active: Vec<_> = snapshot
+            .containers
+            .iter()
+            .filter(|c| c.role == Role::Worker && c.input_blocks > 0)
+            .collect();
+        if active.is_empty() {
+            return Some("no active worker yet".into());
+        }
+        let min = self.config.min_mini_batches;
+        let c = active.iter().find(|c| c.mini_batches < min)?;
+        let mut counts: Vec<u32> = active.iter().map(|c| c.mini_batches).collect();
+        counts.sort_unstable();
+        let median = counts[counts.len() / 2];
+        let stragglers_heard = active.iter().all(|c| c.mini_batches >= 1);
+        if stragglers_heard && median >= STRAGGLER_FACTOR.saturating_mul(min) {
+            return None;
+        }
+        Some(format!(
+            "worker `{}` has reported {} of {} mini-batches",
+            c.id, c.mini_batches, min
+        ))
+    }
+
     /// What the configurations the job measured say, where it overrules the
     /// model: `None` when they have no say. With the running configuration
     /// measured at `m` seconds an epoch:
@@ -883,6 +869,30 @@ impl TriggerPolicy {
         }
         go(best.target.clone(), e)
     }
+}
+
+/// The running configuration's predicted epoch time (reclaimed containers
+/// included: they still run until the plan empties them; infinite when it
+/// cannot train). Asynchronous workers each go at their own pace whatever
+/// input they hold: the configuration is worth its best input partition,
+/// its model split as it is (a better model split needs moves, which a plan
+/// pays for).
+fn current_epoch_secs(snapshot: &Snapshot, current: &Configuration) -> Result<f64, OptimizerError> {
+    let now = CostModel::including_reclaimed(snapshot)?;
+    let evaluated = || {
+        now.evaluate(&current.counts())
+            .map(|b| b.epoch_secs)
+            .unwrap_or(f64::INFINITY)
+    };
+    if !snapshot.job.asynchronous {
+        return Ok(evaluated());
+    }
+    let placements = now.current_placements();
+    let roles: Vec<Role> = placements.iter().map(|p| p.role).collect();
+    let model_blocks: Vec<u32> = placements.iter().map(|p| p.model_blocks).collect();
+    Ok(solve_input_for(&now, &roles, &model_blocks)
+        .map(|s| s.epoch_secs)
+        .unwrap_or_else(|_| evaluated()))
 }
 
 fn check_agreement(snapshot: &Snapshot, current: &Configuration) -> Result<(), OptimizerError> {
