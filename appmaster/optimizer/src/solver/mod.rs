@@ -261,6 +261,62 @@ pub fn solve_heterogeneous_with(
     if n <= options.exhaustive_up_to {
         return exhaustive(model, &search, &current);
     }
+    let mut starts = greedy_starts(model, &mut search);
+    // Local search from the current roles and the distinct starting points (the two
+    // best of them above 24 containers).
+    starts.sort_by(|a, b| {
+        let (va, vb) = (search.value(a), search.value(b));
+        va.unwrap_or(f64::INFINITY)
+            .total_cmp(&vb.unwrap_or(f64::INFINITY))
+    });
+    starts.dedup();
+    if n > 24 {
+        starts.truncate(2);
+    }
+    if search.value(&current).is_some() {
+        starts.insert(0, current.clone());
+    }
+    let mut best: Option<(f64, Vec<Role>)> = None;
+    let mut seen_starts: Vec<Vec<Role>> = Vec::new();
+    for start in starts {
+        if seen_starts.contains(&start) {
+            continue;
+        }
+        seen_starts.push(start.clone());
+        let (t, roles) = search.local_search(start, false);
+        let replace = match &best {
+            None => true,
+            Some((bt, br)) => {
+                better(t, *bt)
+                    || (!better(*bt, t) && distance(&roles, &current) < distance(br, &current))
+            }
+        };
+        if replace {
+            best = Some((t, roles));
+        }
+    }
+    let (_, roles) = best.ok_or_else(|| {
+        OptimizerError::Infeasible("no role assignment has a worker and a server".into())
+    })?;
+    // Two-container moves only from the best single-move optimum: they are the
+    // expensive part (O(N²) neighbours).
+    let (_, roles) = search.local_search(roles, true);
+    let part = search
+        .partition(&roles)
+        .ok_or_else(|| OptimizerError::Infeasible("best roles lost feasibility".into()))?;
+    let part = search.refine(&roles, part, options.budget_for(n));
+    let evaluations = search.cache.len();
+    let bar = part.t * (1.0 + REL_EPS);
+    finish(model, &search, &roles, part, bar, evaluations, false)
+}
+
+/// Starting points for the local search: for each of four orderings of
+/// the containers (by the cost of a record as a worker, by compute alone,
+/// by serving speed, by compute over serving cost), the best of "the first
+/// w work, the rest serve" and, for the three best w, of "only the best s
+/// of the rest serve, the others idle".
+fn greedy_starts(model: &CostModel, search: &mut Search) -> Vec<Vec<Role>> {
+    let n = model.len();
     let serve_cost: Vec<f64> = (0..n)
         .map(|i| (1.0 / model.bandwidth(i)).max(model.server_secs_per_byte(i)))
         .collect();
@@ -323,52 +379,7 @@ pub fn solve_heterogeneous_with(
             starts.push(r);
         }
     }
-    // Local search from the current roles and the distinct starting points (the two
-    // best of them above 24 containers).
-    starts.sort_by(|a, b| {
-        let (va, vb) = (search.value(a), search.value(b));
-        va.unwrap_or(f64::INFINITY)
-            .total_cmp(&vb.unwrap_or(f64::INFINITY))
-    });
-    starts.dedup();
-    if n > 24 {
-        starts.truncate(2);
-    }
-    if search.value(&current).is_some() {
-        starts.insert(0, current.clone());
-    }
-    let mut best: Option<(f64, Vec<Role>)> = None;
-    let mut seen_starts: Vec<Vec<Role>> = Vec::new();
-    for start in starts {
-        if seen_starts.contains(&start) {
-            continue;
-        }
-        seen_starts.push(start.clone());
-        let (t, roles) = search.local_search(start, false);
-        let replace = match &best {
-            None => true,
-            Some((bt, br)) => {
-                better(t, *bt)
-                    || (!better(*bt, t) && distance(&roles, &current) < distance(br, &current))
-            }
-        };
-        if replace {
-            best = Some((t, roles));
-        }
-    }
-    let (_, roles) = best.ok_or_else(|| {
-        OptimizerError::Infeasible("no role assignment has a worker and a server".into())
-    })?;
-    // Two-container moves only from the best single-move optimum: they are the
-    // expensive part (O(N²) neighbours).
-    let (_, roles) = search.local_search(roles, true);
-    let part = search
-        .partition(&roles)
-        .ok_or_else(|| OptimizerError::Infeasible("best roles lost feasibility".into()))?;
-    let part = search.refine(&roles, part, options.budget_for(n));
-    let evaluations = search.cache.len();
-    let bar = part.t * (1.0 + REL_EPS);
-    finish(model, &search, &roles, part, bar, evaluations, false)
+    starts
 }
 
 #[cfg(test)]
