@@ -131,79 +131,33 @@ impl SchedulerClient {
             .await;
             let reason = match sent {
                 Err(_) => format!("no answer within {:?}", self.http.options().request_timeout),
-                Ok(sent) => match sent {
-                    Ok(resp) if resp.status() == StatusCode::OK => {
-                        let Some(stream_id) = resp
-                            .headers()
-                            .get(STREAM_ID)
-                            .and_then(|v| v.to_str().ok())
-                            .map(String::from)
-                        else {
-                            return Err(RmError::Malformed {
-                                endpoint,
-                                status: 200,
-                                detail: format!("no {STREAM_ID} header"),
-                            });
-                        };
-                        let bytes = resp.bytes_stream().map_err(std::io::Error::other);
-                        let reader = StreamReader::new(bytes);
-                        let events = FramedRead::new(reader, RecordIoCodec::new(MAX_EVENT_BYTES));
-                        return Ok(Subscription {
-                            stream_id,
-                            master,
-                            events: Box::pin(events),
-                        });
-                    }
-                    Ok(resp) if resp.status() == StatusCode::TEMPORARY_REDIRECT => {
-                        let loc = resp
-                            .headers()
-                            .get("Location")
-                            .and_then(|v| v.to_str().ok())
-                            .unwrap_or("")
-                            .to_string();
-                        match leader_from_location(&loc) {
-                            Some(leader) if redirects < MAX_REDIRECTS => {
-                                redirects += 1;
-                                tries -= 1;
-                                tracing::info!(from = %master, to = %leader, "Mesos master is not the leader; following its redirect");
-                                self.http.set_active(leader);
-                                continue;
-                            }
-                            _ => {
-                                return Err(RmError::Malformed {
-                                    endpoint,
-                                    status: 307,
-                                    detail: format!("unusable leader redirect Location {loc:?}"),
-                                });
-                            }
+                Ok(Err(e)) => {
+                    if e.is_connect() {
+                        let all = self.http.bases();
+                        if all.len() > 1 {
+                            self.http.set_active(all[1].clone());
                         }
                     }
-                    Ok(resp) if resp.status() == StatusCode::SERVICE_UNAVAILABLE => {
-                        let b = self.http.read_body(&endpoint, resp).await?;
-                        format!("503 {}", server_message(&b.unwrap_or_default()))
+                    transport_reason(&e)
+                }
+                Ok(Ok(resp)) => match self.subscribed(&endpoint, master, resp).await? {
+                    Answer::Subscribed(s) => return Ok(s),
+                    Answer::Redirected(leader) if redirects < MAX_REDIRECTS => {
+                        redirects += 1;
+                        tries -= 1;
+                        self.http.set_active(leader);
+                        continue;
                     }
-                    Ok(resp) => {
-                        let status = resp.status().as_u16();
-                        let b = self
-                            .http
-                            .read_body(&endpoint, resp)
-                            .await?
-                            .unwrap_or_default();
-                        return Err(RmError::Http {
+                    Answer::Redirected(leader) => {
+                        return Err(RmError::Malformed {
                             endpoint,
-                            status,
-                            message: server_message(&b),
+                            status: 307,
+                            detail: format!(
+                                "more than {MAX_REDIRECTS} leader redirects (the last to {leader})"
+                            ),
                         });
                     }
-                    Err(e) => {
-                        if e.is_connect() {
-                            let all = self.http.bases();
-                            if all.len() > 1 {
-                                self.http.set_active(all[1].clone());
-                            }
-                        }
-                        transport_reason(&e)
-                    }
+                    Answer::Unavailable(reason) => reason,
                 },
             };
             if tries >= attempts {
@@ -217,6 +171,75 @@ impl SchedulerClient {
             tracing::warn!(%endpoint, attempt = tries, "SUBSCRIBE failed ({reason}); retrying");
             tokio::time::sleep(backoff).await;
             backoff = (backoff * 2).min(policy.max_backoff);
+        }
+    }
+
+    /// What a SUBSCRIBE's answer means: the event stream, a redirect to
+    /// the leading master, or a 503 worth retrying; any other answer is an
+    /// error naming `endpoint`.
+    async fn subscribed(
+        &self,
+        endpoint: &str,
+        master: Url,
+        resp: reqwest::Response,
+    ) -> Result<Answer, RmError> {
+        match resp.status() {
+            StatusCode::OK => {
+                let Some(stream_id) = resp
+                    .headers()
+                    .get(STREAM_ID)
+                    .and_then(|v| v.to_str().ok())
+                    .map(String::from)
+                else {
+                    return Err(RmError::Malformed {
+                        endpoint: endpoint.to_string(),
+                        status: 200,
+                        detail: format!("no {STREAM_ID} header"),
+                    });
+                };
+                let bytes = resp.bytes_stream().map_err(std::io::Error::other);
+                let reader = StreamReader::new(bytes);
+                let events = FramedRead::new(reader, RecordIoCodec::new(MAX_EVENT_BYTES));
+                Ok(Answer::Subscribed(Subscription {
+                    stream_id,
+                    master,
+                    events: Box::pin(events),
+                }))
+            }
+            StatusCode::TEMPORARY_REDIRECT => {
+                let loc = resp
+                    .headers()
+                    .get("Location")
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or("")
+                    .to_string();
+                let leader = leader_from_location(&loc).ok_or_else(|| RmError::Malformed {
+                    endpoint: endpoint.to_string(),
+                    status: 307,
+                    detail: format!("unusable leader redirect Location {loc:?}"),
+                })?;
+                tracing::info!(from = %master, to = %leader, "Mesos master is not the leader; following its redirect");
+                Ok(Answer::Redirected(leader))
+            }
+            StatusCode::SERVICE_UNAVAILABLE => {
+                let b = self.http.read_body(endpoint, resp).await?;
+                Ok(Answer::Unavailable(format!(
+                    "503 {}",
+                    server_message(&b.unwrap_or_default())
+                )))
+            }
+            status => {
+                let b = self
+                    .http
+                    .read_body(endpoint, resp)
+                    .await?
+                    .unwrap_or_default();
+                Err(RmError::Http {
+                    endpoint: endpoint.to_string(),
+                    status: status.as_u16(),
+                    message: server_message(&b),
+                })
+            }
         }
     }
 
@@ -301,6 +324,16 @@ pub async fn next_event(events: &mut EventStream) -> Result<Option<Value>, Strin
             .map(Some)
             .map_err(|e| format!("event is not JSON: {e}")),
     }
+}
+
+/// What one SUBSCRIBE attempt's answer means ([`SchedulerClient::subscribed`]).
+enum Answer {
+    /// The event stream.
+    Subscribed(Subscription),
+    /// Another master leads: its address.
+    Redirected(Url),
+    /// The master cannot serve now (503): why, for the retry's log line.
+    Unavailable(String),
 }
 
 #[cfg(test)]
