@@ -108,6 +108,7 @@ pub mod cost;
 pub mod error;
 pub mod executor;
 pub mod plan;
+pub mod reconfig_cost;
 pub mod snapshot;
 pub mod solver;
 pub mod trigger;
