@@ -30,7 +30,7 @@ use rand_chacha::ChaCha8Rng;
 
 use cruise_conf::{AppKind, MlrConfig};
 
-use super::{App, AppError, ParseError, Step, keyindex};
+use super::{App, AppError, ParseError, Step, for_each_line, keyindex};
 use crate::protocol::{AppParams, Key, Stats, ValueBatch};
 use crate::store::{InputBlock, ModelFunctions, StateBlock};
 
@@ -404,19 +404,11 @@ impl App for Mlr {
 
     fn parse(&self, text: &[u8]) -> Result<InputBlock, ParseError> {
         let mut block = InputBlock::new();
-        let mut offset = 0usize;
         let mut entries: Vec<(u32, f32)> = Vec::new();
-        for raw in text.split_inclusive(|&b| b == b'\n') {
-            let line_at = offset;
-            offset += raw.len();
-            let err = |message: String| ParseError {
-                offset: line_at,
-                message,
-            };
-            let line = std::str::from_utf8(raw).map_err(|_| err("not UTF-8 text".into()))?;
+        for_each_line(text, |line, err| {
             let mut tokens = line.split_ascii_whitespace();
             let Some(label_tok) = tokens.next() else {
-                continue; // blank line
+                return Ok(()); // blank line
             };
             let label: f64 = label_tok
                 .parse()
@@ -428,9 +420,10 @@ impl App for Mlr {
                     self.classes - 1
                 )));
             }
-            super::libsvm_features(tokens, self.features, "mlr.features", &mut entries, &err)?;
+            super::libsvm_features(tokens, self.features, "mlr.features", &mut entries, err)?;
             block.push(label as f32, entries.iter().copied());
-        }
+            Ok(())
+        })?;
         Ok(block)
     }
 
