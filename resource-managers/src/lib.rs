@@ -60,6 +60,20 @@ pub struct ContainerRequest {
     pub hosts: Vec<String>,
 }
 
+impl ContainerRequest {
+    /// The request's size, `(memory_mb, cores)`, or why a cluster cannot
+    /// grant it: containers need memory and cores.
+    pub fn size(&self) -> Result<(u32, u32), RmError> {
+        if self.memory_mb == 0 || self.cores == 0 {
+            return Err(RmError::BadRequest(format!(
+                "containers need memory and cores (asked for {} MB, {} cores)",
+                self.memory_mb, self.cores
+            )));
+        }
+        Ok((self.memory_mb, self.cores))
+    }
+}
+
 /// How a container's process ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ExitStatus {

@@ -635,21 +635,16 @@ impl Actor {
         if req.count == 0 {
             return Ok(());
         }
-        if req.memory_mb == 0 || req.cores == 0 {
-            return Err(RmError::BadRequest(format!(
-                "containers need memory and cores (asked for {} MB, {} cores)",
-                req.memory_mb, req.cores
-            )));
-        }
+        let size = req.size()?;
         match self.size {
-            None => self.size = Some((req.memory_mb, req.cores)),
-            Some(s) if s != (req.memory_mb, req.cores) && self.wanted > 0 => {
+            None => self.size = Some(size),
+            Some(s) if s != size && self.wanted > 0 => {
                 return Err(RmError::BadRequest(format!(
                     "{} evaluators of {} MB, {} cores are still pending; cannot ask for {} MB, {} cores at the same time",
                     self.wanted, s.0, s.1, req.memory_mb, req.cores
                 )));
             }
-            Some(_) => self.size = Some((req.memory_mb, req.cores)),
+            Some(_) => self.size = Some(size),
         }
         self.hosts = req.hosts;
         self.wanted += req.count;

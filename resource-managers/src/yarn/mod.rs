@@ -326,15 +326,10 @@ impl Actor {
         if req.count == 0 {
             return Ok(());
         }
-        if req.memory_mb == 0 || req.cores == 0 {
-            return Err(RmError::BadRequest(format!(
-                "containers need memory and cores (asked for {} MB, {} cores)",
-                req.memory_mb, req.cores
-            )));
-        }
+        let size = req.size()?;
         match self.size {
-            None => self.size = Some((req.memory_mb, req.cores)),
-            Some(s) if s != (req.memory_mb, req.cores) => {
+            None => self.size = Some(size),
+            Some(s) if s != size => {
                 return Err(RmError::BadRequest(format!(
                     "the YARN runtime runs one evaluator size per job: {} MB, {} cores were asked for first, now {} MB, {} cores",
                     s.0, s.1, req.memory_mb, req.cores
