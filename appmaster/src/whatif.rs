@@ -246,20 +246,8 @@ pub fn resize(s: &mut Snapshot, n: usize) {
         let speed = avg(&|c| c.cpu_speed);
         let bw = avg(&|c| Some(c.bandwidth_bytes_per_sec)).unwrap_or(1e9);
         for k in 0..n - cur {
-            s.containers.push(ContainerMetrics {
-                id: format!("offered{k}"),
-                role: Role::Idle,
-                compute_secs_per_record: None,
-                cpu_speed: speed,
-                bandwidth_bytes_per_sec: bw,
-                server_secs_per_byte: None,
-                request_secs_per_server: None,
-                server_secs_per_mini_batch: None,
-                input_blocks: 0,
-                model_blocks: 0,
-                mini_batches: 0,
-                reclaimed: false,
-            });
+            s.containers
+                .push(ContainerMetrics::offered(format!("offered{k}"), speed, bw));
         }
     } else {
         for c in s.containers.iter_mut().rev().take(cur - n) {

@@ -172,6 +172,28 @@ pub struct ContainerMetrics {
     pub reclaimed: bool,
 }
 
+impl ContainerMetrics {
+    /// A container the resource manager offers and the job has not used:
+    /// idle, holding nothing, measured by nothing but its CPU speed and
+    /// bandwidth (its costs are estimated from the containers measured).
+    pub fn offered(id: String, cpu_speed: Option<f64>, bandwidth_bytes_per_sec: f64) -> Self {
+        ContainerMetrics {
+            id,
+            role: Role::Idle,
+            compute_secs_per_record: None,
+            cpu_speed,
+            bandwidth_bytes_per_sec,
+            server_secs_per_byte: None,
+            request_secs_per_server: None,
+            server_secs_per_mini_batch: None,
+            input_blocks: 0,
+            model_blocks: 0,
+            mini_batches: 0,
+            reclaimed: false,
+        }
+    }
+}
+
 /// A measured bandwidth between two containers (from real transfers), bytes/s.
 /// Looked up in either direction (pulls and pushes use both); when a pair has several
 /// entries the slowest is used. A measured link only matters where it is slower than

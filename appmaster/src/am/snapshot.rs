@@ -478,20 +478,11 @@ fn assemble(
         );
     }
     for k in 0..job.spare {
-        containers.push(ContainerMetrics {
-            id: ContainerName::Offer(k).to_string(),
-            role: Role::Idle,
-            compute_secs_per_record: None,
-            cpu_speed: mean_speed,
-            bandwidth_bytes_per_sec: mean_bw,
-            server_secs_per_byte: None,
-            request_secs_per_server: None,
-            server_secs_per_mini_batch: None,
-            input_blocks: 0,
-            model_blocks: 0,
-            mini_batches: 0,
-            reclaimed: false,
-        });
+        containers.push(ContainerMetrics::offered(
+            ContainerName::Offer(k).to_string(),
+            mean_speed,
+            mean_bw,
+        ));
         config.containers.insert(
             ContainerName::Offer(k).to_string(),
             Holding {
