@@ -45,9 +45,9 @@
 //! Where the link between `i` and `j` was measured and is slower, its bandwidth `b_ij`
 //! replaces `b_i` and `b_j` for that pair (a link never carries more than either
 //! end's own). (With equal containers the link terms are Cruise's. Pricing every pair
-//! at `min(b_i, b_j)` instead, as before, charged a server's link at a slow worker's
-//! speed times every worker, and a fast worker's transfers to slow servers as if made
-//! one after another.) Records come in whole input blocks of
+//! at `min(b_i, b_j)` would charge a server's link at a slow worker's speed times
+//! every worker, and a fast worker's transfers to slow servers as if made one after
+//! another.) Records come in whole input blocks of
 //! `D / K` records, model shares in whole blocks of `1 / L`. A worker with no block is
 //! inactive (it neither computes nor talks), a server with no block is not asked.
 //! The [`CostModel`] owns the resolved per-container numbers after the fallbacks for

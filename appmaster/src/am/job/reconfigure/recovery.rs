@@ -5,8 +5,8 @@
 //! by the surviving workers, the least loaded first. The other workers never
 //! stop; under SSP the lost worker no longer holds their clocks back. Its
 //! worker-local state is rebuilt as at the start (NMF's row factors are
-//! drawn again). What cannot be survived yet fails the job as before, and
-//! the message says why ([`Driver::unsurvivable`]): a lost server (its model
+//! drawn again). What cannot be survived fails the job, and the message
+//! says why ([`Driver::unsurvivable`]): a lost server (its model
 //! blocks have no checkpoint), a loss while a plan runs or outside training,
 //! an LDA worker (its topic assignments are counted in the model), more
 //! losses than `job.max_failures`.
