@@ -193,60 +193,73 @@ impl Driver {
                 "considering {} (look {look} of {of}): predicted epoch {current_epoch_secs:.3} s → {predicted_epoch_secs:.3} s",
                 split_text(workers, servers),
             )),
-            Decision::Reconfigure(p) => {
-                let (w, s) = self.role_counts();
-                let tw = p.target.values().filter(|x| x.role == Role::Worker).count() as u32;
-                let ts = p.target.values().filter(|x| x.role == Role::Server).count() as u32;
-                if !p.forced && self.config.optimizer.advise_only {
-                    self.note_decision(format!(
-                        "would reconfigure to {} (optimizer.advise_only): predicted epoch {:.3} s → {:.3} s ({:.1}% gain)",
-                        split_text(tw, ts),
-                        p.current_epoch_secs,
-                        p.predicted_epoch_secs,
-                        p.gain * 100.0
-                    ));
-                    return;
-                }
-                let (bi, bm) = p.plan.blocks_moved();
-                let summary = format!(
-                    "{} → {}: predicted epoch {:.3} s → {:.3} s ({:.1}% gain{}), {} ({} input and {} model blocks moved), predicted cost {:.1} s",
-                    split_text(w, s),
-                    split_text(tw, ts),
-                    p.current_epoch_secs,
-                    p.predicted_epoch_secs,
-                    p.gain * 100.0,
-                    if p.forced { "; forced: the resource manager reclaims containers" } else { "" },
-                    plural(p.plan.ops.len() as u32, "operation"),
-                    bi,
-                    bm,
-                    p.predicted_cost_secs
-                );
-                self.note_decision(format!("reconfiguring: {summary}"));
-                let _ = self
-                    .progress
-                    .send(crate::am::Progress::Phase(format!("reconfiguring: {summary}")));
-                let file = &self.config.optimizer.snapshot_file;
-                if !file.is_empty() {
-                    // What the optimizer saw when it decided, for `cruise plan`.
-                    let n = self.rc.history.len() + 1;
-                    write_snapshot(&plan_snapshot_path(std::path::Path::new(file), n), &snapshot);
-                }
-                self.rc.policy.leaving(&snapshot);
-                self.history.push(crate::am::history::Record::Splits {
-                    at_secs: self.history.now(),
-                    splits: self.rc.last_splits.clone(),
-                });
-                let started = crate::am::history::Record::PlanStarted {
-                    plan: self.rc.history.len() + 1,
-                    at_secs: self.history.now(),
-                    summary: summary.clone(),
-                    predicted_before_secs: p.current_epoch_secs,
-                    predicted_after_secs: p.predicted_epoch_secs,
-                    forced: p.forced,
-                };
-                self.start_plan(p.plan, snapshot.job, summary, started);
-            }
+            Decision::Reconfigure(p) => self.reconfigure(*p, snapshot),
         }
+    }
+
+    /// Starts the plan a confirmed decision proposed (or, under
+    /// `optimizer.advise_only`, only says what it would do): the summary to
+    /// the log and the user, the snapshot it was decided from beside the
+    /// latest, the split being left to the policy's memory, the history.
+    fn reconfigure(&mut self, p: cruise_optimizer::Proposal, snapshot: Box<Snapshot>) {
+        let (w, s) = self.role_counts();
+        let tw = p.target.values().filter(|x| x.role == Role::Worker).count() as u32;
+        let ts = p.target.values().filter(|x| x.role == Role::Server).count() as u32;
+        if !p.forced && self.config.optimizer.advise_only {
+            self.note_decision(format!(
+                "would reconfigure to {} (optimizer.advise_only): predicted epoch {:.3} s → {:.3} s ({:.1}% gain)",
+                split_text(tw, ts),
+                p.current_epoch_secs,
+                p.predicted_epoch_secs,
+                p.gain * 100.0
+            ));
+            return;
+        }
+        let (bi, bm) = p.plan.blocks_moved();
+        let summary = format!(
+            "{} → {}: predicted epoch {:.3} s → {:.3} s ({:.1}% gain{}), {} ({} input and {} model blocks moved), predicted cost {:.1} s",
+            split_text(w, s),
+            split_text(tw, ts),
+            p.current_epoch_secs,
+            p.predicted_epoch_secs,
+            p.gain * 100.0,
+            if p.forced {
+                "; forced: the resource manager reclaims containers"
+            } else {
+                ""
+            },
+            plural(p.plan.ops.len() as u32, "operation"),
+            bi,
+            bm,
+            p.predicted_cost_secs
+        );
+        self.note_decision(format!("reconfiguring: {summary}"));
+        let _ = self.progress.send(crate::am::Progress::Phase(format!(
+            "reconfiguring: {summary}"
+        )));
+        let file = &self.config.optimizer.snapshot_file;
+        if !file.is_empty() {
+            // What the optimizer saw when it decided, for `cruise plan`.
+            let n = self.rc.history.len() + 1;
+            write_snapshot(
+                &plan_snapshot_path(std::path::Path::new(file), n),
+                &snapshot,
+            );
+        }
+        self.rc.policy.leaving(&snapshot);
+        self.history.push(crate::am::history::Record::Splits {
+            at_secs: self.history.now(),
+            splits: self.rc.last_splits.clone(),
+        });
+        let started = crate::am::history::Record::PlanStarted {
+            plan: self.rc.history.len() + 1,
+            at_secs: self.history.now(),
+            summary: summary.clone(),
+            predicted_before_secs: p.current_epoch_secs,
+            predicted_after_secs: p.predicted_epoch_secs,
+            forced: p.forced,
+        };
+        self.start_plan(p.plan, snapshot.job, summary, started);
     }
 
     pub(super) fn note_decision(&mut self, text: String) {
