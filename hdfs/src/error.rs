@@ -89,8 +89,8 @@ pub enum HdfsError {
         message: String,
         /// Whether trying again (possibly on another namenode) may succeed.
         retryable: bool,
-        /// The wait the server asked for with `Retry-After` (in seconds;
-        /// an HTTP date is not honoured), if any.
+        /// The wait the server asked for with `Retry-After` (seconds, or
+        /// the whole seconds until the HTTP date it gave), if any.
         retry_after_secs: Option<u32>,
     },
 

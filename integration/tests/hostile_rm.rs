@@ -127,6 +127,34 @@ async fn retry_after_is_honoured() {
     assert!(t.elapsed() >= Duration::from_secs(2), "{:?}", t.elapsed());
 }
 
+/// `Retry-After` as an HTTP date three seconds ahead: the client waits
+/// until then (at least a second, at the date's whole-second resolution),
+/// not its own 20 ms.
+#[tokio::test]
+async fn retry_after_as_a_date_is_honoured() {
+    let calls = Arc::new(AtomicU64::new(0));
+    let c = Arc::clone(&calls);
+    let s = HostileServer::start(move |_: &Request| {
+        if c.fetch_add(1, Ordering::SeqCst) < 1 {
+            let at = std::time::SystemTime::now() + Duration::from_secs(3);
+            Reply::Full {
+                status: 503,
+                headers: vec![("Retry-After".into(), httpdate::fmt_http_date(at))],
+                body: b"busy".to_vec(),
+            }
+        } else {
+            Reply::json(200, &json!({}))
+        }
+    })
+    .await
+    .unwrap();
+    let t = Instant::now();
+    let reply = get(&http(&s, fast())).await.unwrap();
+    assert_eq!(reply.status.as_u16(), 200);
+    assert_eq!(s.requests(), 2);
+    assert!(t.elapsed() >= Duration::from_secs(1), "{:?}", t.elapsed());
+}
+
 #[tokio::test]
 async fn an_empty_new_application_id_is_refused() {
     let s = HostileServer::start(|_: &Request| {

@@ -342,3 +342,33 @@ async fn retry_after_is_honoured() {
     assert_eq!(nn.requests(), 3);
     assert!(t.elapsed() >= Duration::from_secs(2), "{:?}", t.elapsed());
 }
+
+/// `Retry-After` as an HTTP date three seconds ahead: the namenode is asked
+/// again when it said (at least a second later, at the date's whole-second
+/// resolution), not after the client's own 10 ms.
+#[tokio::test]
+async fn retry_after_as_a_date_is_honoured() {
+    let calls = Arc::new(AtomicU64::new(0));
+    let c = Arc::clone(&calls);
+    let nn = HostileServer::start(move |_: &Request| {
+        if c.fetch_add(1, Ordering::SeqCst) < 1 {
+            let at = std::time::SystemTime::now() + Duration::from_secs(3);
+            Reply::Full {
+                status: 503,
+                headers: vec![("Retry-After".into(), httpdate::fmt_http_date(at))],
+                body: b"busy".to_vec(),
+            }
+        } else {
+            Reply::json(200, &json!({"FileStatus": webhdfs_status("", "FILE", 7)}))
+        }
+    })
+    .await
+    .unwrap();
+    let t = Instant::now();
+    let st = within(client(&nn, options()).get_file_status("/data/x"))
+        .await
+        .expect("the second answer");
+    assert_eq!(st.len, 7);
+    assert_eq!(nn.requests(), 2);
+    assert!(t.elapsed() >= Duration::from_secs(1), "{:?}", t.elapsed());
+}

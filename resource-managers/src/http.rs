@@ -462,11 +462,18 @@ impl Http {
     }
 }
 
-/// The wait a `Retry-After` header asks for, in seconds (an HTTP date is
-/// not honoured).
+/// The wait a `Retry-After` header asks for: seconds, or an HTTP date
+/// (the time until then; none when it has passed).
 fn retry_after(reply: &Reply) -> Option<Duration> {
-    let secs: u64 = reply.header("retry-after")?.trim().parse().ok()?;
-    Some(Duration::from_secs(secs))
+    let v = reply.header("retry-after")?.trim();
+    if let Ok(secs) = v.parse::<u64>() {
+        return Some(Duration::from_secs(secs));
+    }
+    let at = httpdate::parse_http_date(v).ok()?;
+    Some(
+        at.duration_since(std::time::SystemTime::now())
+            .unwrap_or_default(),
+    )
 }
 
 /// A short reason for a transport error (reqwest's messages hide the cause).

@@ -131,7 +131,7 @@ pub(super) async fn decode_error(
         .headers()
         .get(reqwest::header::RETRY_AFTER)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<u32>().ok());
+        .and_then(retry_after_secs);
     let text = match read_error_body(op, url, resp, limit, idem).await {
         Ok(t) => t,
         Err(e) => return e,
@@ -226,6 +226,20 @@ pub(super) async fn json_body<T: serde::de::DeserializeOwned>(
             quote(&String::from_utf8_lossy(&body))
         ),
     })
+}
+
+/// The seconds a `Retry-After` value asks to wait: a number of seconds, or
+/// an HTTP date (the whole seconds until then; 0 when it has passed).
+fn retry_after_secs(value: &str) -> Option<u32> {
+    let v = value.trim();
+    if let Ok(secs) = v.parse::<u32>() {
+        return Some(secs);
+    }
+    let at = httpdate::parse_http_date(v).ok()?;
+    let wait = at
+        .duration_since(std::time::SystemTime::now())
+        .unwrap_or_default();
+    Some(u32::try_from(wait.as_secs()).unwrap_or(u32::MAX))
 }
 
 /// What bounds a response body.
