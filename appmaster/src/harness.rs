@@ -6,8 +6,10 @@
 //! data plane are real TCP on loopback). [`Cluster`] runs a job on it and
 //! offers the verbs tests use to disturb it: [`Cluster::kill_evaluator`],
 //! [`Cluster::drop_connection`], [`Cluster::delay_messages`],
-//! [`Cluster::delay_data`], [`Cluster::fail_allocations`], and
-//! [`Cluster::await_status`] to wait for a condition instead of sleeping.
+//! [`Cluster::delay_data`], [`Cluster::fail_allocations`], withheld
+//! allocations ([`ClusterOptions::withhold_allocations`]: a cluster that
+//! never answers), and [`Cluster::await_status`] to wait for a condition
+//! instead of sleeping.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -40,6 +42,7 @@ struct Handle {
 struct State {
     seq: u64,
     fail_allocations: u32,
+    withhold_allocations: u32,
     /// Delay of every data-plane frame of containers started from now on.
     data_delay: Duration,
     containers: BTreeMap<ContainerId, Handle>,
@@ -170,6 +173,12 @@ impl InProcessRm {
         self.state().fail_allocations += n;
     }
 
+    /// The next `n` containers requested are never allocated and never
+    /// refused: the request goes unanswered, as on a full cluster.
+    pub fn withhold_allocations(&self, n: u32) {
+        self.state().withhold_allocations += n;
+    }
+
     /// Delays every data-plane frame of every container, running or started
     /// later, by `d` (a slow network).
     pub fn delay_data(&self, d: Duration) {
@@ -201,6 +210,10 @@ impl ResourceManager for InProcessRm {
                 let mut st = self.state();
                 if st.stopped {
                     return Err(RmError::Stopped("in-process"));
+                }
+                if st.withhold_allocations > 0 {
+                    st.withhold_allocations -= 1;
+                    continue;
                 }
                 if st.fail_allocations > 0 {
                     st.fail_allocations -= 1;
@@ -320,6 +333,8 @@ impl Drop for StopOnDrop {
 pub struct ClusterOptions {
     /// The first `n` containers requested fail to allocate.
     pub fail_allocations: u32,
+    /// The first `n` containers requested are never answered.
+    pub withhold_allocations: u32,
     /// Every data-plane frame is delayed by this much (a slow network): a
     /// mini-batch then takes at least two such delays (its pull's answer and
     /// its push's acknowledgement), which bounds how soon a job can end
@@ -349,6 +364,7 @@ impl Cluster {
         let opts = JobOptions {
             rm: Box::new(move |launch, events| {
                 let rm = Arc::new(InProcessRm::new(launch, events, max));
+                rm.withhold_allocations(faults.withhold_allocations);
                 rm.fail_allocations(faults.fail_allocations);
                 rm.delay_data(faults.data_delay);
                 *s.lock().unwrap_or_else(|p| p.into_inner()) = Some(Arc::clone(&rm));

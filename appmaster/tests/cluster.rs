@@ -5,7 +5,7 @@ use cruise_container::protocol::EvaluatorId;
 use std::path::Path;
 use std::time::Duration;
 
-use cruise_appmaster::am;
+use cruise_appmaster::am::{self, Progress};
 use cruise_appmaster::harness::{self, Cluster, ClusterOptions};
 use cruise_conf::{CruiseConfig, SyncMode};
 
@@ -287,6 +287,56 @@ async fn failed_allocation_fails_the_job() {
         .expect_err("the job must fail")
         .to_string();
     assert!(err.contains("allocation failed"), "{err}");
+}
+
+/// A cluster that never answers one of the job's container requests: the job
+/// says it still waits (how many registered, when it gives up) and fails
+/// at `runtime.allocation_timeout_ms`, naming the key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn withheld_allocation_is_reported_then_fails_the_job() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = data(dir.path(), 500);
+    let mut c = config(2);
+    c.runtime.allocation_timeout_ms = 3000;
+    let n = c.job.containers;
+    let mut cluster = Cluster::start_with(
+        c,
+        input,
+        dir.path().join("work"),
+        ClusterOptions {
+            withhold_allocations: 1,
+            ..ClusterOptions::default()
+        },
+    );
+    let mut notes = Vec::new();
+    while let Some(p) = tokio::time::timeout(WAIT, cluster.progress.recv())
+        .await
+        .expect("no hang")
+    {
+        if let Progress::Phase(text) = p {
+            notes.push(text);
+        }
+    }
+    let err = tokio::time::timeout(WAIT, cluster.join())
+        .await
+        .expect("no hang")
+        .expect_err("the job must fail")
+        .to_string();
+    let registered = format!("{} of {n}", n - 1);
+    assert!(
+        err.contains(&format!(
+            "only {registered} containers registered within 3 s (runtime.allocation_timeout_ms)"
+        )),
+        "{err}"
+    );
+    assert!(
+        notes
+            .iter()
+            .any(|t| t.starts_with("still waiting for containers")
+                && t.contains(&format!("{registered} registered"))
+                && t.contains("gives up at 3 s")),
+        "{notes:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

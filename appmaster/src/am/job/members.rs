@@ -12,9 +12,12 @@ use cruise_container::protocol::{
 };
 use cruise_rm::{ContainerId, RmEvent};
 
-use crate::am::{AmError, Role, control};
+use crate::am::{AmError, Progress, Role, control};
 
-use super::{Driver, EXIT_STATUS_WAIT, Ended, Evaluator, Phase, role_name, stderr_note};
+use super::{
+    ALLOCATION_NOTE_EVERY, Driver, EXIT_STATUS_WAIT, Ended, Evaluator, Phase, role_name,
+    stderr_note,
+};
 
 impl Driver {
     pub(super) fn describe(&self, id: EvaluatorId) -> String {
@@ -83,13 +86,33 @@ impl Driver {
         }
         if self.phase == Phase::Allocating {
             let limit = Duration::from_millis(self.config.runtime.allocation_timeout_ms);
-            if self.started.elapsed() > limit {
+            let waited = self.started.elapsed();
+            if waited > limit {
                 return Err(AmError::JobFailed(format!(
                     "only {} of {} containers registered within {:.0} s (runtime.allocation_timeout_ms)",
                     self.evaluators.len(),
                     self.config.job.containers,
                     limit.as_secs_f64()
                 )));
+            }
+            // Say so while the resource manager keeps the job waiting: every
+            // 10 s, or every quarter of the limit when that is shorter.
+            let every = (limit / 4).min(ALLOCATION_NOTE_EVERY);
+            if self
+                .allocation_noted
+                .map_or(waited >= every, |t| t.elapsed() >= every)
+            {
+                self.allocation_noted = Some(Instant::now());
+                let text = format!(
+                    "still waiting for containers from the {} runtime: {} of {} registered after {:.0} s (the job gives up at {:.0} s: runtime.allocation_timeout_ms)",
+                    self.rm.name(),
+                    self.evaluators.len(),
+                    self.config.job.containers,
+                    waited.as_secs_f64(),
+                    limit.as_secs_f64()
+                );
+                tracing::info!("{text}");
+                let _ = self.progress.send(Progress::Phase(text));
             }
         }
         Ok(())

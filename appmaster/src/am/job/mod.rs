@@ -55,6 +55,9 @@ use reconfigure::Reconfig;
 /// lost evaluator before failing the job without it.
 const EXIT_STATUS_WAIT: Duration = Duration::from_secs(3);
 
+/// How often, at most, a job still waiting for its first containers says so.
+const ALLOCATION_NOTE_EVERY: Duration = Duration::from_secs(10);
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
     Allocating,
@@ -178,6 +181,8 @@ pub(super) struct Driver {
     started: Instant,
     /// When the job entered [`Phase::Finishing`].
     finishing_since: Option<Instant>,
+    /// When the job last said it still waits for its first containers.
+    allocation_noted: Option<Instant>,
     evaluators: BTreeMap<EvaluatorId, Evaluator>,
     containers: HashMap<ContainerId, Container>,
     next_eval: EvaluatorId,
@@ -255,6 +260,7 @@ impl Driver {
             phase: Phase::Allocating,
             started: now,
             finishing_since: None,
+            allocation_noted: None,
             evaluators: BTreeMap::new(),
             containers: HashMap::new(),
             next_eval: EvaluatorId(1),
