@@ -783,6 +783,13 @@ pub struct RemoteError {
     pub retry: bool,
     /// What went wrong, with context.
     pub message: String,
+    /// Set by this evaluator's data plane, never sent: the request was on
+    /// its way to this peer when the connection was lost, so whether it was
+    /// applied is unknown — unless the peer has left the job, whose blocks
+    /// then come back from a checkpoint that cannot hold it (the request
+    /// is then sent again to their new owner).
+    #[serde(skip)]
+    pub lost_at: Option<EvaluatorId>,
 }
 
 impl RemoteError {
@@ -791,6 +798,7 @@ impl RemoteError {
         RemoteError {
             retry: false,
             message: message.into(),
+            lost_at: None,
         }
     }
 
@@ -799,6 +807,16 @@ impl RemoteError {
         RemoteError {
             retry: true,
             message: message.into(),
+            lost_at: None,
+        }
+    }
+
+    /// The request was in flight to `peer` when its connection was lost.
+    pub fn lost_at(peer: EvaluatorId, message: impl Into<String>) -> Self {
+        RemoteError {
+            retry: false,
+            message: message.into(),
+            lost_at: Some(peer),
         }
     }
 }
