@@ -209,6 +209,26 @@ pub enum AmToEval {
     /// Send the model blocks owned here to the AM: [`EvalToAm::ModelPart`]s,
     /// then [`EvalToAm::ModelDumped`].
     DumpModel,
+    /// Write the model blocks owned here into a checkpoint's folder, each
+    /// copied under its own lock while training goes on. Answered by
+    /// [`EvalToAm::CheckpointWritten`].
+    Checkpoint {
+        /// The checkpoint's number.
+        id: u64,
+        /// Its folder (local path or URI).
+        folder: String,
+    },
+    /// Own these blocks of the lost evaluator `lost` from now on, read from
+    /// the checkpoint in `folder`: operations on them queue here until each
+    /// is installed. Answered by [`EvalToAm::BlocksRestored`].
+    RestoreBlocks {
+        /// The evaluator that owned them.
+        lost: EvaluatorId,
+        /// The checkpoint's folder.
+        folder: String,
+        /// The blocks' files.
+        files: Vec<crate::checkpoint::BlockFile>,
+    },
     /// Stop: release everything and exit with status 0.
     Shutdown {
         /// Why (logged).
@@ -377,6 +397,24 @@ pub enum EvalToAm {
         to: EvaluatorId,
         /// Why.
         error: String,
+    },
+    /// The answer to [`AmToEval::Checkpoint`]: the blocks written, or why
+    /// not.
+    CheckpointWritten {
+        /// The checkpoint's number.
+        id: u64,
+        /// The files written, or the error.
+        result: Result<Vec<crate::checkpoint::BlockFile>, String>,
+    },
+    /// The answer to [`AmToEval::RestoreBlocks`]: every block restored and
+    /// owned here, or why not (the blocks not restored are still arriving).
+    BlocksRestored {
+        /// The checkpoint's folder they were read from.
+        folder: String,
+        /// The blocks asked for.
+        blocks: Vec<BlockId>,
+        /// `Err` names the file and what was wrong with it.
+        result: Result<(), String>,
     },
     /// Something failed that the evaluator cannot recover from; it will exit.
     Fatal {
