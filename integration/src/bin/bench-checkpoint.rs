@@ -23,7 +23,7 @@ use serde_json::Value;
 use cruise_integration::Spawned;
 use cruise_integration::bench::{Row, cruise_release_binary, machine_note, median, print_table};
 
-const USAGE: &str = "usage: bench-checkpoint [REPS]   (default 3)";
+const USAGE: &str = "Usage: bench-checkpoint [REPS]   (default 3)";
 const WAIT: Duration = Duration::from_secs(600);
 const EPOCHS: &str = "30";
 const FEATURES: &str = "mlr.features=20000";
