@@ -95,6 +95,15 @@ async fn training_worker(cluster: &mut Cluster) -> (EvaluatorId, String) {
     (w.id, w.container.clone())
 }
 
+/// Waits for a job that must fail, and returns its error.
+async fn failure(cluster: Cluster) -> String {
+    tokio::time::timeout(WAIT, cluster.join())
+        .await
+        .expect("no hang")
+        .expect_err("the job must fail")
+        .to_string()
+}
+
 /// Cancels a job that must still be running, and waits for its end.
 async fn cancel(cluster: Cluster) {
     cluster.cancel();
@@ -118,25 +127,107 @@ async fn training_server(cluster: &mut Cluster) -> (EvaluatorId, String) {
     (e.id, e.container.clone())
 }
 
-/// A killed server takes model blocks nothing can restore yet: the job
-/// fails, naming the server, how it ended and why it was not survived.
+/// Without checkpoints a killed server takes model blocks nothing can
+/// restore: the job fails, naming the server, how it ended and why it was
+/// not survived.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn killed_server_fails_the_job_naming_it() {
+async fn killed_server_fails_the_job_naming_it_without_checkpoints() {
     let dir = tempfile::tempdir().unwrap();
     let input = data(dir.path(), 3000);
-    let mut cluster = Cluster::start(config(10_000), input, dir.path().join("work"));
+    let mut c = config(10_000);
+    c.checkpoint.enabled = false;
+    let mut cluster = Cluster::start(c, input, dir.path().join("work"));
     let (id, container) = training_server(&mut cluster).await;
     assert!(cluster.kill_evaluator(&container));
-    let err = tokio::time::timeout(WAIT, cluster.join())
-        .await
-        .expect("no hang")
-        .expect_err("the job must fail")
-        .to_string();
+    let err = failure(cluster).await;
     assert!(err.contains(&format!("evaluator {id}")), "{err}");
     assert!(err.contains(&container), "{err}");
     assert!(err.contains("signal 9"), "{err}");
     assert!(
         err.contains("not survived") && err.contains("no checkpoint"),
+        "{err}"
+    );
+}
+
+/// With checkpoints every epoch, a killed server is survived: once a
+/// checkpoint is published, the server is killed; the other server restores
+/// its model blocks from the checkpoint and owns every one, and the workers
+/// train on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_server_is_survived_from_a_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = data(dir.path(), 3000);
+    let mut c = config(10_000);
+    c.job.containers = 4;
+    c.checkpoint.every_epochs = 1;
+    c.checkpoint.every_secs = 0;
+    let mut cluster = Cluster::start(c, input, dir.path().join("work"));
+    let st = cluster
+        .await_status(WAIT, |s| s.checkpoints >= 1)
+        .await
+        .unwrap_or_else(|e| panic!("no checkpoint published: {e}"));
+    let folder = st.checkpoint.as_ref().unwrap().folder.clone();
+    assert!(
+        Path::new(&folder).join("MANIFEST.json").is_file(),
+        "{folder} has no manifest"
+    );
+    let (id, container) = training_server(&mut cluster).await;
+    assert!(cluster.kill_evaluator(&container));
+    // The other server holds every model block, and the workers train on.
+    survived_by_one(cluster, id, am::Role::Server, |e| e.model_blocks == 8).await;
+}
+
+/// Waits until `id` is listed lost and one evaluator other than it is
+/// left in `role`, `holds_all` of its blocks; then until the job trains
+/// on for two more epochs (of 3000 records); then cancels it.
+async fn survived_by_one(
+    mut cluster: Cluster,
+    id: EvaluatorId,
+    role: am::Role,
+    holds_all: fn(&am::EvaluatorStatus) -> bool,
+) {
+    let recovered = cluster
+        .await_status(WAIT, |s| {
+            let left: Vec<_> = s.evaluators.iter().filter(|e| e.role == role).collect();
+            s.lost.len() == 1 && left.len() == 1 && left.iter().all(|e| e.id != id && holds_all(e))
+        })
+        .await
+        .unwrap_or_else(|e| panic!("no recovery: {e}"));
+    assert!(
+        recovered.lost[0].contains(&format!("evaluator {id}")),
+        "{:?}",
+        recovered.lost
+    );
+    assert_eq!(recovered.phase, "training");
+    let before = recovered.records_processed;
+    cluster
+        .await_status(WAIT, |s| s.records_processed > before + 6000)
+        .await
+        .unwrap_or_else(|e| panic!("training stopped after the loss: {e}"));
+    cancel(cluster).await;
+}
+
+/// Under SSP a lost server is not survived, even with a checkpoint: the
+/// message says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_server_fails_an_ssp_job_naming_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = data(dir.path(), 3000);
+    let mut c = config(10_000);
+    c.job.sync = SyncMode::Ssp;
+    c.job.staleness = 1;
+    c.checkpoint.every_epochs = 1;
+    c.checkpoint.every_secs = 0;
+    let mut cluster = Cluster::start(c, input, dir.path().join("work"));
+    cluster
+        .await_status(WAIT, |s| s.checkpoints >= 1)
+        .await
+        .unwrap_or_else(|e| panic!("no checkpoint published: {e}"));
+    let (_, container) = training_server(&mut cluster).await;
+    assert!(cluster.kill_evaluator(&container));
+    let err = failure(cluster).await;
+    assert!(
+        err.contains("not survived") && err.contains("job.sync = async"),
         "{err}"
     );
 }
@@ -164,29 +255,8 @@ async fn killed_worker_is_survived(c: CruiseConfig) {
     let mut cluster = Cluster::start(c, input, dir.path().join("work"));
     let (id, container) = training_worker(&mut cluster).await;
     assert!(cluster.kill_evaluator(&container));
-    let worker = cruise_appmaster::am::Role::Worker;
-    let recovered = cluster
-        .await_status(WAIT, |s| {
-            let survivors: Vec<_> = s.evaluators.iter().filter(|e| e.role == worker).collect();
-            s.lost.len() == 1
-                && survivors.len() == 1
-                && survivors.iter().all(|e| e.id != id && e.input_blocks == 6)
-        })
-        .await
-        .unwrap_or_else(|e| panic!("no recovery: {e}"));
-    assert!(
-        recovered.lost[0].contains(&format!("evaluator {id}")),
-        "{:?}",
-        recovered.lost
-    );
-    assert_eq!(recovered.phase, "training");
     // The survivor trains on, its blocks and the lost worker's.
-    let before = recovered.records_processed;
-    cluster
-        .await_status(WAIT, |s| s.records_processed > before + 3000)
-        .await
-        .unwrap_or_else(|e| panic!("training stopped after the loss: {e}"));
-    cancel(cluster).await;
+    survived_by_one(cluster, id, am::Role::Worker, |e| e.input_blocks == 6).await;
 }
 
 /// With `job.max_failures = 0` the first lost worker fails the job, and the
@@ -200,11 +270,7 @@ async fn dropped_control_connection_fails_the_job_without_failures_allowed() {
     let mut cluster = Cluster::start(c, input, dir.path().join("work"));
     let (id, container) = training_worker(&mut cluster).await;
     assert!(cluster.drop_connection(&container));
-    let err = tokio::time::timeout(WAIT, cluster.join())
-        .await
-        .expect("no hang")
-        .expect_err("the job must fail")
-        .to_string();
+    let err = failure(cluster).await;
     assert!(
         err.contains(&format!("evaluator {id}")) && err.contains("lost"),
         "{err}"
@@ -243,11 +309,7 @@ async fn silent_evaluator_misses_heartbeats() {
     let (id, container) = training_server(&mut cluster).await;
     // Every message it sends now arrives five seconds late.
     assert!(cluster.delay_messages(&container, Duration::from_secs(5)));
-    let err = tokio::time::timeout(WAIT, cluster.join())
-        .await
-        .expect("no hang")
-        .expect_err("the job must fail")
-        .to_string();
+    let err = failure(cluster).await;
     assert!(
         err.contains(&format!("evaluator {id}")) && err.contains("sent nothing"),
         "{err}"
@@ -281,11 +343,7 @@ async fn failed_allocation_fails_the_job() {
             ..ClusterOptions::default()
         },
     );
-    let err = tokio::time::timeout(WAIT, cluster.join())
-        .await
-        .expect("no hang")
-        .expect_err("the job must fail")
-        .to_string();
+    let err = failure(cluster).await;
     assert!(err.contains("allocation failed"), "{err}");
 }
 
@@ -349,11 +407,7 @@ async fn malformed_input_names_file_and_line() {
         path.display().to_string(),
         dir.path().join("work"),
     );
-    let err = tokio::time::timeout(WAIT, cluster.join())
-        .await
-        .expect("no hang")
-        .expect_err("the job must fail")
-        .to_string();
+    let err = failure(cluster).await;
     assert!(err.contains(&format!("{}:4:", path.display())), "{err}");
     assert!(err.contains("label 7 is out of range"), "{err}");
 }

@@ -40,6 +40,9 @@ pub struct CruiseConfig {
     pub hdfs: HdfsConfig,
     /// An emulated cluster of unequal containers (local runtime).
     pub emulation: EmulationConfig,
+    /// Periodic checkpoints of the model (a lost server's blocks come back
+    /// from the last one).
+    pub checkpoint: CheckpointConfig,
 }
 
 /// The ML application to run.
@@ -602,6 +605,38 @@ impl MesosConfig {
     }
 }
 
+/// `[checkpoint]`: periodic checkpoints of the model, taken while training
+/// goes on (each server copies each of its blocks under that block's own
+/// lock and writes it; the AM then publishes a manifest).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CheckpointConfig {
+    /// Take checkpoints. `false`: none, and a lost server fails the job.
+    pub enabled: bool,
+    /// Where: a local directory, `file://`, `hdfs://` or `webhdfs://` (every
+    /// evaluator must reach it: on YARN or Mesos use HDFS). Each checkpoint
+    /// is a folder `ckpt-<n>` in it; the last two are kept. Empty:
+    /// `<work dir>/checkpoints/<job id>` on the local runtime; on YARN and
+    /// Mesos no checkpoints are taken unless it is set.
+    pub dir: String,
+    /// Take one every this many epochs (0: not by epochs).
+    pub every_epochs: u32,
+    /// Take one when this many seconds of training have passed since the
+    /// last (0: not by time). With both set, whichever comes first.
+    pub every_secs: u64,
+}
+
+impl Default for CheckpointConfig {
+    fn default() -> Self {
+        CheckpointConfig {
+            enabled: true,
+            dir: String::new(),
+            every_epochs: 0,
+            every_secs: 120,
+        }
+    }
+}
+
 /// `[hdfs]`: how the WebHDFS client talks to namenodes and datanodes.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -1108,6 +1143,14 @@ impl CruiseConfig {
         }
         self.runtime.capacity_schedule()?;
         self.validate_emulation()?;
+        let ck = &self.checkpoint;
+        if ck.enabled && ck.every_epochs == 0 && ck.every_secs == 0 {
+            return bad(
+                "checkpoint.every_epochs",
+                "and checkpoint.every_secs are both 0: set one, or checkpoint.enabled = false"
+                    .into(),
+            );
+        }
         let o = &self.optimizer;
         if !(o.min_gain >= 0.0 && o.min_gain < 1.0) {
             return bad(

@@ -28,6 +28,7 @@ use cruise_conf::{ChannelConfig, CruiseConfig};
 use cruise_hdfs::FileSystem;
 
 use crate::apps::{self, App};
+use crate::checkpoint;
 use crate::emulate;
 use crate::os;
 use crate::peer::{DataPlane, PeerSettings};
@@ -693,6 +694,45 @@ async fn handle(
             links.answer_later("sending the model", async move {
                 ps::dump_model(&store, &tx, part_bytes).await?;
                 Ok::<_, PsError>(None)
+            });
+        }
+        AmToEval::Checkpoint { id, folder } => {
+            let fs = job.fs.clone();
+            links.answer_later("writing a checkpoint", async move {
+                let result = checkpoint::write_blocks(&fs, &store, &folder)
+                    .await
+                    .map_err(|e| e.to_string());
+                Ok::<_, EvaluatorError>(Some(EvalToAm::CheckpointWritten { id, result }))
+            });
+        }
+        AmToEval::RestoreBlocks {
+            lost,
+            folder,
+            files,
+        } => {
+            // Arriving before this handler returns: the AM announces the
+            // new owner only after this message.
+            let blocks: Vec<_> = files.iter().map(|f| f.block).collect();
+            if let Err(e) = checkpoint::begin_restore(&store, lost, &files) {
+                let result = Err(e.to_string());
+                let answer = EvalToAm::BlocksRestored {
+                    folder,
+                    blocks,
+                    result,
+                };
+                return links.send(answer).await;
+            }
+            let fs = job.fs.clone();
+            links.answer_later("restoring blocks", async move {
+                let result = checkpoint::restore_blocks(&fs, &store, &folder, &files)
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| e.to_string());
+                Ok::<_, EvaluatorError>(Some(EvalToAm::BlocksRestored {
+                    folder,
+                    blocks,
+                    result,
+                }))
             });
         }
         AmToEval::Heartbeat | AmToEval::Setup(_) | AmToEval::Shutdown { .. } => {}

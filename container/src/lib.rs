@@ -11,11 +11,13 @@
 //! - [`peer`]: the data plane (evaluator ⇄ evaluator connections).
 //! - [`ps`]: parameter-server roles (the worker loop, server metrics).
 //! - [`apps`]: the ML applications and their data generators.
+//! - [`checkpoint`]: checkpoints on the job's file system (blocks, manifest).
 //! - [`evaluator`]: the evaluator's event loop and process entry point.
 //! - [`emulate`]: in-process throttling of an emulated slower container.
 //! - [`input_fs`]: the file system input is read through (`[hdfs]`).
 
 pub mod apps;
+pub mod checkpoint;
 pub mod emulate;
 pub mod evaluator;
 pub mod input_fs;

@@ -6,6 +6,7 @@ use std::process::Command;
 #[test]
 fn every_benchmark_prints_its_usage_on_help() {
     let benches = [
+        ("bench-checkpoint", env!("CARGO_BIN_EXE_bench-checkpoint")),
         ("bench-control", env!("CARGO_BIN_EXE_bench-control")),
         ("bench-dataplane", env!("CARGO_BIN_EXE_bench-dataplane")),
         ("bench-mlr", env!("CARGO_BIN_EXE_bench-mlr")),

@@ -155,10 +155,13 @@ pub struct JobSummary {
     /// The emulated cluster the job ran on (mechanism and container
     /// shapes), if any.
     pub emulation: Option<String>,
-    /// Workers the job lost and went on without, in words (see
+    /// Evaluators the job lost and went on without, in words (see
     /// `job.max_failures`).
     #[serde(default)]
     pub lost: Vec<String>,
+    /// Checkpoints published.
+    #[serde(default)]
+    pub checkpoints: u64,
 }
 
 /// Progress of a job, for the command line.
@@ -233,9 +236,24 @@ pub struct Status {
     /// The emulated cluster the job runs on (mechanism and container
     /// shapes), if any.
     pub emulation: Option<String>,
-    /// Workers the job lost and went on without so far, in words.
+    /// Evaluators the job lost and went on without so far, in words.
     #[serde(default)]
     pub lost: Vec<String>,
+    /// The newest published checkpoint, if any.
+    pub checkpoint: Option<CheckpointInfo>,
+    /// Checkpoints published so far.
+    pub checkpoints: u64,
+}
+
+/// A published checkpoint, for the status.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CheckpointInfo {
+    /// Its number.
+    pub id: u64,
+    /// Epochs the job had completed when it was taken.
+    pub epoch: u32,
+    /// Its folder.
+    pub folder: String,
 }
 
 /// One evaluator in the status.
@@ -294,6 +312,13 @@ pub enum Event {
         eval: EvaluatorId,
         /// Why.
         reason: String,
+    },
+    /// A checkpoint's manifest was published (or not), off the loop.
+    CheckpointPublished {
+        /// The manifest.
+        manifest: Box<cruise_container::checkpoint::Manifest>,
+        /// `Err` says why it was not published.
+        result: Result<(), String>,
     },
     /// The optimizer decided (off the loop) what to do with the job.
     Decided {
@@ -435,8 +460,26 @@ fn evaluator_launch(
 
 /// Runs a job to its end.
 pub async fn run_job(opts: JobOptions) -> Result<JobSummary, AmError> {
-    let config = opts.config;
+    let mut config = opts.config;
     let job_id = new_job_id();
+    if config.checkpoint.enabled
+        && config.checkpoint.dir.is_empty()
+        && config.runtime.kind != cruise_conf::RuntimeKind::Local
+    {
+        // Evaluators elsewhere do not share the AM's work directory.
+        tracing::info!(
+            "no checkpoints: checkpoint.dir is not set, and on {} the evaluators do not share the AM's disk (set it to an hdfs:// directory)",
+            config.runtime.kind.as_str()
+        );
+        config.checkpoint.enabled = false;
+    } else if config.checkpoint.dir.is_empty() {
+        config.checkpoint.dir = opts
+            .work_dir
+            .join("checkpoints")
+            .join(&job_id)
+            .display()
+            .to_string();
+    }
     let secret = Secret::generate();
     // The input's file system may be slow to answer (its own deadlines
     // bound that): a signal stops the wait.

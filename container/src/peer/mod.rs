@@ -172,6 +172,9 @@ struct Inner {
     settings: PeerSettings,
     directory: Mutex<HashMap<EvaluatorId, SocketAddr>>,
     ever_seen: Mutex<HashSet<EvaluatorId>>,
+    /// Bumped on every new peer directory: a request lost with a peer's
+    /// connection waits on it to learn whether the peer has left.
+    directory_version: tokio::sync::watch::Sender<u64>,
     conns: Mutex<HashMap<EvaluatorId, Arc<OutConn>>>,
     counters: ServeCounters,
     /// CPU nanoseconds of the outbound request connections' tasks: what
@@ -232,6 +235,7 @@ impl DataPlane {
                 settings,
                 directory: Mutex::new(HashMap::new()),
                 ever_seen: Mutex::new(HashSet::new()),
+                directory_version: tokio::sync::watch::Sender::new(0),
                 conns: Mutex::new(HashMap::new()),
                 counters: ServeCounters::default(),
                 request_cpu_ns: Arc::new(AtomicU64::new(0)),

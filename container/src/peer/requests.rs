@@ -9,6 +9,13 @@
 //! A request written on a connection that then broke fails for good: whether
 //! it was applied is unknown, and retrying could apply it twice.
 //!
+//! A request in flight to a peer that then leaves the job (the AM let it
+//! go as lost) is the exception: its blocks come back from a checkpoint
+//! that cannot hold the request, so it is re-routed and sent again. A
+//! request whose connection was lost waits for the next peer directory (up
+//! to `store.request_timeout_ms`) to tell; if the peer is still listed, it
+//! fails as above.
+//!
 //! No answer is waited for forever: when the oldest request on a connection
 //! has waited longer than [`PeerSettings::request_timeout`](super::PeerSettings::request_timeout)
 //! (`store.request_timeout_ms`) the connection is given up like a broken
@@ -61,10 +68,45 @@ impl DataPlane {
         };
         *lock(&self.inner.directory) = peers.iter().copied().collect();
         self.inner.store.set_departed(departed.iter().copied());
-        let mut conns = lock(&self.inner.conns);
-        for d in departed {
-            if let Some(c) = conns.remove(&d) {
-                c.closed.store(true, Ordering::SeqCst);
+        {
+            let mut conns = lock(&self.inner.conns);
+            for d in departed {
+                if let Some(c) = conns.remove(&d) {
+                    c.closed.store(true, Ordering::SeqCst);
+                    // A hung peer answers nothing more: what waits for it is
+                    // sent again to the blocks' next owner.
+                    c.fail_all(RemoteError::lost_at(
+                        d,
+                        format!("evaluator {d} left the job with the request in flight"),
+                    ));
+                }
+            }
+        }
+        self.inner.directory_version.send_modify(|v| *v += 1);
+    }
+
+    /// Whether `peer` has left the job: known before, and not in the
+    /// directory any more.
+    fn departed(&self, peer: EvaluatorId) -> bool {
+        let seen = lock(&self.inner.ever_seen).contains(&peer);
+        seen && !lock(&self.inner.directory).contains_key(&peer)
+    }
+
+    /// Waits up to `wait` for `peer` to leave the job (a new directory
+    /// without it); returns whether it did.
+    async fn await_departure(&self, peer: EvaluatorId, wait: Duration) -> bool {
+        let mut version = self.inner.directory_version.subscribe();
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            if self.departed(peer) {
+                return true;
+            }
+            tokio::select! {
+                changed = version.changed() => if changed.is_err() {
+                    return false;
+                },
+                _ = tokio::time::sleep_until(deadline) => return self.departed(peer),
+                _ = self.inner.cancel.cancelled() => return false,
             }
         }
     }
@@ -199,6 +241,16 @@ impl DataPlane {
                     };
                     links.push(LinkSample { peer: p, bytes: out_bytes + in_bytes, secs });
                 }
+                // Lost with a peer that has since left the job: its
+                // outcome no longer matters, send it again.
+                if let Err(e) = &r
+                    && let Some(p) = e.lost_at
+                    && attempt < MAX_RETRIES
+                    && this.await_departure(p, this.inner.settings.request_timeout).await
+                {
+                    tracing::debug!(peer = %p, "a request lost with a departed peer is sent again");
+                    r = Err(RemoteError::retry(e.message.clone()));
+                }
                 if let Err(e) = &r
                     && e.retry && attempt < MAX_RETRIES {
                         let backoff = Duration::from_micros(200 << attempt.min(12));
@@ -221,6 +273,7 @@ impl DataPlane {
                             Some((p, _)) => RemoteError {
                                 retry: e.retry,
                                 message: format!("evaluator {p}: {}", e.message),
+                                lost_at: e.lost_at,
                             },
                             None => e,
                         };
@@ -388,9 +441,12 @@ impl DataPlane {
         }
         conn.close_and_fail(
             &self.inner.conns,
-            RemoteError::fatal(format!(
-                "connection to evaluator {peer} lost with the request in flight ({reason}); its outcome is unknown"
-            )),
+            RemoteError::lost_at(
+                peer,
+                format!(
+                    "connection to evaluator {peer} lost with the request in flight ({reason}); its outcome is unknown"
+                ),
+            ),
         );
     }
 }

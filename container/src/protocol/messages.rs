@@ -209,6 +209,26 @@ pub enum AmToEval {
     /// Send the model blocks owned here to the AM: [`EvalToAm::ModelPart`]s,
     /// then [`EvalToAm::ModelDumped`].
     DumpModel,
+    /// Write the model blocks owned here into a checkpoint's folder, each
+    /// copied under its own lock while training goes on. Answered by
+    /// [`EvalToAm::CheckpointWritten`].
+    Checkpoint {
+        /// The checkpoint's number.
+        id: u64,
+        /// Its folder (local path or URI).
+        folder: String,
+    },
+    /// Own these blocks of the lost evaluator `lost` from now on, read from
+    /// the checkpoint in `folder`: operations on them queue here until each
+    /// is installed. Answered by [`EvalToAm::BlocksRestored`].
+    RestoreBlocks {
+        /// The evaluator that owned them.
+        lost: EvaluatorId,
+        /// The checkpoint's folder.
+        folder: String,
+        /// The blocks' files.
+        files: Vec<crate::checkpoint::BlockFile>,
+    },
     /// Stop: release everything and exit with status 0.
     Shutdown {
         /// Why (logged).
@@ -377,6 +397,24 @@ pub enum EvalToAm {
         to: EvaluatorId,
         /// Why.
         error: String,
+    },
+    /// The answer to [`AmToEval::Checkpoint`]: the blocks written, or why
+    /// not.
+    CheckpointWritten {
+        /// The checkpoint's number.
+        id: u64,
+        /// The files written, or the error.
+        result: Result<Vec<crate::checkpoint::BlockFile>, String>,
+    },
+    /// The answer to [`AmToEval::RestoreBlocks`]: every block restored and
+    /// owned here, or why not (the blocks not restored are still arriving).
+    BlocksRestored {
+        /// The checkpoint's folder they were read from.
+        folder: String,
+        /// The blocks asked for.
+        blocks: Vec<BlockId>,
+        /// `Err` names the file and what was wrong with it.
+        result: Result<(), String>,
     },
     /// Something failed that the evaluator cannot recover from; it will exit.
     Fatal {
@@ -783,6 +821,13 @@ pub struct RemoteError {
     pub retry: bool,
     /// What went wrong, with context.
     pub message: String,
+    /// Set by this evaluator's data plane, never sent: the request was on
+    /// its way to this peer when the connection was lost, so whether it was
+    /// applied is unknown — unless the peer has left the job, whose blocks
+    /// then come back from a checkpoint that cannot hold it (the request
+    /// is then sent again to their new owner).
+    #[serde(skip)]
+    pub lost_at: Option<EvaluatorId>,
 }
 
 impl RemoteError {
@@ -791,6 +836,7 @@ impl RemoteError {
         RemoteError {
             retry: false,
             message: message.into(),
+            lost_at: None,
         }
     }
 
@@ -799,6 +845,16 @@ impl RemoteError {
         RemoteError {
             retry: true,
             message: message.into(),
+            lost_at: None,
+        }
+    }
+
+    /// The request was in flight to `peer` when its connection was lost.
+    pub fn lost_at(peer: EvaluatorId, message: impl Into<String>) -> Self {
+        RemoteError {
+            retry: false,
+            message: message.into(),
+            lost_at: Some(peer),
         }
     }
 }

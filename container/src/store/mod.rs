@@ -26,11 +26,13 @@
 //! | `op.rs` | a keyed operation ([`StoreOp`]): splitting it into requests, applying it to a block |
 //! | `submit.rs` | routing an operation ([`Store::submit`]) and assembling the answers |
 //! | `block_move.rs` | a block move's slot changes on the source and the destination |
+//! | `restore.rs` | a block restored from a checkpoint: its slot while it is read |
 //! | `block.rs` | the block contents and their encoding for a move |
 
 mod block;
 mod block_move;
 mod op;
+mod restore;
 mod submit;
 
 pub use block::{BlockData, InputBlock, KeyedBlock, StateBlock};

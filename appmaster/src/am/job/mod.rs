@@ -21,7 +21,8 @@
 //! | `members.rs` | containers and evaluators: connecting, registering, liveness, shutting down |
 //! | `training.rs` | the phases: loading, epochs and clocks, stopping, evaluating, saving the model |
 //! | `status.rs` | the live status and the summary |
-//! | `reconfigure/` | live reconfiguration: the trigger, the running plan and its operations, surviving a lost worker |
+//! | `checkpoints.rs` | taking checkpoints: when, who writes, publishing the manifest; the published ones |
+//! | `reconfigure/` | live reconfiguration: the trigger, the running plan and its operations, surviving a lost worker or server |
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
@@ -43,6 +44,7 @@ use super::history::{HistoryLog, Member};
 use super::outputs::Outputs;
 use super::{AmError, EpochSummary, Event, JobSummary, Progress, Role, Status};
 
+mod checkpoints;
 mod members;
 mod reconfigure;
 mod status;
@@ -216,6 +218,8 @@ pub(super) struct Driver {
     recorded_members: Vec<Member>,
     /// The app (for its derived metric), once built.
     app: Option<Arc<dyn apps::App>>,
+    /// Checkpoints taken and published.
+    ck: checkpoints::Checkpoints,
 }
 
 impl Driver {
@@ -284,6 +288,9 @@ impl Driver {
             history,
             recorded_members: Vec::new(),
             app: None,
+            ck: checkpoints::Checkpoints::new(cruise_container::input_fs::file_system(
+                &config_for_rc.hdfs,
+            )),
         }
     }
 
@@ -372,6 +379,8 @@ impl Driver {
                     self.expire_adds();
                     self.report_slow_plan();
                     self.expire_ops();
+                    self.expire_checkpoint();
+                    self.maybe_checkpoint().await;
                     self.maybe_reconfigure();
                     self.publish_status(None);
                 }
@@ -470,6 +479,9 @@ impl Driver {
             }
             Event::Message { eval, msg } => self.on_message(eval, msg).await?,
             Event::Decided { decided, splits } => self.on_decided(decided, splits),
+            Event::CheckpointPublished { manifest, result } => {
+                self.on_checkpoint_published(*manifest, result)
+            }
         }
         Ok(())
     }
@@ -598,6 +610,14 @@ impl Driver {
                 tracing::warn!(from = %id, %to, "bandwidth probe failed: {error}");
                 self.on_start_probe(id, to).await?;
             }
+            EvalToAm::CheckpointWritten { id: ck, result } => {
+                self.on_checkpoint_written(id, ck, result)
+            }
+            EvalToAm::BlocksRestored {
+                folder,
+                blocks,
+                result,
+            } => self.on_blocks_restored(id, folder, blocks, result).await?,
             EvalToAm::Fatal { error } => {
                 // Failed for good; the job fails too, once the loss that
                 // may have caused it had time to be heard of (`check_time`).

@@ -145,6 +145,8 @@ impl Driver {
             reconfigurations: self.rc.history.clone(),
             emulation: self.emulation.clone(),
             lost: self.losses().to_vec(),
+            checkpoint: self.ck.info(&self.config.checkpoint.dir),
+            checkpoints: self.ck.count(),
         };
         self.status.send_replace(status);
     }
@@ -155,6 +157,7 @@ impl Driver {
             reconfigurations: self.rc.history.clone(),
             emulation: self.emulation.clone(),
             lost: self.losses().to_vec(),
+            checkpoints: self.ck.count(),
             job_id: self.job_id.clone(),
             app: self.config.job.app,
             loss_name: self.loss_name.to_string(),

@@ -169,6 +169,7 @@ impl Driver {
         let now = Instant::now();
         self.train_started = Some(now);
         self.epoch_started = now;
+        self.checkpoints_start();
         Ok(())
     }
 
@@ -215,6 +216,8 @@ impl Driver {
         }
         if self.epochs.len() as u32 >= self.config.job.epochs && !self.end_reconfiguration() {
             self.start_stopping().await;
+        } else {
+            self.maybe_checkpoint().await;
         }
     }
 

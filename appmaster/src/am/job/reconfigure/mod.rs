@@ -212,6 +212,8 @@ pub(super) struct Reconfig {
     losses: Vec<String>,
     /// Their input blocks that survivors are re-reading.
     recoveries: Vec<recovery::Recovery>,
+    /// Lost servers' model blocks that survivors are restoring.
+    restores: Vec<recovery::Restore>,
 }
 
 impl Reconfig {
@@ -256,6 +258,7 @@ impl Reconfig {
             mini_batches_per_epoch: 0,
             losses: Vec::new(),
             recoveries: Vec::new(),
+            restores: Vec::new(),
         }
     }
 
@@ -274,6 +277,11 @@ impl Reconfig {
     }
 
     /// Whether a plan is deleting an evaluator (it is draining or leaving).
+    /// Whether a plan is running.
+    pub(super) fn plan_running(&self) -> bool {
+        self.plan.is_some()
+    }
+
     pub(super) fn is_deleting(&self, id: EvaluatorId) -> bool {
         self.deletes.contains_key(&id)
     }

@@ -28,6 +28,7 @@ impl Driver {
             || rc.deciding.is_some()
             || rc.stop_after_plan
             || !rc.recoveries.is_empty()
+            || !rc.restores.is_empty()
             || (rc.reclaim.is_none() && rc.last_check.elapsed() < rc.interval)
         {
             return;

@@ -1,0 +1,186 @@
+use std::sync::Arc;
+
+use super::*;
+use crate::protocol::{Key, OwnershipUpdate, ValueBatch};
+use crate::store::{OpKind, Pending, StoreOp, SumModel, block_of_key};
+
+const BLOCKS: u32 = 4;
+const JOB: &str = "job_test_ckpt";
+
+/// A store owning every model block, each key `k` of the first 200 set to `k`.
+fn filled_store() -> Store {
+    let s = Store::new(EvaluatorId(1));
+    s.configure(&[(MODEL_TABLE, BLOCKS)], Arc::new(SumModel));
+    let all: Vec<BlockId> = (0..BLOCKS).map(BlockId).collect();
+    s.create_blocks(MODEL_TABLE, &all).unwrap();
+    s.apply_ownership(&OwnershipUpdate {
+        version: 1,
+        owners: all
+            .iter()
+            .map(|&b| (MODEL_TABLE, b, EvaluatorId(1)))
+            .collect(),
+    });
+    let keys: Vec<Key> = (0..200).collect();
+    let mut values = ValueBatch::default();
+    for &k in &keys {
+        values.push(&[k as f32]);
+    }
+    let sub = s
+        .submit(&StoreOp {
+            kind: OpKind::Update,
+            table: MODEL_TABLE,
+            keys,
+            values,
+        })
+        .unwrap();
+    assert!(
+        sub.parts
+            .iter()
+            .all(|p| matches!(p.pending, Pending::Ready(Ok(_))))
+    );
+    s
+}
+
+/// Writes checkpoint `id` of `store` under `dir` and publishes it.
+async fn take(fs: &FileSystem, store: &Store, dir: &str, id: u64) -> Manifest {
+    let files = write_blocks(fs, store, &folder(dir, id)).await.unwrap();
+    let m = Manifest {
+        format: FORMAT,
+        job_id: JOB.into(),
+        id,
+        epoch: id as u32,
+        records_done: 100 * id,
+        tables: vec![(MODEL_TABLE, BLOCKS)],
+        blocks: files,
+        published_unix_secs: 0,
+    };
+    publish(fs, dir, &m).await.unwrap();
+    m
+}
+
+fn dir_of(t: &tempfile::TempDir) -> String {
+    t.path().join("ckpt").display().to_string()
+}
+
+#[tokio::test]
+async fn blocks_round_trip_and_only_the_last_two_are_kept() {
+    let t = tempfile::tempdir().unwrap();
+    let (fs, dir) = (FileSystem::default(), dir_of(&t));
+    let store = filled_store();
+    for id in 1..=3 {
+        take(&fs, &store, &dir, id).await;
+    }
+    let ids = list_ids(&fs, &dir).await.unwrap();
+    assert_eq!(ids, vec![2, 3], "the last two are kept");
+    let m = latest(&fs, &dir, JOB).await.unwrap();
+    assert_eq!((m.id, m.epoch, m.blocks.len()), (3, 3, BLOCKS as usize));
+    for f in &m.blocks {
+        let data = read_block(&fs, &folder(&dir, 3), f).await.unwrap();
+        let want = store.keyed_snapshot(f.block).unwrap();
+        assert_eq!(data, BlockData::Keyed(want));
+    }
+}
+
+#[tokio::test]
+async fn a_corrupt_newest_manifest_falls_back_to_the_previous() {
+    let t = tempfile::tempdir().unwrap();
+    let (fs, dir) = (FileSystem::default(), dir_of(&t));
+    let store = filled_store();
+    take(&fs, &store, &dir, 1).await;
+    take(&fs, &store, &dir, 2).await;
+    let manifest = join(&folder(&dir, 2), MANIFEST);
+    std::fs::write(&manifest, b"{\"format\": 1, \"job_id\": ").unwrap();
+    let err = check(&fs, &dir, 2, JOB).await.unwrap_err().to_string();
+    assert!(err.contains(&manifest) && err.contains("corrupt"), "{err}");
+    assert_eq!(latest(&fs, &dir, JOB).await.unwrap().id, 1);
+}
+
+#[tokio::test]
+async fn a_torn_block_is_detected_and_the_previous_checkpoint_used() {
+    let t = tempfile::tempdir().unwrap();
+    let (fs, dir) = (FileSystem::default(), dir_of(&t));
+    let store = filled_store();
+    take(&fs, &store, &dir, 1).await;
+    let m = take(&fs, &store, &dir, 2).await;
+    let torn = join(&folder(&dir, 2), &m.blocks[1].file);
+    let bytes = std::fs::read(&torn).unwrap();
+    std::fs::write(&torn, &bytes[..bytes.len() / 2]).unwrap();
+    let err = check(&fs, &dir, 2, JOB).await.unwrap_err().to_string();
+    assert!(err.contains(&torn), "{err}");
+    assert_eq!(latest(&fs, &dir, JOB).await.unwrap().id, 1);
+    // Unpublished (no manifest): skipped as well.
+    write_blocks(&fs, &store, &folder(&dir, 3)).await.unwrap();
+    assert_eq!(latest(&fs, &dir, JOB).await.unwrap().id, 1);
+}
+
+#[tokio::test]
+async fn a_flipped_byte_fails_its_checksum_naming_the_file() {
+    let t = tempfile::tempdir().unwrap();
+    let (fs, dir) = (FileSystem::default(), dir_of(&t));
+    let m = take(&fs, &filled_store(), &dir, 1).await;
+    let f = &m.blocks[0];
+    let uri = join(&folder(&dir, 1), &f.file);
+    let mut bytes = std::fs::read(&uri).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0x40;
+    std::fs::write(&uri, &bytes).unwrap();
+    let err = read_block(&fs, &folder(&dir, 1), f)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains(&uri) && err.contains("SHA-256"), "{err}");
+}
+
+#[tokio::test]
+async fn none_usable_names_the_directory_and_why() {
+    let t = tempfile::tempdir().unwrap();
+    let (fs, dir) = (FileSystem::default(), dir_of(&t));
+    let err = latest(&fs, &dir, JOB).await.unwrap_err().to_string();
+    assert!(err.contains(&dir), "{err}");
+    take(&fs, &filled_store(), &dir, 1).await;
+    let err = latest(&fs, &dir, "job_other")
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("not 1 of job_other"), "{err}");
+}
+
+/// A restored block queues what arrives before its data, then applies it.
+#[tokio::test]
+async fn a_restored_block_applies_what_queued_while_it_was_read() {
+    let t = tempfile::tempdir().unwrap();
+    let (fs, dir) = (FileSystem::default(), dir_of(&t));
+    let m = take(&fs, &filled_store(), &dir, 1).await;
+
+    let me = EvaluatorId(2);
+    let lost = EvaluatorId(1);
+    let s = Store::new(me);
+    s.configure(&[(MODEL_TABLE, BLOCKS)], Arc::new(SumModel));
+    s.apply_ownership(&OwnershipUpdate {
+        version: 2,
+        owners: (0..BLOCKS).map(|b| (MODEL_TABLE, BlockId(b), me)).collect(),
+    });
+    begin_restore(&s, lost, &m.blocks).unwrap();
+    let key: Key = 7;
+    let b = block_of_key(key, BLOCKS);
+    let mut values = ValueBatch::default();
+    values.push(&[1.0]);
+    let mut sub = s
+        .submit(&StoreOp {
+            kind: OpKind::Update,
+            table: MODEL_TABLE,
+            keys: vec![key],
+            values,
+        })
+        .unwrap();
+    let Pending::Queued(rx) = sub.parts.remove(0).pending else {
+        panic!("an update of a block being restored must queue");
+    };
+    let restored = restore_blocks(&fs, &s, &folder(&dir, 1), &m.blocks)
+        .await
+        .unwrap();
+    assert_eq!(restored.len(), BLOCKS as usize);
+    assert!(rx.await.unwrap().is_ok());
+    let v = s.keyed_snapshot(b).unwrap().values[&key].clone();
+    assert_eq!(v, vec![8.0], "the checkpoint's 7 plus the queued 1");
+}
