@@ -21,6 +21,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::codec::Framed;
 use tokio_util::sync::CancellationToken;
@@ -28,7 +29,8 @@ use tokio_util::task::TaskTracker;
 
 use crate::emulate::Throttled;
 use crate::protocol::{
-    self, EvaluatorId, Faults, FrameCodec, FrameOptions, Purpose, RemoteError, Secret,
+    self, EvaluatorId, Faults, FrameCodec, FrameOptions, FrameReader, FrameWriter, Purpose,
+    RemoteError, Secret,
 };
 use crate::store::{self, Store};
 
@@ -41,6 +43,24 @@ use requests::{Inflight, OutConn};
 /// A data-plane connection (paced when an emulated cluster limits this
 /// container's bandwidth in-process).
 type Stream = Throttled<TcpStream>;
+
+/// A request connection's halves, each paced like the connection: a writer
+/// that sends large values from their own vectors and a reader that reads
+/// them straight into place (`protocol::frames`).
+fn split_requests<Out, In, C>(
+    framed: Framed<Stream, C>,
+    opts: FrameOptions,
+) -> (
+    FrameWriter<Throttled<OwnedWriteHalf>, Out>,
+    FrameReader<Throttled<OwnedReadHalf>, In>,
+) {
+    let parts = framed.into_parts();
+    let (rd, wr) = parts.io.into_inner().into_split();
+    (
+        FrameWriter::new(Throttled::new(wr), opts),
+        FrameReader::new(Throttled::new(rd), opts, parts.read_buf),
+    )
+}
 
 /// Most times a retryable part is sent again before the error is returned.
 const MAX_RETRIES: u32 = 30;

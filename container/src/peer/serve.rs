@@ -107,7 +107,8 @@ impl DataPlane {
         framed: Framed<Stream, FrameCodec<ToClient, ToOwner>>,
         progress: &AtomicU64,
     ) {
-        let (sink, mut stream) = framed.split();
+        let (sink, mut stream) =
+            super::split_requests::<ToClient, ToOwner, _>(framed, self.inner.settings.frames);
         let conn_cancel = self.inner.cancel.child_token();
         let (tx, writer) = protocol::spawn_writer(
             crate::os::CpuTimedSink::new(sink, Arc::clone(&self.inner.counters.cpu_ns)),
