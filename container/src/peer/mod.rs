@@ -13,7 +13,8 @@
 //! | `mod.rs` | the [`DataPlane`] handle, its settings and counters, opening an authenticated connection, stopping |
 //! | `requests.rs` | outbound requests: routing a store operation's parts, one ordered connection per peer, retries, in-flight marks, probes |
 //! | `serve.rs` | inbound connections: accepting, answering requests, the goodbye when leaving |
-//! | `block_move.rs` | a block move's transfer, both ends (the slot changes are [`crate::store`]'s) |
+//! | `block_move.rs` | a block move, the evaluator's side of both ends (the slot changes are [`crate::store`]'s) |
+//! | `bulk.rs` | a move's bytes: both ends of a bulk connection, each on a thread of its own at a lower CPU priority |
 
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
@@ -35,6 +36,7 @@ use crate::protocol::{
 use crate::store::{self, Store};
 
 mod block_move;
+mod bulk;
 mod requests;
 mod serve;
 
