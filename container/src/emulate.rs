@@ -176,6 +176,12 @@ impl<S> Throttled<S> {
     pub fn get_ref(&self) -> &S {
         &self.inner
     }
+
+    /// The wrapped connection, unwrapped (a bulk transfer moves its
+    /// connection to a thread of its own and wraps it again there).
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
 }
 
 /// Waits in `wait` until `bucket` grants bytes; returns how many.
@@ -235,6 +241,29 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Throttled<S> {
             bucket.spend(*written);
         }
         Poll::Ready(r)
+    }
+
+    /// Vectored writes pass through when nothing is throttled (a bulk
+    /// transfer writes a frame's header and its payload in one system
+    /// call); throttled, the first buffer is written as `poll_write` would.
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        if STATE.get().and_then(|s| s.write.as_ref()).is_none() {
+            return Pin::new(&mut this.inner).poll_write_vectored(cx, bufs);
+        }
+        let first = bufs
+            .iter()
+            .find(|b| !b.is_empty())
+            .map_or(&[][..], |b| &b[..]);
+        Pin::new(this).poll_write(cx, first)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {

@@ -7,7 +7,8 @@
 //! destination (a `Handover` request on the ordered request connection, so it
 //! follows every operation forwarded before it), takes its data out of the
 //! store, streams it in chunks (`Begin`, `Chunk`…, `End`) and waits for
-//! `Installed`; the destination's side is `serve_bulk`. The
+//! `Installed`; the bytes are `bulk.rs`'s, both ends on threads of their
+//! own, the destination's in `bulk_destination`. The
 //! slot changes on both ends, and what happens to operations meanwhile, are
 //! described in `store/block_move.rs`. Each installed block is reported
 //! to the AM (`BlockMoved`), which publishes the new owner to every member.
@@ -16,30 +17,49 @@
 //! which decides under its block lock whether the block had landed: exactly
 //! one of the two owns it afterwards.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::collections::VecDeque;
+use std::sync::Arc;
 use std::time::Duration;
 
-use futures::{SinkExt, StreamExt};
-use tokio::sync::mpsc;
-use tokio_util::codec::Framed;
+use tokio::sync::{mpsc, oneshot};
 
 use crate::protocol::{
-    self, BlockId, BulkToDest, BulkToSource, EvalToAm, EvaluatorId, FrameCodec, INPUT_TABLE,
-    PeerRequest, PeerResponse, Purpose, RemoteError, STATE_TABLE, TableId,
+    BlockId, EvalToAm, EvaluatorId, INPUT_TABLE, PeerRequest, PeerResponse, STATE_TABLE, TableId,
 };
 use crate::store::BlockData;
 
-use super::{DataPlane, PeerError, Stream};
+use super::bulk::{self, SendJob};
+use super::{DataPlane, PeerError};
+
+/// Blocks of one move in flight at most: one streaming while the one
+/// before is installed at the destination.
+const MOVE_WINDOW: usize = 2;
+
+/// A block handed over and given to the bulk thread, not answered yet.
+struct InFlight {
+    move_id: u64,
+    table: TableId,
+    block: BlockId,
+    to: EvaluatorId,
+    /// Encoded size.
+    bytes: u64,
+    /// The data, to put back if the transfer fails.
+    data: Arc<BlockData>,
+    done: oneshot::Receiver<Result<u64, PeerError>>,
+}
 
 impl DataPlane {
-    /// Moves `blocks` of `table` to `to`, one block at a time over one bulk
-    /// connection. Reports each installed block with [`EvalToAm::BlockMoved`]
-    /// on `report`. An input block's worker-local state (if it has any here)
-    /// moves with it, first: a destination that owns the input then always
-    /// owns its state. On failure the block in flight ends up with exactly
-    /// one owner — here, or at `to` if it had landed there before the
-    /// connection failed (then it is reported too) — and the error is
-    /// returned; blocks already moved stay moved.
+    /// Moves `blocks` of `table` to `to` over one bulk connection, whose
+    /// bytes a thread of its own streams (`bulk.rs`), the next block while
+    /// the destination installs the previous one. Reports each installed
+    /// block with [`EvalToAm::BlockMoved`] on `report`. An input block's
+    /// worker-local state (if it has any here) moves with it, first, and
+    /// the input is handed over only once the state has landed: a
+    /// destination that owns the input then always owns its state. On
+    /// failure each block in flight ends up with exactly one owner — here,
+    /// or at `to` if it had landed there before the connection failed (then
+    /// it is reported too) — and the first error is returned; blocks
+    /// already moved stay moved.
     pub async fn move_blocks(
         &self,
         move_id: u64,
@@ -49,44 +69,117 @@ impl DataPlane {
         report: &mpsc::Sender<EvalToAm>,
     ) -> Result<u64, PeerError> {
         let addr = self.addr_of(to).ok_or(PeerError::UnknownPeer(to))?;
-        let mut bulk: Framed<Stream, FrameCodec<BulkToDest, BulkToSource>> =
-            self.open(to, addr, Purpose::Bulk).await?;
+        let (ready_tx, ready_rx) = oneshot::channel();
+        let (jobs_tx, jobs_rx) = mpsc::channel::<SendJob>(MOVE_WINDOW);
+        let this = self.clone();
+        let thread = bulk::spawn(format!("bulk-to-{to}"), move || {
+            this.bulk_source(to, addr, ready_tx, jobs_rx)
+        })
+        .map_err(|e| PeerError::Connection {
+            peer: to,
+            message: format!("cannot start the bulk transfer's thread: {e}"),
+        })?;
+        let connected = ready_rx.await.unwrap_or_else(|_| {
+            Err(PeerError::Connection {
+                peer: to,
+                message: "the bulk transfer's thread ended before connecting".into(),
+            })
+        });
+        if let Err(e) = connected {
+            let _ = thread.join().await;
+            return Err(e);
+        }
+        let mut window: VecDeque<InFlight> = VecDeque::new();
         let mut total = 0u64;
-        for &block in blocks {
+        let mut failure: Option<PeerError> = None;
+        'blocks: for &block in blocks {
             let mut tables = Vec::with_capacity(2);
             if table == INPUT_TABLE && self.inner.store.is_owned(STATE_TABLE, block) {
                 tables.push(STATE_TABLE);
             }
             tables.push(table);
+            let with_state = tables.len() == 2;
             for t in tables {
-                total += self
-                    .move_one(&mut bulk, move_id, t, block, to, report)
-                    .await?;
+                while window.len() >= MOVE_WINDOW
+                    || (with_state && t == table && !window.is_empty())
+                {
+                    let Some(f) = window.pop_front() else { break };
+                    match self.land(f, report).await {
+                        Ok(b) => total += b,
+                        Err(e) => {
+                            failure = Some(e);
+                            break 'blocks;
+                        }
+                    }
+                }
+                let data = match self.hand_over(move_id, t, block, to).await {
+                    Ok(d) => Arc::new(d),
+                    Err(e) => {
+                        failure = Some(e);
+                        break 'blocks;
+                    }
+                };
+                let (done_tx, done_rx) = oneshot::channel();
+                // A thread that has ended drops the job unanswered: the
+                // block is then put back like any whose transfer failed.
+                let _ = jobs_tx
+                    .send(SendJob {
+                        move_id,
+                        table: t,
+                        block,
+                        data: Arc::clone(&data),
+                        done: done_tx,
+                    })
+                    .await;
+                window.push_back(InFlight {
+                    move_id,
+                    table: t,
+                    block,
+                    to,
+                    bytes: data.encoded_len() as u64,
+                    data,
+                    done: done_rx,
+                });
             }
         }
-        let _ = bulk.close().await;
-        Ok(total)
+        while failure.is_none()
+            && let Some(f) = window.pop_front()
+        {
+            match self.land(f, report).await {
+                Ok(b) => total += b,
+                Err(e) => failure = Some(e),
+            }
+        }
+        // The thread ends once every job is answered, or at once if the
+        // connection failed; then every block left has its answer and its
+        // data is only here.
+        drop(jobs_tx);
+        if let Err(e) = thread.join().await {
+            tracing::warn!("bulk transfer to evaluator {to}: {e}");
+        }
+        for f in window {
+            match self.land(f, report).await {
+                Ok(b) => total += b,
+                Err(e) => {
+                    failure.get_or_insert(e);
+                }
+            }
+        }
+        match failure {
+            Some(e) => Err(e),
+            None => Ok(total),
+        }
     }
 
-    /// Hands one block over to `to` and streams it (see the module docs).
-    /// Reports the block on `report` once `to` owns it, also when the
-    /// stream failed after the block had landed (then the error is returned).
-    async fn move_one(
+    /// Hands one block over to `to` (see the module docs) and takes its
+    /// data out of the store; on failure the block stays here.
+    async fn hand_over(
         &self,
-        bulk: &mut Framed<Stream, FrameCodec<BulkToDest, BulkToSource>>,
         move_id: u64,
         table: TableId,
         block: BlockId,
         to: EvaluatorId,
-        report: &mpsc::Sender<EvalToAm>,
-    ) -> Result<u64, PeerError> {
-        let moved = |bytes: u64| EvalToAm::BlockMoved {
-            move_id,
-            table,
-            block,
-            to,
-            bytes,
-        };
+    ) -> Result<BlockData, PeerError> {
         let handover = PeerRequest::Handover {
             table,
             block,
@@ -98,59 +191,72 @@ impl DataPlane {
             let _ = self.call_off(to, table, block).await;
             return Err(e);
         }
-        let data = match self.inner.store.take_for_move(table, block, to) {
-            Ok(d) => d,
+        match self.inner.store.take_for_move(table, block, to) {
+            Ok(d) => Ok(d),
             Err(e) => {
                 let _ = self.call_off(to, table, block).await;
-                return Err(e.into());
-            }
-        };
-        // Encoding a large block takes milliseconds: off the async threads,
-        // so requests on other blocks are served meanwhile.
-        let chunk = self.inner.settings.chunk_bytes.max(1);
-        let (data, chunks) = tokio::task::spawn_blocking(move || {
-            let chunks = data.encode_chunks(chunk);
-            (data, chunks)
-        })
-        .await
-        .map_err(|e| PeerError::Connection {
-            peer: to,
-            message: format!("encoding block {block} failed: {e}"),
-        })?;
-        let bytes = chunks.iter().map(|c| c.len() as u64).sum();
-        match self
-            .stream_block(bulk, move_id, table, block, chunks, to)
-            .await
-        {
-            Ok(()) => {
-                self.inner.store.finish_move(table, block)?;
-                let _ = report.send(moved(bytes)).await;
-                Ok(bytes)
-            }
-            Err(e) => {
-                // Whether the block landed is unknown: queue operations on it
-                // here and ask the destination, which decides under its
-                // block lock.
-                self.inner.store.recall(table, block)?;
-                match self.call_off(to, table, block).await {
-                    Some(true) => {
-                        // It landed: the move took place. What queued here
-                        // meanwhile goes to the new owner.
-                        self.inner.store.abort_incoming(table, block)?;
-                        let _ = report.send(moved(bytes)).await;
-                    }
-                    answer => {
-                        if answer.is_none() {
-                            tracing::warn!(
-                                "evaluator {to} did not answer whether block {block} of table {table} landed; keeping it here"
-                            );
-                        }
-                        self.inner.store.install(table, block, data)?;
-                    }
-                }
-                Err(e)
+                Err(e.into())
             }
         }
+    }
+
+    /// Waits for a block's transfer. Installed: the move of the block is
+    /// finished and reported. Failed: whether it landed is unknown, so
+    /// operations on it are queued here again and the destination is asked,
+    /// which decides under its block lock; the block stays where it landed
+    /// (reported if there) and the error is returned.
+    async fn land(&self, f: InFlight, report: &mpsc::Sender<EvalToAm>) -> Result<u64, PeerError> {
+        let InFlight {
+            move_id,
+            table,
+            block,
+            to,
+            bytes,
+            data,
+            done,
+        } = f;
+        let moved = |bytes: u64| EvalToAm::BlockMoved {
+            move_id,
+            table,
+            block,
+            to,
+            bytes,
+        };
+        let answer = done.await.unwrap_or_else(|_| {
+            Err(PeerError::Connection {
+                peer: to,
+                message: "the bulk transfer's thread ended without an answer".into(),
+            })
+        });
+        let e = match answer {
+            Ok(sent) => {
+                self.inner.store.finish_move(table, block)?;
+                let _ = report.send(moved(sent)).await;
+                return Ok(sent);
+            }
+            Err(e) => e,
+        };
+        self.inner.store.recall(table, block)?;
+        match self.call_off(to, table, block).await {
+            Some(true) => {
+                // It landed: the move took place. What queued here
+                // meanwhile goes to the new owner.
+                self.inner.store.abort_incoming(table, block)?;
+                let _ = report.send(moved(bytes)).await;
+            }
+            answer => {
+                if answer.is_none() {
+                    tracing::warn!(
+                        "evaluator {to} did not answer whether block {block} of table {table} landed; keeping it here"
+                    );
+                }
+                // The thread has let go of it (it drops its reference
+                // before answering); a copy otherwise.
+                let data = Arc::try_unwrap(data).unwrap_or_else(|d| (*d).clone());
+                self.inner.store.install(table, block, data)?;
+            }
+        }
+        Err(e)
     }
 
     /// Asks `to` to call off the handover of a block (idempotent, so it is
@@ -180,210 +286,6 @@ impl DataPlane {
         }
         None
     }
-
-    async fn stream_block(
-        &self,
-        bulk: &mut Framed<Stream, FrameCodec<BulkToDest, BulkToSource>>,
-        move_id: u64,
-        table: TableId,
-        block: BlockId,
-        chunks: Vec<Vec<u8>>,
-        to: EvaluatorId,
-    ) -> Result<(), PeerError> {
-        let bytes = chunks.iter().map(|c| c.len() as u64).sum();
-        let conn_err = |e: protocol::ProtocolError| PeerError::Connection {
-            peer: to,
-            message: e.to_string(),
-        };
-        // Each write, and the destination's answer, within the request
-        // timeout: a destination that stops reading or answering does not
-        // hold the move (and the block's queued operations) forever.
-        let timeout = self.inner.settings.request_timeout;
-        let stalled = |what: &str| PeerError::Connection {
-            peer: to,
-            message: format!(
-                "{what} for {:.1} s (store.request_timeout_ms)",
-                timeout.as_secs_f64()
-            ),
-        };
-        let begin = BulkToDest::Begin {
-            move_id,
-            table,
-            block,
-            bytes,
-        };
-        tokio::time::timeout(timeout, bulk.feed(begin))
-            .await
-            .map_err(|_| stalled("the destination took no data"))?
-            .map_err(conn_err)?;
-        for chunk in chunks {
-            if self.bulk_broken() {
-                return Err(PeerError::Connection {
-                    peer: to,
-                    message: "connection broken (injected fault)".into(),
-                });
-            }
-            tokio::time::timeout(timeout, bulk.send(BulkToDest::Chunk(chunk)))
-                .await
-                .map_err(|_| stalled("the destination took no data"))?
-                .map_err(conn_err)?;
-        }
-        tokio::time::timeout(timeout, bulk.send(BulkToDest::End))
-            .await
-            .map_err(|_| stalled("the destination took no data"))?
-            .map_err(conn_err)?;
-        let answer = tokio::select! {
-            a = tokio::time::timeout(timeout, bulk.next()) => match a {
-                Ok(a) => a,
-                Err(_) => return Err(stalled("no answer after the block was sent")),
-            },
-            _ = self.inner.cancel.cancelled() => None,
-            _ = self.inner.faults.broken() => None,
-            _ = self.inner.bulk_faults.broken() => None,
-        };
-        match answer {
-            Some(Ok(BulkToSource::Installed { table: t, block: b }))
-                if t == table && b == block =>
-            {
-                Ok(())
-            }
-            Some(Ok(BulkToSource::Failed { reason, .. })) => Err(PeerError::Remote {
-                peer: to,
-                error: RemoteError::fatal(reason),
-            }),
-            Some(Ok(other)) => Err(PeerError::Connection {
-                peer: to,
-                message: format!("unexpected answer {other:?}"),
-            }),
-            Some(Err(e)) => Err(conn_err(e)),
-            None => Err(PeerError::Connection {
-                peer: to,
-                message: "closed before the block was installed".into(),
-            }),
-        }
-    }
-
-    pub(super) async fn serve_bulk(
-        &self,
-        peer: EvaluatorId,
-        framed: Framed<Stream, FrameCodec<BulkToSource, BulkToDest>>,
-        progress: &AtomicU64,
-    ) {
-        let (mut sink, mut stream) = framed.split();
-        let mut current: Option<Arriving> = None;
-        loop {
-            let idle = self.inner.settings.request_timeout;
-            let frame = tokio::select! {
-                _ = self.inner.cancel.cancelled() => return,
-                _ = self.inner.faults.broken() => return,
-                _ = self.inner.bulk_faults.broken() => return,
-                f = stream.next() => f,
-                // A source that stops sending mid-block (hung, or cut off)
-                // would leave the block arriving, and the operations queued
-                // on it, waiting for good: call the move off here, as the
-                // source would (the block stays the source's).
-                _ = tokio::time::sleep(idle), if current.is_some() => {
-                    if let Some(a) = current.take() {
-                        tracing::warn!(
-                            "bulk transfer from evaluator {peer}: nothing for {:.1} s (store.request_timeout_ms) with {} of {} bytes of block {} of table {} received; calling the move off",
-                            idle.as_secs_f64(), a.got, a.bytes, a.block, a.table
-                        );
-                        if let Err(e) = self.inner.store.abort_incoming(a.table, a.block) {
-                            tracing::warn!("calling off block {} of table {}: {e}", a.block, a.table);
-                        }
-                    }
-                    return;
-                }
-            };
-            let frame = match frame {
-                Some(Ok(f)) => {
-                    progress.fetch_add(1, Ordering::Relaxed);
-                    f
-                }
-                Some(Err(e)) => {
-                    tracing::warn!("bulk transfer from evaluator {peer} failed: {e}");
-                    return;
-                }
-                None => return,
-            };
-            match frame {
-                BulkToDest::Begin {
-                    table,
-                    block,
-                    bytes,
-                    ..
-                } => {
-                    current = Some(Arriving {
-                        table,
-                        block,
-                        bytes,
-                        got: 0,
-                        pieces: Vec::new(),
-                    });
-                }
-                BulkToDest::Chunk(c) => match &mut current {
-                    Some(a) if a.got + c.len() as u64 <= a.bytes => {
-                        a.got += c.len() as u64;
-                        a.pieces.push(c);
-                    }
-                    _ => {
-                        tracing::warn!(
-                            "bulk transfer from evaluator {peer}: chunk outside a block or beyond its size"
-                        );
-                        return;
-                    }
-                },
-                BulkToDest::End => {
-                    let Some(Arriving {
-                        table,
-                        block,
-                        pieces,
-                        ..
-                    }) = current.take()
-                    else {
-                        tracing::warn!("bulk transfer from evaluator {peer}: end without begin");
-                        return;
-                    };
-                    // Decoding takes milliseconds for a large block: off the
-                    // async threads, so requests on other blocks go on.
-                    let store = self.inner.store.clone();
-                    let installed = tokio::task::spawn_blocking(move || {
-                        BlockData::decode_chunks(&pieces)
-                            .and_then(|d| store.install(table, block, d))
-                    })
-                    .await;
-                    let answer = match installed {
-                        Ok(Ok(())) => BulkToSource::Installed { table, block },
-                        Ok(Err(e)) => BulkToSource::Failed {
-                            table,
-                            block,
-                            reason: e.to_string(),
-                        },
-                        Err(e) => BulkToSource::Failed {
-                            table,
-                            block,
-                            reason: format!("decoding failed: {e}"),
-                        },
-                    };
-                    if sink.send(answer).await.is_err() {
-                        return;
-                    }
-                }
-            }
-        }
-    }
-}
-
-/// A block arriving on a bulk connection.
-struct Arriving {
-    table: TableId,
-    block: BlockId,
-    /// Bytes announced.
-    bytes: u64,
-    /// Bytes received so far.
-    got: u64,
-    /// The pieces, in order.
-    pieces: Vec<Vec<u8>>,
 }
 
 #[cfg(test)]

@@ -13,7 +13,8 @@
 //! | `mod.rs` | the [`DataPlane`] handle, its settings and counters, opening an authenticated connection, stopping |
 //! | `requests.rs` | outbound requests: routing a store operation's parts, one ordered connection per peer, retries, in-flight marks, probes |
 //! | `serve.rs` | inbound connections: accepting, answering requests, the goodbye when leaving |
-//! | `block_move.rs` | a block move's transfer, both ends (the slot changes are [`crate::store`]'s) |
+//! | `block_move.rs` | a block move, the evaluator's side of both ends (the slot changes are [`crate::store`]'s) |
+//! | `bulk.rs` | a move's bytes: both ends of a bulk connection, each on a thread of its own at a lower CPU priority |
 
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
@@ -21,6 +22,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::codec::Framed;
 use tokio_util::sync::CancellationToken;
@@ -28,11 +30,13 @@ use tokio_util::task::TaskTracker;
 
 use crate::emulate::Throttled;
 use crate::protocol::{
-    self, EvaluatorId, Faults, FrameCodec, FrameOptions, Purpose, RemoteError, Secret,
+    self, EvaluatorId, Faults, FrameCodec, FrameOptions, FrameReader, FrameWriter, Purpose,
+    RemoteError, Secret,
 };
 use crate::store::{self, Store};
 
 mod block_move;
+mod bulk;
 mod requests;
 mod serve;
 
@@ -41,6 +45,24 @@ use requests::{Inflight, OutConn};
 /// A data-plane connection (paced when an emulated cluster limits this
 /// container's bandwidth in-process).
 type Stream = Throttled<TcpStream>;
+
+/// A request connection's halves, each paced like the connection: a writer
+/// that sends large values from their own vectors and a reader that reads
+/// them straight into place (`protocol::frames`).
+fn split_requests<Out, In, C>(
+    framed: Framed<Stream, C>,
+    opts: FrameOptions,
+) -> (
+    FrameWriter<Throttled<OwnedWriteHalf>, Out>,
+    FrameReader<Throttled<OwnedReadHalf>, In>,
+) {
+    let parts = framed.into_parts();
+    let (rd, wr) = parts.io.into_inner().into_split();
+    (
+        FrameWriter::new(Throttled::new(wr), opts),
+        FrameReader::new(Throttled::new(rd), opts, parts.read_buf),
+    )
+}
 
 /// Most times a retryable part is sent again before the error is returned.
 const MAX_RETRIES: u32 = 30;

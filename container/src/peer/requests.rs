@@ -358,7 +358,8 @@ impl DataPlane {
                 return;
             }
         };
-        let (mut sink, mut stream) = framed.split();
+        let (mut sink, mut stream) =
+            super::split_requests::<ToOwner, ToClient, _>(framed, self.inner.settings.frames);
         let mut said_goodbye = false;
         let timeout = self.inner.settings.request_timeout;
         let mut deadlines = tokio::time::interval(

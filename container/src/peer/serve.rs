@@ -21,8 +21,8 @@ use tokio_util::codec::Framed;
 
 use crate::emulate::Throttled;
 use crate::protocol::{
-    self, BulkToDest, BulkToSource, EvaluatorId, FrameCodec, PeerRequest, PeerResponse, Purpose,
-    RemoteError, ToClient, ToOwner,
+    self, EvaluatorId, FrameCodec, PeerRequest, PeerResponse, Purpose, RemoteError, ToClient,
+    ToOwner,
 };
 use crate::store::{self, PartResult, StoreOp};
 
@@ -92,12 +92,46 @@ impl DataPlane {
         };
         match id.purpose {
             Purpose::Requests => self.serve_requests(peer, framed, progress).await,
-            Purpose::Bulk => {
-                let framed =
-                    framed.map_codec(|c| FrameCodec::<BulkToSource, BulkToDest>::new(c.options()));
-                self.serve_bulk(peer, framed, progress).await
-            }
+            Purpose::Bulk => self.serve_bulk(peer, framed).await,
             Purpose::Control => {}
+        }
+    }
+
+    /// A bulk connection: its blocks are read, installed and answered on a
+    /// thread of its own (`bulk.rs`), which this task waits for.
+    async fn serve_bulk(
+        &self,
+        peer: EvaluatorId,
+        framed: Framed<Stream, FrameCodec<ToClient, ToOwner>>,
+    ) {
+        let parts = framed.into_parts();
+        let leftover = parts.read_buf;
+        let stream = match parts.io.into_inner().into_std() {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!("bulk transfer from evaluator {peer}: {e}");
+                return;
+            }
+        };
+        let this = self.clone();
+        let thread = super::bulk::spawn(format!("bulk-from-{peer}"), move || async move {
+            match TcpStream::from_std(stream) {
+                Ok(s) => {
+                    this.bulk_destination(peer, Throttled::new(s), leftover)
+                        .await
+                }
+                Err(e) => tracing::warn!("bulk transfer from evaluator {peer}: {e}"),
+            }
+        });
+        match thread {
+            Ok(t) => {
+                if let Err(e) = t.join().await {
+                    tracing::warn!("bulk transfer from evaluator {peer}: {e}");
+                }
+            }
+            Err(e) => {
+                tracing::warn!("bulk transfer from evaluator {peer}: cannot start its thread: {e}")
+            }
         }
     }
 
@@ -107,7 +141,8 @@ impl DataPlane {
         framed: Framed<Stream, FrameCodec<ToClient, ToOwner>>,
         progress: &AtomicU64,
     ) {
-        let (sink, mut stream) = framed.split();
+        let (sink, mut stream) =
+            super::split_requests::<ToClient, ToOwner, _>(framed, self.inner.settings.frames);
         let conn_cancel = self.inner.cancel.child_token();
         let (tx, writer) = protocol::spawn_writer(
             crate::os::CpuTimedSink::new(sink, Arc::clone(&self.inner.counters.cpu_ns)),

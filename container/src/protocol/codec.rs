@@ -10,7 +10,12 @@
 //!
 //! flags bit 0 (COMPRESSED): body is an lz4 block preceded by its
 //!                           uncompressed size as u32 LE
-//! flags bits 1..7:          reserved, must be 0
+//! flags bit 1 (TAIL):       body is the message with its values apart:
+//!                           meta length (u32 LE), the message encoded
+//!                           with empty value bytes, the value bytes
+//!                           (request connections, `protocol::frames`;
+//!                           never with COMPRESSED)
+//! flags bits 2..7:          reserved, must be 0
 //! ```
 //!
 //! `length` is bounded by the connection's maximum frame size, and so is the
@@ -41,6 +46,8 @@ use super::ProtocolError;
 
 const HEADER: usize = 4;
 const FLAG_COMPRESSED: u8 = 1;
+/// The body is a message and its values apart (`protocol::frames`).
+pub(crate) const FLAG_TAIL: u8 = 2;
 const SAMPLE: usize = 64 * 1024;
 
 /// Framing options of one connection.
@@ -134,19 +141,127 @@ impl postcard::ser_flavors::Flavor for BytesMutFlavor<'_> {
 }
 
 fn should_compress(opts: &FrameOptions, body: &[u8]) -> bool {
-    if body.len() < opts.compress_min.max(16) {
+    // Sample from the middle: headers at the start are not typical.
+    let start = (body.len() / 2).saturating_sub(SAMPLE / 2);
+    compresses(
+        opts,
+        &body[start..(start + SAMPLE).min(body.len())],
+        body.len(),
+    )
+}
+
+/// Whether a payload of `len` bytes is worth compressing under `opts`,
+/// `sample` being a typical part of it (up to 64 KiB from its middle):
+/// what the encoder decides for a frame's body, for writers that frame
+/// large payloads themselves and decide once per block.
+pub fn compresses(opts: &FrameOptions, sample: &[u8], len: usize) -> bool {
+    if len < opts.compress_min.max(16) {
         return false;
     }
     match opts.compression {
         Compression::Never => false,
         Compression::Always => true,
         Compression::Auto => {
-            // Sample from the middle: headers at the start are not typical.
-            let start = (body.len() / 2).saturating_sub(SAMPLE / 2);
-            let sample = &body[start..(start + SAMPLE).min(body.len())];
+            let sample = &sample[..sample.len().min(SAMPLE)];
             let packed = lz4_flex::block::compress(sample);
             (packed.len() as f64) <= opts.compress_max_ratio * sample.len() as f64
         }
+    }
+}
+
+/// How many bytes from the middle of a payload [`compresses`] looks at.
+pub const COMPRESSION_SAMPLE: usize = SAMPLE;
+
+/// Appends `v` as postcard's varint (LEB128).
+fn put_varint(out: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        out.push((v as u8) | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+/// The bytes that precede `len` raw payload bytes in an uncompressed frame
+/// whose message is the enum variant number `variant` holding one byte
+/// string (`#[serde(with = "serde_bytes")]`): the frame length, the flags,
+/// the variant and the string's length. A writer sends these and then the
+/// payload from where it lies, with no copy into a frame buffer; the
+/// reader's [`FrameCodec`] cannot tell it from an encoded message.
+pub fn bytes_frame_header(
+    opts: &FrameOptions,
+    variant: u32,
+    len: usize,
+) -> Result<Vec<u8>, ProtocolError> {
+    let mut body = Vec::with_capacity(16);
+    put_varint(&mut body, u64::from(variant));
+    put_varint(&mut body, len as u64);
+    let frame = frame_length(opts, 1 + body.len() + len)?;
+    let mut out = Vec::with_capacity(HEADER + 1 + body.len());
+    out.extend_from_slice(&frame.to_be_bytes());
+    out.push(0);
+    out.extend_from_slice(&body);
+    Ok(out)
+}
+
+/// A frame's length field for `size` bytes after it (flags and body), if
+/// the connection allows a frame that large.
+pub(crate) fn frame_length(opts: &FrameOptions, size: usize) -> Result<u32, ProtocolError> {
+    let too_large = || ProtocolError::FrameTooLarge {
+        size,
+        max: opts.max_frame,
+    };
+    if size > opts.max_frame {
+        return Err(too_large());
+    }
+    u32::try_from(size).map_err(|_| too_large())
+}
+
+/// Decodes a frame's flags byte and body (what its length counts after the
+/// flags), as the decoder does: for readers that take frames off the
+/// socket themselves.
+pub fn decode_frame<In: DeserializeOwned>(
+    opts: &FrameOptions,
+    flags: u8,
+    body: &[u8],
+) -> Result<In, ProtocolError> {
+    if flags == FLAG_TAIL {
+        let meta_len = body
+            .get(..4)
+            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize)
+            .filter(|&m| 4 + m <= body.len())
+            .ok_or_else(|| ProtocolError::Malformed("tail frame shorter than its meta".into()))?;
+        let tail = &body[4 + meta_len..];
+        if !tail.len().is_multiple_of(4) {
+            return Err(ProtocolError::Malformed(
+                "value bytes not a multiple of 4".into(),
+            ));
+        }
+        let values = super::messages::le_bytes_to_f32s(tail);
+        return super::messages::decode_with_tail(values, || decode_body(&body[4..4 + meta_len]));
+    }
+    if flags & !FLAG_COMPRESSED != 0 {
+        return Err(ProtocolError::Malformed(format!(
+            "unknown frame flags {flags:#04x}"
+        )));
+    }
+    if flags & FLAG_COMPRESSED != 0 {
+        if body.len() < 4 {
+            return Err(ProtocolError::Malformed(
+                "compressed frame too short".into(),
+            ));
+        }
+        let raw = u32::from_le_bytes([body[0], body[1], body[2], body[3]]) as usize;
+        if raw > opts.max_frame {
+            return Err(ProtocolError::FrameTooLarge {
+                size: raw,
+                max: opts.max_frame,
+            });
+        }
+        let plain = lz4_flex::block::decompress(&body[4..], raw)
+            .map_err(|e| ProtocolError::Malformed(format!("lz4: {e}")))?;
+        decode_body(&plain)
+    } else {
+        decode_body(body)
     }
 }
 
@@ -216,36 +331,11 @@ impl<Out, In: DeserializeOwned> Decoder for FrameCodec<Out, In> {
         }
         src.advance(HEADER);
         let frame = src.split_to(len);
-        let flags = frame[0];
-        let body = &frame[1..];
-        if flags & !FLAG_COMPRESSED != 0 {
-            return Err(ProtocolError::Malformed(format!(
-                "unknown frame flags {flags:#04x}"
-            )));
-        }
-        if flags & FLAG_COMPRESSED != 0 {
-            if body.len() < 4 {
-                return Err(ProtocolError::Malformed(
-                    "compressed frame too short".into(),
-                ));
-            }
-            let raw = u32::from_le_bytes([body[0], body[1], body[2], body[3]]) as usize;
-            if raw > self.opts.max_frame {
-                return Err(ProtocolError::FrameTooLarge {
-                    size: raw,
-                    max: self.opts.max_frame,
-                });
-            }
-            let plain = lz4_flex::block::decompress(&body[4..], raw)
-                .map_err(|e| ProtocolError::Malformed(format!("lz4: {e}")))?;
-            decode_body(&plain).map(Some)
-        } else {
-            decode_body(body).map(Some)
-        }
+        decode_frame(&self.opts, frame[0], &frame[1..]).map(Some)
     }
 }
 
-fn decode_body<In: DeserializeOwned>(body: &[u8]) -> Result<In, ProtocolError> {
+pub(crate) fn decode_body<In: DeserializeOwned>(body: &[u8]) -> Result<In, ProtocolError> {
     let (msg, rest) = postcard::take_from_bytes::<In>(body)
         .map_err(|e| ProtocolError::Malformed(format!("undecodable message: {e}")))?;
     if !rest.is_empty() {
@@ -405,6 +495,29 @@ mod tests {
         assert!(matches!(
             c.decode(&mut wire),
             Err(ProtocolError::Malformed(_))
+        ));
+    }
+
+    /// A frame written as [`bytes_frame_header`] and the raw payload is
+    /// the codec's own encoding of the same message.
+    #[test]
+    fn bytes_frame_header_matches_the_encoder() {
+        for n in [0usize, 1, 127, 128, 300, 70_000] {
+            let payload: Vec<u8> = (0..n).map(|i| (i * 7) as u8).collect();
+            let mut c = codec(Compression::Never);
+            let mut wire = BytesMut::new();
+            c.encode(Msg::Blob(payload.clone()), &mut wire).unwrap();
+            let mut ours = bytes_frame_header(&c.options(), 2, n).unwrap();
+            ours.extend_from_slice(&payload);
+            assert_eq!(&wire[..], &ours[..], "{n} bytes");
+        }
+        let small = FrameOptions {
+            max_frame: 100,
+            ..opts(Compression::Never)
+        };
+        assert!(matches!(
+            bytes_frame_header(&small, 2, 100),
+            Err(ProtocolError::FrameTooLarge { .. })
         ));
     }
 

@@ -711,10 +711,90 @@ impl<'de> Deserialize<'de> for F32Bytes {
                 if !b.len().is_multiple_of(4) {
                     return Err(E::custom("value bytes not a multiple of 4"));
                 }
+                if b.is_empty()
+                    && let Some(tail) = TAIL.with(|t| t.borrow_mut().take())
+                {
+                    return Ok(F32Bytes(tail));
+                }
                 Ok(F32Bytes(le_bytes_to_f32s(b)))
             }
         }
         d.deserialize_bytes(V)
+    }
+}
+
+thread_local! {
+    /// Values read apart from their message (a frame's tail, see
+    /// `protocol::frames`), for the next value bytes decoded on this thread.
+    static TAIL: std::cell::RefCell<Option<Vec<f32>>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Decodes a message sent with its values apart (`protocol::frames`): `meta`
+/// is the message encoded with empty value bytes; `tail` takes their place.
+/// An error if the message has no values to take them.
+pub(crate) fn decode_with_tail<T>(
+    tail: Vec<f32>,
+    decode: impl FnOnce() -> Result<T, super::ProtocolError>,
+) -> Result<T, super::ProtocolError> {
+    TAIL.with(|t| *t.borrow_mut() = Some(tail));
+    let out = decode();
+    let unused = TAIL.with(|t| t.borrow_mut().take()).is_some();
+    match out {
+        Ok(_) if unused => Err(super::ProtocolError::Malformed(
+            "a frame's values have no place in its message".into(),
+        )),
+        other => other,
+    }
+}
+
+/// Messages whose large values may travel apart, after the rest of the
+/// message (a frame's tail): the values are the message's last field.
+pub trait ValueTail {
+    /// The values, if the message carries any.
+    fn tail(&self) -> Option<&[f32]>;
+    /// Takes the values out, leaving none.
+    fn take_tail(&mut self) -> Vec<f32>;
+}
+
+impl ValueTail for ToClient {
+    fn tail(&self) -> Option<&[f32]> {
+        match self {
+            ToClient::Response {
+                result: Ok(PeerResponse::Values(v)),
+                ..
+            } => Some(&v.data),
+            _ => None,
+        }
+    }
+    fn take_tail(&mut self) -> Vec<f32> {
+        match self {
+            ToClient::Response {
+                result: Ok(PeerResponse::Values(v)),
+                ..
+            } => std::mem::take(&mut v.data),
+            _ => Vec::new(),
+        }
+    }
+}
+
+impl ValueTail for ToOwner {
+    fn tail(&self) -> Option<&[f32]> {
+        match self {
+            ToOwner::Request {
+                req: PeerRequest::Put { values: v, .. } | PeerRequest::Update { deltas: v, .. },
+                ..
+            } => Some(&v.data),
+            _ => None,
+        }
+    }
+    fn take_tail(&mut self) -> Vec<f32> {
+        match self {
+            ToOwner::Request {
+                req: PeerRequest::Put { values: v, .. } | PeerRequest::Update { deltas: v, .. },
+                ..
+            } => std::mem::take(&mut v.data),
+            _ => Vec::new(),
+        }
     }
 }
 

@@ -2,17 +2,21 @@
 //!
 //! - [`codec`]: the frame layout (length-delimited, optional lz4) and its codec.
 //! - [`auth`]: the HMAC challenge handshake that opens every connection.
+//! - [`frames`]: the request connections' reader and writer, which send
+//!   large values apart from their message, with no copy of their own.
 //! - [`messages`]: one message enum per direction per channel.
 //! - [`transport`]: the writer task that owns a connection's send half, and
 //!   the fault hooks (delay, break) that tests use to disturb a connection.
 
 pub mod auth;
 pub mod codec;
+pub mod frames;
 pub mod messages;
 pub mod transport;
 
 pub use auth::{PeerIdentity, Secret};
 pub use codec::{FrameCodec, FrameOptions};
+pub use frames::{FrameReader, FrameWriter};
 pub use messages::*;
 pub use transport::{Faults, spawn_writer};
 

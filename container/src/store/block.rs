@@ -13,6 +13,7 @@
 //! A block travels as `kind: u8` followed by little-endian fields; arrays are
 //! `len: u64` then the raw elements, so encoding large blocks is a few memcpys.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -159,6 +160,15 @@ impl BlockData {
         }
     }
 
+    /// Bytes of [`BlockData::encode`], without encoding.
+    pub fn encoded_len(&self) -> usize {
+        match self {
+            BlockData::Keyed(b) => 9 + b.values.values().map(|v| 16 + 4 * v.len()).sum::<usize>(),
+            BlockData::Input(b) => 33 + b.byte_size(),
+            BlockData::State(b) => 17 + b.byte_size(),
+        }
+    }
+
     /// Encodes the block for a move.
     pub fn encode(&self) -> Vec<u8> {
         self.encode_chunks(usize::MAX).concat()
@@ -197,6 +207,46 @@ impl BlockData {
         w.finish()
     }
 
+    /// The encoding of the block as pieces in order: the small headers
+    /// owned, the arrays of input and state blocks borrowed where they lie
+    /// (on little-endian machines), so a move writes them to its socket with
+    /// no copy of its own; model blocks (a map of small values) are encoded
+    /// into one piece. Their concatenation is [`BlockData::encode`].
+    pub fn encoded(&self) -> Vec<Cow<'_, [u8]>> {
+        fn len(n: usize) -> Cow<'static, [u8]> {
+            Cow::Owned((n as u64).to_le_bytes().to_vec())
+        }
+        fn u32s(v: &[u32]) -> Cow<'_, [u8]> {
+            if cfg!(target_endian = "little") {
+                Cow::Borrowed(bytemuck::cast_slice(v))
+            } else {
+                Cow::Owned(v.iter().flat_map(|x| x.to_le_bytes()).collect())
+            }
+        }
+        let f32s = crate::protocol::f32s_to_le_bytes;
+        match self {
+            BlockData::Keyed(_) => vec![Cow::Owned(self.encode())],
+            BlockData::Input(b) => vec![
+                Cow::Borrowed(&[KIND_INPUT][..]),
+                len(b.labels.len()),
+                f32s(&b.labels),
+                len(b.offsets.len()),
+                u32s(&b.offsets),
+                len(b.indices.len()),
+                u32s(&b.indices),
+                len(b.values.len()),
+                f32s(&b.values),
+            ],
+            BlockData::State(b) => vec![
+                Cow::Borrowed(&[KIND_STATE][..]),
+                len(b.floats.len()),
+                f32s(&b.floats),
+                len(b.ints.len()),
+                u32s(&b.ints),
+            ],
+        }
+    }
+
     /// Decodes a block encoded by [`BlockData::encode`].
     pub fn decode(bytes: &[u8]) -> Result<BlockData, StoreError> {
         Self::decode_chunks(&[bytes])
@@ -225,15 +275,7 @@ impl BlockData {
                     indices: r.u32s()?,
                     values: r.f32s()?,
                 };
-                let consistent = b.offsets.len() == b.labels.len() + 1
-                    && b.indices.len() == b.values.len()
-                    && b.offsets.last().copied() == Some(b.indices.len() as u32)
-                    && b.offsets.windows(2).all(|w| w[0] <= w[1]);
-                if !consistent {
-                    return Err(StoreError::Decode(
-                        "input block arrays are inconsistent".into(),
-                    ));
-                }
+                check_input(&b)?;
                 BlockData::Input(Arc::new(b))
             }
             KIND_STATE => BlockData::State(StateBlock {
@@ -249,6 +291,240 @@ impl BlockData {
             )));
         }
         Ok(data)
+    }
+}
+
+/// Whether an input block's arrays fit together.
+fn check_input(b: &InputBlock) -> Result<(), StoreError> {
+    let consistent = b.offsets.len() == b.labels.len() + 1
+        && b.indices.len() == b.values.len()
+        && b.offsets.last().copied() == Some(b.indices.len() as u32)
+        && b.offsets.windows(2).all(|w| w[0] <= w[1]);
+    if consistent {
+        Ok(())
+    } else {
+        Err(StoreError::Decode(
+            "input block arrays are inconsistent".into(),
+        ))
+    }
+}
+
+/// Decodes a block as its bytes arrive, into place: the receiving end of a
+/// move reads the socket straight into [`BlockDecoder::window`] (the next
+/// bytes the block needs: an array's length, or the rest of the array
+/// being filled), so an input or state block's arrays are written once, by
+/// the kernel. Model blocks (a map of small values) are gathered and
+/// decoded whole at the end.
+///
+/// An array's length is checked against the bytes the block announced
+/// before anything is allocated for it, so a peer cannot make us allocate
+/// more than it said it would send (and the frames bound what it may
+/// announce per chunk, not per block: see `serve_bulk`).
+#[derive(Debug)]
+pub struct BlockDecoder {
+    /// Bytes announced for the block.
+    total: u64,
+    /// Bytes taken so far.
+    got: u64,
+    state: Decoding,
+}
+
+#[derive(Debug)]
+enum Decoding {
+    /// The kind byte comes first.
+    Kind([u8; 1]),
+    /// A model block (or an unknown kind): the bytes, decoded at the end.
+    Whole(Vec<u8>),
+    /// An input or state block: its arrays, the one being read, and where.
+    Arrays {
+        kind: u8,
+        /// The arrays read so far (as `u32` bits; `f32`s are cast at the end).
+        done: Vec<Vec<u32>>,
+        /// How many arrays the kind has.
+        count: usize,
+        /// Reading the current array's length, or its elements.
+        at: ArrayAt,
+    },
+}
+
+#[derive(Debug)]
+enum ArrayAt {
+    Len([u8; 8], usize),
+    Elems(Vec<u32>, usize),
+}
+
+impl BlockDecoder {
+    /// A decoder for a block of `total` bytes.
+    pub fn new(total: u64) -> BlockDecoder {
+        BlockDecoder {
+            total,
+            got: 0,
+            state: Decoding::Kind([0]),
+        }
+    }
+
+    /// Bytes still expected.
+    pub fn remaining(&self) -> u64 {
+        self.total - self.got
+    }
+
+    /// Where the next bytes go: never empty while bytes are expected; at
+    /// most the bytes still expected.
+    pub fn window(&mut self) -> &mut [u8] {
+        let left = usize::try_from(self.total - self.got).unwrap_or(usize::MAX);
+        let w: &mut [u8] = match &mut self.state {
+            Decoding::Kind(k) => &mut k[..],
+            Decoding::Whole(buf) => {
+                // Grown as bytes come, a megabyte at a time at most.
+                let filled = self.got as usize;
+                if buf.len() == filled {
+                    buf.resize(filled + left.min(1 << 20), 0);
+                }
+                &mut buf[filled..]
+            }
+            Decoding::Arrays { at, .. } => match at {
+                ArrayAt::Len(b, n) => &mut b[*n..],
+                ArrayAt::Elems(v, n) => &mut bytemuck::cast_slice_mut::<u32, u8>(v)[*n..],
+            },
+        };
+        let n = w.len().min(left);
+        &mut w[..n]
+    }
+
+    /// Takes the first `n` bytes of the last [`BlockDecoder::window`] as
+    /// written.
+    pub fn advance(&mut self, n: usize) -> Result<(), StoreError> {
+        if n == 0 {
+            return Ok(());
+        }
+        self.got += n as u64;
+        let left = self.total - self.got;
+        match &mut self.state {
+            Decoding::Kind(k) => {
+                let kind = k[0];
+                let count = match kind {
+                    KIND_INPUT => 4,
+                    KIND_STATE => 2,
+                    _ => 0,
+                };
+                self.state = if count == 0 {
+                    let mut buf = Vec::with_capacity((left as usize).min(1 << 20) + 1);
+                    buf.push(kind);
+                    Decoding::Whole(buf)
+                } else {
+                    Decoding::Arrays {
+                        kind,
+                        done: Vec::with_capacity(count),
+                        count,
+                        at: ArrayAt::Len([0; 8], 0),
+                    }
+                };
+            }
+            Decoding::Whole(_) => {}
+            Decoding::Arrays {
+                done, count, at, ..
+            } => {
+                if done.len() == *count {
+                    return Err(StoreError::Decode("trailing bytes after block".into()));
+                }
+                let array_len = match at {
+                    ArrayAt::Len(b, got) => {
+                        *got += n;
+                        if *got == 8 {
+                            let len = u64::from_le_bytes(*b);
+                            if len.checked_mul(4).is_none_or(|bytes| bytes > left) {
+                                return Err(StoreError::Decode("block data truncated".into()));
+                            }
+                            Some(len as usize)
+                        } else {
+                            None
+                        }
+                    }
+                    ArrayAt::Elems(_, got) => {
+                        *got += n;
+                        None
+                    }
+                };
+                if let Some(len) = array_len {
+                    *at = ArrayAt::Elems(vec![0; len], 0);
+                }
+            }
+        }
+        // An array complete (also an empty one, at once) moves on to the next.
+        if let Decoding::Arrays {
+            done, count, at, ..
+        } = &mut self.state
+            && let ArrayAt::Elems(v, got) = at
+            && *got == v.len() * 4
+            && done.len() < *count
+        {
+            done.push(std::mem::take(v));
+            *at = ArrayAt::Len([0; 8], 0);
+        }
+        Ok(())
+    }
+
+    /// Takes `bytes` (a chunk that arrived compressed, then inflated).
+    pub fn feed(&mut self, mut bytes: &[u8]) -> Result<(), StoreError> {
+        while !bytes.is_empty() {
+            let w = self.window();
+            if w.is_empty() {
+                return Err(StoreError::Decode(
+                    "more bytes than the block announced".into(),
+                ));
+            }
+            let n = w.len().min(bytes.len());
+            w[..n].copy_from_slice(&bytes[..n]);
+            self.advance(n)?;
+            bytes = &bytes[n..];
+        }
+        Ok(())
+    }
+
+    /// The block, once every announced byte has been taken.
+    pub fn finish(self) -> Result<BlockData, StoreError> {
+        if self.got != self.total {
+            return Err(StoreError::Decode("block data truncated".into()));
+        }
+        let (kind, mut done) = match self.state {
+            Decoding::Kind(_) => return Err(StoreError::Decode("empty block".into())),
+            Decoding::Whole(buf) => return BlockData::decode(&buf),
+            Decoding::Arrays {
+                kind, done, count, ..
+            } => {
+                if done.len() != count {
+                    return Err(StoreError::Decode("block data truncated".into()));
+                }
+                (kind, done)
+            }
+        };
+        if cfg!(target_endian = "big") {
+            for x in done.iter_mut().flatten() {
+                *x = u32::from_le(*x);
+            }
+        }
+        let mut arrays = done.into_iter();
+        let mut next = || arrays.next().unwrap_or_default();
+        // Same size and alignment: the cast never fails.
+        let floats = |v: Vec<u32>| -> Result<Vec<f32>, StoreError> {
+            bytemuck::allocation::try_cast_vec(v)
+                .map_err(|(e, _)| StoreError::Decode(format!("float array: {e:?}")))
+        };
+        Ok(if kind == KIND_INPUT {
+            let b = InputBlock {
+                labels: floats(next())?,
+                offsets: next(),
+                indices: next(),
+                values: floats(next())?,
+            };
+            check_input(&b)?;
+            BlockData::Input(Arc::new(b))
+        } else {
+            BlockData::State(StateBlock {
+                floats: floats(next())?,
+                ints: next(),
+            })
+        })
     }
 }
 
@@ -455,6 +731,48 @@ mod tests {
             prop_assert!(pieces.iter().all(|p| p.len() <= chunk && !p.is_empty()));
             prop_assert_eq!(pieces.concat(), whole);
             prop_assert_eq!(BlockData::decode_chunks(&pieces).unwrap(), b);
+        }
+
+        /// The pieces a move writes are the encoding, and the decoder
+        /// fed the bytes in any pieces gives the block back.
+        #[test]
+        fn streamed_decoding_round_trips(b in arb_block(), cuts in prop::collection::vec(1usize..40, 1..50)) {
+            let whole = b.encode();
+            prop_assert_eq!(b.encoded().concat(), whole.clone());
+            prop_assert_eq!(b.encoded_len(), whole.len());
+            let mut d = BlockDecoder::new(whole.len() as u64);
+            let mut at = 0;
+            for (i, c) in cuts.iter().cycle().enumerate() {
+                if at == whole.len() {
+                    break;
+                }
+                let n = (*c).min(whole.len() - at);
+                if i % 2 == 0 {
+                    d.feed(&whole[at..at + n]).unwrap();
+                    at += n;
+                } else {
+                    // As the socket would: into the window.
+                    let w = d.window();
+                    prop_assert!(!w.is_empty());
+                    let n = n.min(w.len());
+                    w[..n].copy_from_slice(&whole[at..at + n]);
+                    d.advance(n).unwrap();
+                    at += n;
+                }
+            }
+            prop_assert_eq!(d.remaining(), 0);
+            prop_assert_eq!(d.finish().unwrap(), b);
+        }
+
+        /// A block cut short, or a length beyond what was announced, is an
+        /// error, not a panic or a huge allocation.
+        #[test]
+        fn streamed_decoding_rejects_bad_blocks(b in arb_block(), cut in any::<prop::sample::Index>()) {
+            let whole = b.encode();
+            let n = cut.index(whole.len());
+            let mut d = BlockDecoder::new(n as u64);
+            let fed = d.feed(&whole[..n]);
+            prop_assert!(fed.is_err() || d.finish().is_err());
         }
 
         #[test]

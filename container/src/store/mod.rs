@@ -35,7 +35,7 @@ mod op;
 mod restore;
 mod submit;
 
-pub use block::{BlockData, InputBlock, KeyedBlock, StateBlock};
+pub use block::{BlockData, BlockDecoder, InputBlock, KeyedBlock, StateBlock};
 pub use block_move::AbortOutcome;
 pub use op::{MAX_REQUEST_VALUE_BYTES, OpKind, StoreOp, sub_op, value_offsets};
 use op::{apply, apply_write, group_by_block, split_positions};
