@@ -154,6 +154,29 @@ pub struct HostileServer {
 }
 
 impl HostileServer {
+    /// Starts a server that is busy for its first `busy` requests (`503`
+    /// with `Retry-After: retry_after()`, taken at each answer) and answers
+    /// every later one with `then`.
+    pub async fn busy_then(
+        busy: u64,
+        retry_after: impl Fn() -> String + Send + Sync + 'static,
+        then: Reply,
+    ) -> anyhow::Result<HostileServer> {
+        let answered = AtomicU64::new(0);
+        HostileServer::start(move |_: &Request| {
+            if answered.fetch_add(1, Ordering::SeqCst) < busy {
+                Reply::Full {
+                    status: 503,
+                    headers: vec![("Retry-After".into(), retry_after())],
+                    body: b"busy".to_vec(),
+                }
+            } else {
+                then.clone()
+            }
+        })
+        .await
+    }
+
     /// Starts a server answering every request with `handler`'s reply.
     pub async fn start(
         handler: impl Fn(&Request) -> Reply + Send + Sync + 'static,

@@ -628,38 +628,3 @@ pub fn summary_accuracy(summary: &str) -> Option<f64> {
 /// alone on a third of the data reaches 0.73 on the whole. A job with a
 /// staleness bound does not drift (`local_e2e::straggler_does_not_drift_under_ssp`).
 pub const DEFAULT_JOB_MIN_ACCURACY: f64 = 0.7;
-
-/// The optimizer's decisions ("waiting: …", "considering …", "staying …")
-/// recorded in the history files under a job's work directory
-/// (`jobs/history/*.jsonl`), one a line, for a test's failure message: why a
-/// job did or did not reconfigure. Unreadable files and lines are named, not
-/// skipped silently.
-pub fn decisions(work_dir: &Path) -> String {
-    let dir = work_dir.join("jobs").join("history");
-    let files = match std::fs::read_dir(&dir) {
-        Ok(d) => d,
-        Err(e) => return format!("(no history at {}: {e})", dir.display()),
-    };
-    let mut out = String::new();
-    for f in files.flatten() {
-        let text = match std::fs::read_to_string(f.path()) {
-            Ok(t) => t,
-            Err(e) => {
-                out.push_str(&format!("({}: {e})\n", f.path().display()));
-                continue;
-            }
-        };
-        for (n, line) in text.lines().enumerate() {
-            match serde_json::from_str::<serde_json::Value>(line) {
-                Ok(v) if v["event"] == "decision" => out.push_str(&format!(
-                    "{:>7.2}s {}\n",
-                    v["at_secs"].as_f64().unwrap_or(f64::NAN),
-                    v["text"].as_str().unwrap_or_default()
-                )),
-                Ok(_) => {}
-                Err(e) => out.push_str(&format!("({}:{}: {e})\n", f.path().display(), n + 1)),
-            }
-        }
-    }
-    out
-}

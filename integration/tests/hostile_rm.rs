@@ -104,21 +104,9 @@ async fn a_truncated_body_is_retried_and_named() {
 
 #[tokio::test]
 async fn retry_after_is_honoured() {
-    let calls = Arc::new(AtomicU64::new(0));
-    let c = Arc::clone(&calls);
-    let s = HostileServer::start(move |_: &Request| {
-        if c.fetch_add(1, Ordering::SeqCst) < 2 {
-            Reply::Full {
-                status: 503,
-                headers: vec![("Retry-After".into(), "1".into())],
-                body: b"busy".to_vec(),
-            }
-        } else {
-            Reply::json(200, &json!({}))
-        }
-    })
-    .await
-    .unwrap();
+    let s = HostileServer::busy_then(2, || "1".into(), Reply::json(200, &json!({})))
+        .await
+        .unwrap();
     let t = Instant::now();
     let reply = get(&http(&s, fast())).await.unwrap();
     assert_eq!(reply.status.as_u16(), 200);
@@ -132,20 +120,11 @@ async fn retry_after_is_honoured() {
 /// not its own 20 ms.
 #[tokio::test]
 async fn retry_after_as_a_date_is_honoured() {
-    let calls = Arc::new(AtomicU64::new(0));
-    let c = Arc::clone(&calls);
-    let s = HostileServer::start(move |_: &Request| {
-        if c.fetch_add(1, Ordering::SeqCst) < 1 {
-            let at = std::time::SystemTime::now() + Duration::from_secs(3);
-            Reply::Full {
-                status: 503,
-                headers: vec![("Retry-After".into(), httpdate::fmt_http_date(at))],
-                body: b"busy".to_vec(),
-            }
-        } else {
-            Reply::json(200, &json!({}))
-        }
-    })
+    let s = HostileServer::busy_then(
+        1,
+        || httpdate::fmt_http_date(std::time::SystemTime::now() + Duration::from_secs(3)),
+        Reply::json(200, &json!({})),
+    )
     .await
     .unwrap();
     let t = Instant::now();

@@ -319,21 +319,10 @@ async fn an_absurd_file_length_is_rejected() {
 /// client's own 10 ms and 20 ms.
 #[tokio::test]
 async fn retry_after_is_honoured() {
-    let calls = Arc::new(AtomicU64::new(0));
-    let c = Arc::clone(&calls);
-    let nn = HostileServer::start(move |_: &Request| {
-        if c.fetch_add(1, Ordering::SeqCst) < 2 {
-            Reply::Full {
-                status: 503,
-                headers: vec![("Retry-After".into(), "1".into())],
-                body: b"busy".to_vec(),
-            }
-        } else {
-            Reply::json(200, &json!({"FileStatus": webhdfs_status("", "FILE", 7)}))
-        }
-    })
-    .await
-    .unwrap();
+    let ok = Reply::json(200, &json!({"FileStatus": webhdfs_status("", "FILE", 7)}));
+    let nn = HostileServer::busy_then(2, || "1".into(), ok)
+        .await
+        .unwrap();
     let t = Instant::now();
     let st = within(client(&nn, options()).get_file_status("/data/x"))
         .await
@@ -348,20 +337,12 @@ async fn retry_after_is_honoured() {
 /// resolution), not after the client's own 10 ms.
 #[tokio::test]
 async fn retry_after_as_a_date_is_honoured() {
-    let calls = Arc::new(AtomicU64::new(0));
-    let c = Arc::clone(&calls);
-    let nn = HostileServer::start(move |_: &Request| {
-        if c.fetch_add(1, Ordering::SeqCst) < 1 {
-            let at = std::time::SystemTime::now() + Duration::from_secs(3);
-            Reply::Full {
-                status: 503,
-                headers: vec![("Retry-After".into(), httpdate::fmt_http_date(at))],
-                body: b"busy".to_vec(),
-            }
-        } else {
-            Reply::json(200, &json!({"FileStatus": webhdfs_status("", "FILE", 7)}))
-        }
-    })
+    let ok = Reply::json(200, &json!({"FileStatus": webhdfs_status("", "FILE", 7)}));
+    let nn = HostileServer::busy_then(
+        1,
+        || httpdate::fmt_http_date(std::time::SystemTime::now() + Duration::from_secs(3)),
+        ok,
+    )
     .await
     .unwrap();
     let t = Instant::now();

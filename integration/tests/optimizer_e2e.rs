@@ -12,7 +12,8 @@ use serde_json::Value;
 use tokio::process::Command;
 use tokio::sync::Mutex;
 
-use cruise_integration::{Spawned, await_status, binary, decisions, status_address};
+use cruise_appmaster::am::history::{self, Record};
+use cruise_integration::{Spawned, await_status, binary, status_address};
 
 const WAIT: Duration = Duration::from_secs(300);
 
@@ -65,6 +66,23 @@ async fn finish(c: Command) -> Value {
     let status = p.wait(WAIT).await.unwrap();
     assert!(status.success(), "cruise run failed:\n{}", p.stderr());
     serde_json::from_str(&p.stdout()).expect("JSON summary on stdout")
+}
+
+/// The optimizer's decisions ("waiting: …", "considering …", "staying …")
+/// in the history of the job that ran in `work_dir`, one a line, for a
+/// failure message: why the job did or did not reconfigure.
+fn decisions(work_dir: &std::path::Path) -> String {
+    let records = history::find(work_dir).and_then(|f| history::read(&f));
+    match records {
+        Ok(records) => records
+            .iter()
+            .filter_map(|r| match r {
+                Record::Decision { at_secs, text } => Some(format!("{at_secs:>7.2}s {text}\n")),
+                _ => None,
+            })
+            .collect(),
+        Err(e) => format!("(no history: {e})"),
+    }
 }
 
 fn accuracy(s: &Value) -> f64 {

@@ -707,18 +707,10 @@ mod tests {
 
     fn container(id: &str, role: Role, c: Option<f64>, b: f64, p: Option<f64>) -> ContainerMetrics {
         ContainerMetrics {
-            id: id.into(),
             role,
             compute_secs_per_record: c,
-            cpu_speed: None,
-            bandwidth_bytes_per_sec: b,
             server_secs_per_byte: p,
-            request_secs_per_server: None,
-            server_secs_per_mini_batch: None,
-            input_blocks: 0,
-            model_blocks: 0,
-            mini_batches: 0,
-            reclaimed: false,
+            ..ContainerMetrics::offered(id.into(), None, b)
         }
     }
 

@@ -524,18 +524,9 @@ mod tests {
     #[test]
     fn heterogeneous_assigns_roles_by_suitability() {
         let mk = |id: &str, c: f64, b: f64| ContainerMetrics {
-            id: id.into(),
-            role: Role::Idle,
             compute_secs_per_record: Some(c),
-            cpu_speed: None,
-            bandwidth_bytes_per_sec: b,
             server_secs_per_byte: Some(0.0),
-            request_secs_per_server: None,
-            server_secs_per_mini_batch: None,
-            input_blocks: 0,
-            model_blocks: 0,
-            mini_batches: 0,
-            reclaimed: false,
+            ..ContainerMetrics::offered(id.into(), None, b)
         };
         let snap = Snapshot {
             policy: None,
