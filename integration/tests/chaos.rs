@@ -1,0 +1,290 @@
+//! Chaos: evaluators killed (`SIGKILL`) at random while a job trains. For
+//! each app whose losses the AM survives (MLR, NMF, Lasso; asynchronous, a
+//! checkpoint every epoch), the same job is run undisturbed and then with
+//! `job.max_failures` evaluators killed one after another: workers and
+//! servers drawn at random, each at a random point of the job once the last
+//! loss has been recovered from. The disturbed job must finish, having
+//! evaluated every record, with every loss in its summary and its quality
+//! within the app's tolerance of the undisturbed run.
+//!
+//! The draws come from a seed printed at the start (`CRUISE_CHAOS_SEED`
+//! sets it), so a failing draw can be run again alone. The optimizer is
+//! off: a loss while a plan runs is not survived (the job fails naming
+//! it), and the kills here are outside plans.
+//!
+//! Multi-process: `cruise run` and its evaluators are OS processes.
+
+use std::time::Duration;
+
+use serde_json::Value;
+use tokio::process::Command;
+
+use cruise_integration::{Spawned, await_status, binary, status_address};
+
+const WAIT: Duration = Duration::from_secs(180);
+/// Containers of every job: 3 workers and 3 servers at the start.
+const CONTAINERS: u32 = 6;
+/// Kills per job: the default `job.max_failures`.
+const KILLS: usize = 3;
+/// The kills land between these fractions of the job's records.
+const KILL_WINDOW: (f64, f64) = (0.1, 0.55);
+
+/// A job of one app and how its quality is compared.
+struct App {
+    name: &'static str,
+    epochs: u32,
+    /// `--set` overrides besides the common ones.
+    sets: &'static [&'static str],
+    /// The largest admissible difference of the quality figure.
+    tolerance: Quality,
+}
+
+enum Quality {
+    /// Training accuracy, absolute difference.
+    Accuracy(f64),
+    /// Final loss, relative increase over the undisturbed run.
+    Loss(f64),
+}
+
+const APPS: [App; 3] = [
+    App {
+        name: "mlr",
+        epochs: 300,
+        sets: &[],
+        tolerance: Quality::Accuracy(0.03),
+    },
+    App {
+        name: "nmf",
+        epochs: 1000,
+        sets: &[],
+        tolerance: Quality::Loss(0.15),
+    },
+    App {
+        name: "lasso",
+        epochs: 1000,
+        sets: &[],
+        tolerance: Quality::Loss(0.15),
+    },
+];
+
+/// A small deterministic generator (SplitMix64) for the draws.
+struct Draws(u64);
+
+impl Draws {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `[lo, hi)`.
+    fn between(&mut self, lo: f64, hi: f64) -> f64 {
+        lo + (hi - lo) * (self.next() >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+fn seed() -> u64 {
+    std::env::var("CRUISE_CHAOS_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(1, |d| d.as_nanos() as u64)
+        })
+}
+
+fn cruise(app: &App, work: &std::path::Path) -> Command {
+    let mut c = Command::new(binary("cruise").expect("cruise is built"));
+    c.env_remove("RUST_LOG");
+    c.args(["run", "--json", "--work-dir"]).arg(work);
+    c.args(["--containers", &CONTAINERS.to_string(), "--workers", "3"])
+        .args(["--epochs", &app.epochs.to_string()])
+        .args(["--set", &format!("job.app={}", app.name)])
+        .args(["--set", "optimizer.enabled=false"])
+        .args(["--set", "checkpoint.every_epochs=1"])
+        .args(["--set", "checkpoint.every_secs=0"]);
+    for s in app.sets {
+        c.args(["--set", s]);
+    }
+    c
+}
+
+/// Runs a job to its end; returns its JSON summary.
+async fn finished(job: &mut Spawned) -> Value {
+    let status = job.wait(WAIT).await.unwrap();
+    assert!(status.success(), "the job must finish:\n{}", job.stderr());
+    let s: Value = serde_json::from_str(&job.stdout()).expect("JSON summary");
+    assert_eq!(
+        s["final_stats"]["records"], s["records"],
+        "every record evaluated: {s}"
+    );
+    s
+}
+
+fn members<'a>(s: &'a Value, role: &str) -> Vec<&'a Value> {
+    s["evaluators"]
+        .as_array()
+        .map(|e| e.iter().filter(|e| e["role"] == role).collect())
+        .unwrap_or_default()
+}
+
+fn sum(s: &Value, field: &str) -> u64 {
+    s["evaluators"]
+        .as_array()
+        .map(|e| e.iter().filter_map(|e| e[field].as_u64()).sum())
+        .unwrap_or(0)
+}
+
+/// Whether the job trains with `lost` losses behind it, every input block
+/// held by a live worker and every model block by a live member.
+fn recovered(s: &Value, lost: usize, input: u64, model: u64) -> bool {
+    s["phase"] == "training"
+        && s["lost"].as_array().map_or(0, Vec::len) == lost
+        && members(s, "worker")
+            .iter()
+            .filter_map(|e| e["input_blocks"].as_u64())
+            .sum::<u64>()
+            == input
+        && sum(s, "model_blocks") == model
+}
+
+/// The job's quality figure for `q`, from its final evaluation.
+fn quality(s: &Value, q: &Quality) -> f64 {
+    let f = &s["final_stats"];
+    match q {
+        Quality::Accuracy(_) => f["correct"].as_f64().unwrap() / f["records"].as_f64().unwrap(),
+        Quality::Loss(_) => {
+            let terms = f["loss_terms"].as_f64().unwrap();
+            let terms = if terms == 0.0 {
+                f["records"].as_f64().unwrap()
+            } else {
+                terms
+            };
+            f["loss_sum"].as_f64().unwrap() / terms
+        }
+    }
+}
+
+/// One job at a time: each runs six evaluator processes.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+async fn chaos(app: &App) {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let seed = seed();
+    eprintln!("{}: CRUISE_CHAOS_SEED={seed}", app.name);
+    let mut draws = Draws(seed);
+
+    let calm = {
+        let dir = tempfile::tempdir().unwrap();
+        let mut job = Spawned::spawn(cruise(app, dir.path())).unwrap();
+        finished(&mut job).await
+    };
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut job = Spawned::spawn(cruise(app, dir.path())).unwrap();
+    let addr = status_address(&job, WAIT).await.unwrap();
+    let st = await_status(&addr, WAIT, |s| {
+        s["phase"] == "training" && s["checkpoints"].as_u64().unwrap_or(0) >= 1
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{}: no checkpoint published: {e}", app.name));
+    let (input, model) = (sum(&st, "input_blocks"), sum(&st, "model_blocks"));
+    let total = st["records_per_epoch"].as_u64().unwrap() * u64::from(app.epochs);
+    let mut at: Vec<f64> = (0..KILLS)
+        .map(|_| draws.between(KILL_WINDOW.0, KILL_WINDOW.1))
+        .collect();
+    at.sort_by(f64::total_cmp);
+
+    let mut killed = Vec::new();
+    for (k, fraction) in at.into_iter().enumerate() {
+        let threshold = (fraction * total as f64) as u64;
+        let st = await_status(&addr, WAIT, |s| {
+            recovered(s, k, input, model)
+                && s["records_processed"].as_u64().unwrap_or(0) >= threshold
+        })
+        .await
+        .unwrap_or_else(|e| {
+            panic!(
+                "{} (seed {seed}): not recovered after {} kills: {e}",
+                app.name, k
+            )
+        });
+        // A worker only while another is left to take its input.
+        let workers = members(&st, "worker");
+        let servers = members(&st, "server");
+        let role = if workers.len() < 2 || (!servers.is_empty() && draws.between(0.0, 1.0) < 0.5) {
+            "server"
+        } else {
+            "worker"
+        };
+        let pick = if role == "server" { &servers } else { &workers };
+        let victim = pick[(draws.next() % pick.len() as u64) as usize];
+        let (id, pid) = (
+            victim["id"].as_u64().unwrap(),
+            victim["pid"].as_u64().unwrap(),
+        );
+        eprintln!(
+            "{}: kill {} ({role} evaluator {id}, pid {pid}) at {} of {total} records",
+            app.name,
+            k + 1,
+            st["records_processed"]
+        );
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .unwrap();
+        killed.push(id);
+    }
+    let s = finished(&mut job).await;
+    let lost: Vec<&str> = s["lost"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert_eq!(lost.len(), KILLS, "{}: {lost:?}", app.name);
+    for id in killed {
+        let name = format!("evaluator {id}");
+        assert!(
+            lost.iter().any(|l| l.contains(&name)),
+            "{}: {name} is not among the losses {lost:?}",
+            app.name
+        );
+    }
+    let (q, q0) = (quality(&s, &app.tolerance), quality(&calm, &app.tolerance));
+    eprintln!(
+        "{}: quality {q} after {KILLS} kills, {q0} undisturbed",
+        app.name
+    );
+    match app.tolerance {
+        Quality::Accuracy(d) => assert!(
+            (q - q0).abs() <= d,
+            "{} (seed {seed}): accuracy {q} after the kills, {q0} undisturbed",
+            app.name
+        ),
+        Quality::Loss(r) => assert!(
+            q <= q0 * (1.0 + r),
+            "{} (seed {seed}): loss {q} after the kills, {q0} undisturbed",
+            app.name
+        ),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mlr_survives_random_kills() {
+    chaos(&APPS[0]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nmf_survives_random_kills() {
+    chaos(&APPS[1]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lasso_survives_random_kills() {
+    chaos(&APPS[2]).await;
+}
