@@ -214,7 +214,8 @@ pub struct Status {
     pub records_per_epoch: u64,
     /// Records processed in total.
     pub records_processed: u64,
-    /// Evaluators.
+    /// The job's members: evaluators a plan deleted or the job lost are
+    /// not listed (the lost are in `lost`).
     pub evaluators: Vec<EvaluatorStatus>,
     /// Last epoch.
     pub last_epoch: Option<EpochSummary>,

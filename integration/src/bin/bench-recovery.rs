@@ -1,25 +1,38 @@
-//! Benchmark: surviving a lost worker (issue #18).
+//! Benchmark: surviving a lost worker or a lost server (issue #18).
 //!
-//! A long MLR job (the default data set: 4 containers, 3 workers and 1
-//! server, separate processes) trains; one worker is killed with `SIGKILL`.
-//! Measured from the kill, through the AM's `/status`:
+//! A long MLR job (the default data set, separate processes) trains; one
+//! evaluator is killed with `SIGKILL`. Measured from the kill, through the
+//! AM's `/status`:
 //!
 //! - **detected**: the loss is listed (`lost`);
-//! - **recovered**: the surviving workers own every input block again (the
-//!   lost worker's blocks re-read from the job's input);
+//! - **recovered**: a lost worker's input blocks are owned by the surviving
+//!   workers again (re-read from the job's input); a lost server's model
+//!   blocks are held by the survivors again (restored from the newest
+//!   checkpoint);
 //! - **training again**: the job's records per second over a 0.5 s window
-//!   are back to the surviving workers' share of the rate before the kill
-//!   (2/3 of it: the measured rate per worker times the workers left).
+//!   are back to the survivors' share of the rate before the kill: for a
+//!   lost worker the rate per worker times the workers left; for a lost
+//!   server 0.9 of the rate before (the workers are all there; a server
+//!   fewer may legitimately serve a little slower).
+//!
+//! Worker mode (default): 4 containers, 3 workers and 1 server. Server mode
+//! (`--server`): 5 containers, 3 workers and 2 servers, a model of 200 000
+//! floats (`mlr.features = 20000`) and a checkpoint every epoch, the kill
+//! once one is published; the optimizer is off (a loss while a plan runs
+//! is not survived, and on a loaded machine it moves blocks between the
+//! servers often).
 //!
 //! The reference, in the same invocation, is what restarting the job costs
 //! (TensorFlow-style and Litz-style recovery restart the job): the time from
-//! `cruise run` to the first records trained, with no checkpoint to read.
+//! `cruise run` to the first records trained, with no checkpoint to read
+//! (a lower bound on a restart from a checkpoint).
 //!
 //! ```text
-//! cargo run --release -p cruise-integration --bin bench-recovery [-- REPS]
+//! cargo run --release -p cruise-integration --bin bench-recovery [-- REPS] [--server]
 //! ```
 //!
-//! Target: recovered ≤ 2 s after the kill.
+//! Target: recovered ≤ 2 s after the kill (for a server, plus its bytes at
+//! half the link's speed: milliseconds on loopback).
 
 use std::time::{Duration, Instant};
 
@@ -29,7 +42,15 @@ use serde_json::Value;
 use cruise_integration::bench::{Row, cruise_release_binary, machine_note, median, print_table};
 use cruise_integration::{Spawned, await_status, status, status_address};
 
-const USAGE: &str = "usage: bench-recovery [REPS]   (default 3)";
+const USAGE: &str = "\
+usage: bench-recovery [REPS] [--server]
+
+Kills an evaluator of a training MLR job and measures, from the kill, when
+the loss is detected, when its blocks are held again and when the job
+trains at the survivors' former rate; the reference is a job's restart.
+
+  REPS      repetitions; medians are printed (default 3)
+  --server  kill a server (restored from a checkpoint) instead of a worker";
 const WAIT: Duration = Duration::from_secs(120);
 /// The window the training rate is measured over.
 const WINDOW: Duration = Duration::from_millis(500);
@@ -38,11 +59,73 @@ fn records(s: &Value) -> u64 {
     s["records_processed"].as_u64().unwrap_or(0)
 }
 
-fn workers(s: &Value) -> Vec<&Value> {
+fn in_role<'a>(s: &'a Value, role: &str) -> Vec<&'a Value> {
     s["evaluators"]
         .as_array()
-        .map(|a| a.iter().filter(|e| e["role"] == "worker").collect())
+        .map(|a| a.iter().filter(|e| e["role"] == role).collect())
         .unwrap_or_default()
+}
+
+/// The blocks of `table` (`input_blocks`, `model_blocks`) that members
+/// other than `id` hold.
+fn held(s: &Value, field: &str, id: u64) -> u64 {
+    s["evaluators"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter(|e| e["id"].as_u64() != Some(id))
+                .map(|e| e[field].as_u64().unwrap_or(0))
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
+/// What is killed.
+#[derive(Clone, Copy, PartialEq)]
+enum Victim {
+    Worker,
+    Server,
+}
+
+impl Victim {
+    fn role(self) -> &'static str {
+        match self {
+            Victim::Worker => "worker",
+            Victim::Server => "server",
+        }
+    }
+
+    /// The blocks the victim held, which the survivors must hold again.
+    fn field(self) -> &'static str {
+        match self {
+            Victim::Worker => "input_blocks",
+            Victim::Server => "model_blocks",
+        }
+    }
+
+    /// `cruise run`'s arguments besides the work directory.
+    fn args(self) -> &'static [&'static str] {
+        match self {
+            Victim::Worker => &["run", "--epochs", "1000000"],
+            Victim::Server => &[
+                "run",
+                "--epochs",
+                "1000000",
+                "--containers",
+                "5",
+                "--workers",
+                "3",
+                "--set",
+                "mlr.features=20000",
+                "--set",
+                "checkpoint.every_epochs=1",
+                "--set",
+                "checkpoint.every_secs=0",
+                "--set",
+                "optimizer.enabled=false",
+            ],
+        }
+    }
 }
 
 /// Records per second over one window.
@@ -60,33 +143,41 @@ struct Rep {
     training_again_secs: f64,
 }
 
-async fn one(cruise: &std::path::Path) -> anyhow::Result<Rep> {
+async fn one(cruise: &std::path::Path, victim: Victim) -> anyhow::Result<Rep> {
     let dir = tempfile::tempdir()?;
     let started = Instant::now();
     let mut c = tokio::process::Command::new(cruise);
-    c.args(["run", "--epochs", "1000000", "--work-dir"])
+    c.args(victim.args())
+        .arg("--work-dir")
         .arg(dir.path())
         .env_remove("RUST_LOG");
     let job = Spawned::spawn(c)?;
     let addr = status_address(&job, WAIT).await?;
     await_status(&addr, WAIT, |s| s["phase"] == "training" && records(s) > 0).await?;
     let restart_secs = started.elapsed().as_secs_f64();
+    if victim == Victim::Server {
+        await_status(&addr, WAIT, |s| s["checkpoints"].as_u64().unwrap_or(0) > 0)
+            .await
+            .context("no checkpoint published")?;
+    }
     // Let it settle, then take the rate before the kill.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let before = rate(&addr).await?;
     let st = status(&addr).await?;
-    let all = workers(&st);
-    let blocks: u64 = all
-        .iter()
-        .map(|e| e["input_blocks"].as_u64().unwrap_or(0))
-        .sum();
-    let n = all.len();
-    let victim = all.first().context("no worker in the status")?;
+    let blocks = held(&st, victim.field(), u64::MAX);
+    let workers = in_role(&st, "worker").len();
+    let killed_one = in_role(&st, victim.role());
+    let chosen = killed_one
+        .first()
+        .with_context(|| format!("no {} in the status", victim.role()))?;
     let (id, pid) = (
-        victim["id"].as_u64().context("worker id")?,
-        victim["pid"].as_u64().context("worker pid")?,
+        chosen["id"].as_u64().context("evaluator id")?,
+        chosen["pid"].as_u64().context("evaluator pid")?,
     );
-    let target = before * (n - 1) as f64 / n as f64;
+    let target = match victim {
+        Victim::Worker => before * (workers - 1) as f64 / workers as f64,
+        Victim::Server => before * 0.9,
+    };
     let killed = Instant::now();
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(pid as i32),
@@ -98,12 +189,9 @@ async fn one(cruise: &std::path::Path) -> anyhow::Result<Rep> {
     .await?;
     let detected_secs = killed.elapsed().as_secs_f64();
     await_status(&addr, WAIT, |s| {
-        let w = workers(s);
-        w.iter().all(|e| e["id"].as_u64() != Some(id))
-            && w.iter()
-                .map(|e| e["input_blocks"].as_u64().unwrap_or(0))
-                .sum::<u64>()
-                == blocks
+        let members = s["evaluators"].as_array().map_or(&[][..], Vec::as_slice);
+        members.iter().all(|e| e["id"].as_u64() != Some(id))
+            && held(s, victim.field(), id) == blocks
     })
     .await?;
     let recovered_secs = killed.elapsed().as_secs_f64();
@@ -133,12 +221,22 @@ async fn one(cruise: &std::path::Path) -> anyhow::Result<Rep> {
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> anyhow::Result<()> {
     cruise_integration::bench::exit_on_help(USAGE);
-    let reps = cruise_integration::bench::reps_arg(3)?;
-    println!("## Surviving a lost worker ({})", machine_note());
+    let victim = if std::env::args().skip(1).any(|a| a == "--server") {
+        Victim::Server
+    } else {
+        Victim::Worker
+    };
+    let reps = match std::env::args().skip(1).find(|a| a != "--server") {
+        Some(a) => a
+            .parse()
+            .with_context(|| format!("REPS {a:?} is not a number\n{USAGE}"))?,
+        None => 3,
+    };
+    println!("## Surviving a lost {} ({})", victim.role(), machine_note());
     let cruise = cruise_release_binary()?;
     let mut runs = Vec::new();
     for i in 0..reps {
-        let r = one(&cruise).await?;
+        let r = one(&cruise, victim).await?;
         println!(
             "repetition {}: restart {:.2} s; detected {:.3} s, recovered {:.3} s, training again {:.3} s after the kill ({:.2}× the restart)",
             i + 1,
@@ -160,7 +258,10 @@ async fn main() -> anyhow::Result<()> {
             format!("{:.3} s", med(|r| r.detected_secs)),
         ),
         Row {
-            figure: "input re-read by the survivors (median)".into(),
+            figure: match victim {
+                Victim::Worker => "input re-read by the survivors (median)".into(),
+                Victim::Server => "model blocks restored from the checkpoint (median)".into(),
+            },
             value: format!("{recovered:.3} s"),
             reference: format!("job restart {restart:.2} s"),
             ratio: Some(recovered / restart),
@@ -176,6 +277,9 @@ async fn main() -> anyhow::Result<()> {
             pass: Some(again <= 2.0),
         },
     ];
-    print_table(&format!("Lost worker, {reps} repetitions"), &rows);
+    print_table(
+        &format!("Lost {}, {reps} repetitions", victim.role()),
+        &rows,
+    );
     Ok(())
 }

@@ -123,6 +123,7 @@ impl Driver {
             evaluators: self
                 .evaluators
                 .values()
+                .filter(|e| !e.gone)
                 .map(|e| EvaluatorStatus {
                     id: e.id,
                     container: e.container.clone(),
