@@ -463,61 +463,17 @@ fn evaluator_launch(
 pub async fn run_job(opts: JobOptions) -> Result<JobSummary, AmError> {
     let mut config = opts.config;
     let job_id = new_job_id();
-    if config.checkpoint.enabled
-        && config.checkpoint.dir.is_empty()
-        && config.runtime.kind != cruise_conf::RuntimeKind::Local
-    {
-        // Evaluators elsewhere do not share the AM's work directory.
-        tracing::info!(
-            "no checkpoints: checkpoint.dir is not set, and on {} the evaluators do not share the AM's disk (set it to an hdfs:// directory)",
-            config.runtime.kind.as_str()
-        );
-        config.checkpoint.enabled = false;
-    } else if config.checkpoint.dir.is_empty() {
-        config.checkpoint.dir = opts
-            .work_dir
-            .join("checkpoints")
-            .join(&job_id)
-            .display()
-            .to_string();
-    }
+    place_checkpoints(&mut config, &opts.work_dir, &job_id);
     let secret = Secret::generate();
-    // The input's file system may be slow to answer (its own deadlines
-    // bound that): a signal stops the wait.
-    let (splits, outputs) = tokio::select! {
-        r = plan_inputs(&config, &opts.input) => r?,
-        _ = opts.cancel.cancelled() => {
-            return Err(AmError::CancelledWhile(format!(
-                "planning the input: waiting for {} to list {}",
-                input_service(&opts.input),
-                opts.input
-            )));
-        }
-    };
-    let io = |context: &str| {
-        let context = context.to_string();
-        move |source| AmError::Io { context, source }
-    };
-    let listener = TcpListener::bind(&config.runtime.am_bind)
-        .await
-        .map_err(io(&format!(
-            "binding the AM's control port (runtime.am_bind = {})",
-            config.runtime.am_bind
-        )))?;
-    let am_addr = control::advertised(listener.local_addr().map_err(io("control address"))?);
+    let (splits, outputs) = plan_or_cancel(&config, &opts.input, &opts.cancel).await?;
+    let (listener, am_addr) = bind_control(&config).await?;
 
     let tracker = TaskTracker::new();
     let cancel = opts.cancel.child_token();
     let (ev_tx, ev_rx) = mpsc::channel::<Event>(4096);
-    let settings = control::AcceptSettings {
-        job_id: job_id.clone(),
-        secret: secret.clone(),
-        frames: FrameOptions::control(&config.channel),
-        timeout: Duration::from_millis(config.channel.connect_timeout_ms),
-    };
     tracker.spawn(control::accept_loop(
         listener,
-        settings,
+        accept_settings(&config, &job_id, &secret),
         ev_tx.clone(),
         tracker.clone(),
         cancel.clone(),
@@ -530,20 +486,8 @@ pub async fn run_job(opts: JobOptions) -> Result<JobSummary, AmError> {
     let status_addr = if config.status.bind.is_empty() {
         None
     } else {
-        Some(
-            crate::status::serve(
-                &config.status.bind,
-                crate::status::Published {
-                    status: opts.status.subscribe(),
-                    history: history_rx,
-                    logs: (config.runtime.kind == cruise_conf::RuntimeKind::Local)
-                        .then(|| opts.work_dir.join("containers")),
-                },
-                &tracker,
-                cancel.clone(),
-            )
-            .await?,
-        )
+        let (status, work_dir) = (&opts.status, &opts.work_dir);
+        Some(serve_status(&config, status, history_rx, work_dir, &tracker, &cancel).await?)
     };
 
     let launch = evaluator_launch(
@@ -589,4 +533,104 @@ pub async fn run_job(opts: JobOptions) -> Result<JobSummary, AmError> {
     tracker.close();
     tracker.wait().await;
     result
+}
+
+/// Where the job's checkpoints go: `checkpoint.dir`, else a directory of
+/// the AM's work directory when the evaluators share its disk (local
+/// runtime); elsewhere, without `checkpoint.dir`, no checkpoints.
+fn place_checkpoints(config: &mut CruiseConfig, work_dir: &Path, job_id: &str) {
+    if config.checkpoint.enabled
+        && config.checkpoint.dir.is_empty()
+        && config.runtime.kind != cruise_conf::RuntimeKind::Local
+    {
+        // Evaluators elsewhere do not share the AM's work directory.
+        tracing::info!(
+            "no checkpoints: checkpoint.dir is not set, and on {} the evaluators do not share the AM's disk (set it to an hdfs:// directory)",
+            config.runtime.kind.as_str()
+        );
+        config.checkpoint.enabled = false;
+    } else if config.checkpoint.dir.is_empty() {
+        config.checkpoint.dir = work_dir
+            .join("checkpoints")
+            .join(job_id)
+            .display()
+            .to_string();
+    }
+}
+
+/// The input's splits and the job's outputs ([`plan_inputs`]), unless
+/// `cancel` comes first: the input's file system may be slow to answer
+/// (its own deadlines bound that), and a signal stops the wait.
+async fn plan_or_cancel(
+    config: &CruiseConfig,
+    input: &str,
+    cancel: &CancellationToken,
+) -> Result<(Vec<Split>, outputs::Outputs), AmError> {
+    tokio::select! {
+        r = plan_inputs(config, input) => r,
+        _ = cancel.cancelled() => {
+            Err(AmError::CancelledWhile(format!(
+                "planning the input: waiting for {} to list {}",
+                input_service(input),
+                input
+            )))
+        }
+    }
+}
+
+/// The AM's control port (`runtime.am_bind`) and the address evaluators
+/// reach it at.
+async fn bind_control(config: &CruiseConfig) -> Result<(TcpListener, SocketAddr), AmError> {
+    let io = |context: &str| {
+        let context = context.to_string();
+        move |source| AmError::Io { context, source }
+    };
+    let listener = TcpListener::bind(&config.runtime.am_bind)
+        .await
+        .map_err(io(&format!(
+            "binding the AM's control port (runtime.am_bind = {})",
+            config.runtime.am_bind
+        )))?;
+    let am_addr = control::advertised(listener.local_addr().map_err(io("control address"))?);
+    Ok((listener, am_addr))
+}
+
+/// How the control port accepts an evaluator: the job's id and secret,
+/// the control channel's frames and handshake deadline.
+fn accept_settings(
+    config: &CruiseConfig,
+    job_id: &str,
+    secret: &Secret,
+) -> control::AcceptSettings {
+    control::AcceptSettings {
+        job_id: job_id.to_string(),
+        secret: secret.clone(),
+        frames: FrameOptions::control(&config.channel),
+        timeout: Duration::from_millis(config.channel.connect_timeout_ms),
+    }
+}
+
+/// Serves the status endpoint on `status.bind`: the job's `status` and
+/// `history`, and on the local runtime the containers' logs under
+/// `work_dir`; its address.
+async fn serve_status(
+    config: &CruiseConfig,
+    status: &watch::Sender<Status>,
+    history: watch::Receiver<history::Published>,
+    work_dir: &Path,
+    tracker: &TaskTracker,
+    cancel: &CancellationToken,
+) -> Result<SocketAddr, AmError> {
+    crate::status::serve(
+        &config.status.bind,
+        crate::status::Published {
+            status: status.subscribe(),
+            history,
+            logs: (config.runtime.kind == cruise_conf::RuntimeKind::Local)
+                .then(|| work_dir.join("containers")),
+        },
+        tracker,
+        cancel.clone(),
+    )
+    .await
 }

@@ -297,3 +297,149 @@ pub fn own_secs(batch: f64, wait: f64, comp: f64, cpu: f64, wall_per_cpu: f64) -
     let loop_own = (batch - wait).max(comp).min(batch);
     (cpu.max(0.0) * wall_per_cpu).min(batch).max(loop_own)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::protocol::EvaluatorId;
+
+    /// A worker's own time is its process's CPU time at what a CPU second
+    /// costs it, between the loop's own wall time and the mini-batch's.
+    #[test]
+    fn own_time_counts_the_process_cpu_at_its_share() {
+        let close = |a: f64, b: f64| assert!((a - b).abs() < 1e-12, "{a} != {b}");
+        // A free core: 3 s of the process's CPU in a 4 s mini-batch, 2 s
+        // of it spent waiting.
+        close(own_secs(4.0, 2.0, 1.0, 3.0, 1.0), 3.0);
+        // A quarter-core quota: 0.75 CPU seconds take 3 s of wall time,
+        // however fast the computation ran in a burst (1 s here).
+        close(own_secs(4.0, 2.0, 1.0, 0.75, 4.0), 3.0);
+        // Never less than the loop's own time outside its waits...
+        close(own_secs(4.0, 1.0, 1.0, 0.25, 4.0), 3.0);
+        // ...nor than the computation's wall time...
+        close(own_secs(4.0, 3.5, 1.0, 0.1, 1.0), 1.0);
+        // ...nor more than the mini-batch (threads on free cores in parallel).
+        close(own_secs(4.0, 1.0, 1.0, 9.0, 1.0), 4.0);
+        // Without a CPU clock (0): the loop's own time.
+        close(own_secs(4.0, 2.5, 1.0, 0.0, 1.0), 1.5);
+    }
+
+    /// The off-loop part of the own time is the request connections' CPU
+    /// at its share, and never more than the own time.
+    #[test]
+    fn io_time_is_the_request_connections_cpu() {
+        let close = |a: f64, b: f64| assert!((a - b).abs() < 1e-12, "{a} != {b}");
+        // 0.1 CPU-s on the request connections at 4 wall/CPU.
+        close(io_secs(3.0, 0.1, 4.0), 0.4);
+        // Capped by the own time.
+        close(io_secs(0.2, 0.1, 4.0), 0.2);
+        // A counter read out of order gives 0, not less.
+        close(io_secs(3.0, -0.05, 1.0), 0.0);
+    }
+
+    /// Encoding and decoding values costs some CPU per byte, far less
+    /// than a microsecond (it runs at hundreds of MB/s or more).
+    #[test]
+    fn codec_cost_per_byte_is_measured() {
+        let opts = crate::protocol::FrameOptions::data(&cruise_conf::ChannelConfig::default());
+        let per_byte = codec_cpu_per_byte(opts);
+        assert!(per_byte > 0.0 && per_byte < 1e-6, "{per_byte}");
+    }
+
+    const UNPRICED: RequestPricing = RequestPricing {
+        codec_per_byte: 0.0,
+        round_trip: f64::INFINITY,
+    };
+
+    /// A mini-batch's request CPU is priced per server up to two round
+    /// trips a server; beyond, it stays in the own time (per record).
+    #[test]
+    fn request_cpu_per_server_is_at_most_two_round_trips_a_server() {
+        let io_of = |round_trip: f64, servers: usize| {
+            let since = BatchMark::now(RequestCpu::default());
+            std::thread::sleep(Duration::from_millis(50));
+            let mut r = MiniBatchReport::default();
+            let spent = RequestCpu {
+                connections: 0.01,
+                on_loop: 0.002,
+            };
+            let pricing = RequestPricing {
+                codec_per_byte: 0.0,
+                round_trip,
+            };
+            finish(&mut r, since, spent, pricing, servers);
+            (r.io_secs, r.own_secs)
+        };
+        let wpc = crate::os::wall_per_cpu();
+        let close = |(io, own): (f64, f64), cpu: f64| {
+            let want = (cpu * wpc).min(own);
+            assert!((io - want).abs() < 1e-12, "{io} != {want}");
+        };
+        // 12 ms of request CPU; round trips of 1 ms: 2 ms a server.
+        close(io_of(1e-3, 2), 4e-3);
+        close(io_of(1e-3, 5), 10e-3);
+        close(io_of(1e-3, 7), 12e-3);
+        // Unknown round trip: all of it.
+        close(io_of(f64::INFINITY, 1), 12e-3);
+    }
+
+    /// A round trip to the evaluator's own data-plane port costs its
+    /// request connection some CPU, far less than a millisecond on a free
+    /// core.
+    #[tokio::test]
+    async fn an_empty_round_trip_is_measured() {
+        use crate::protocol::auth::Secret;
+        let store = crate::store::Store::new(EvaluatorId(1));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let cancel = tokio_util::sync::CancellationToken::new();
+        let settings = crate::peer::PeerSettings {
+            job_id: "job_round_trip_0001".into(),
+            secret: Secret::generate(),
+            frames: crate::protocol::FrameOptions::default(),
+            connect_timeout: Duration::from_secs(5),
+            chunk_bytes: 1 << 16,
+            drain_timeout: Duration::from_secs(5),
+            request_timeout: Duration::from_secs(60),
+        };
+        let dp = DataPlane::start(
+            EvaluatorId(1),
+            store,
+            listener,
+            settings,
+            Default::default(),
+            &cancel,
+        )
+        .unwrap();
+        let waits = std::sync::atomic::AtomicU64::new(0);
+        assert_eq!(
+            round_trip_cpu(&dp, &waits).await,
+            None,
+            "not in its directory yet"
+        );
+        dp.set_peers(&[(EvaluatorId(1), addr)]);
+        let cpu = round_trip_cpu(&dp, &waits).await.expect("measured");
+        assert!(cpu > 0.0 && cpu < 1e-3, "{cpu}");
+        dp.shutdown().await;
+    }
+
+    /// Each mini-batch ends where the next begins: their wall times add up
+    /// to the span of the loop, with nothing left between them.
+    #[test]
+    fn mini_batches_tile_the_loops_time() {
+        let start = BatchMark::now(RequestCpu::default());
+        let mut mark = start;
+        let mut sum = 0.0;
+        for _ in 0..3 {
+            std::thread::sleep(Duration::from_millis(2));
+            let mut r = MiniBatchReport::default();
+            mark = finish(&mut r, mark, RequestCpu::default(), UNPRICED, 1);
+            assert!(r.batch_secs >= 0.002, "{}", r.batch_secs);
+            sum += r.batch_secs;
+        }
+        let span = mark.wall.duration_since(start.wall).as_secs_f64();
+        assert!((sum - span).abs() < 1e-9, "{sum} vs {span}");
+    }
+}

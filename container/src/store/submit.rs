@@ -9,9 +9,9 @@ use tokio::sync::oneshot;
 use crate::protocol::{BlockId, EvaluatorId, PeerResponse, RemoteError, TableId, ValueBatch};
 
 use super::{
-    BlockData, MAX_REQUEST_VALUE_BYTES, OpKind, PartResult, Queued, Slot, Store, StoreError,
-    StoreOp, Table, apply_write, block_of_key, group_by_block, lock, split_positions, sub_op,
-    value_offsets,
+    BlockData, KeyedBlock, MAX_REQUEST_VALUE_BYTES, ModelFunctions, OpKind, PartResult, Queued,
+    Slot, Store, StoreError, StoreOp, Table, apply_write, block_of_key, group_by_block, lock,
+    split_positions, sub_op, value_offsets,
 };
 
 /// Where one part of a submitted operation stands.
@@ -68,6 +68,15 @@ pub fn assemble(
     // Parts that are consecutive runs of positions (a large read split into
     // requests) are concatenated, one copy per part.
     parts.sort_by_key(|(positions, _)| positions.first().copied().unwrap_or(usize::MAX));
+    if are_runs(&parts, keys) {
+        return Ok(PeerResponse::Values(concatenate(parts, keys)));
+    }
+    gather(parts, keys).map(PeerResponse::Values)
+}
+
+/// Whether `parts` (sorted by first position) are values for consecutive
+/// runs of positions that cover the `keys` positions of the operation.
+fn are_runs(parts: &[(Vec<usize>, PeerResponse)], keys: usize) -> bool {
     let mut next = 0usize;
     let runs = parts.iter().all(|(positions, resp)| {
         let ok = matches!(resp, PeerResponse::Values(b) if b.len() == positions.len())
@@ -75,26 +84,35 @@ pub fn assemble(
         next += positions.len();
         ok
     });
-    if runs && next == keys {
-        let total: usize = parts
-            .iter()
-            .map(|(_, r)| match r {
-                PeerResponse::Values(b) => b.data.len(),
-                _ => 0,
-            })
-            .sum();
-        let mut out = ValueBatch {
-            lens: Vec::with_capacity(keys),
-            data: crate::os::vec_for_large(total),
-        };
-        for (_, resp) in parts {
-            if let PeerResponse::Values(b) = resp {
-                out.lens.extend_from_slice(&b.lens);
-                out.data.extend_from_slice(&b.data);
-            }
+    runs && next == keys
+}
+
+/// The values of parts that are consecutive runs ([`are_runs`]), one after
+/// the other.
+fn concatenate(parts: Vec<(Vec<usize>, PeerResponse)>, keys: usize) -> ValueBatch {
+    let total: usize = parts
+        .iter()
+        .map(|(_, r)| match r {
+            PeerResponse::Values(b) => b.data.len(),
+            _ => 0,
+        })
+        .sum();
+    let mut out = ValueBatch {
+        lens: Vec::with_capacity(keys),
+        data: crate::os::vec_for_large(total),
+    };
+    for (_, resp) in parts {
+        if let PeerResponse::Values(b) = resp {
+            out.lens.extend_from_slice(&b.lens);
+            out.data.extend_from_slice(&b.data);
         }
-        return Ok(PeerResponse::Values(out));
     }
+    out
+}
+
+/// The values of parts whose positions interleave, put back in the order
+/// of the operation's `keys` positions.
+fn gather(parts: Vec<(Vec<usize>, PeerResponse)>, keys: usize) -> Result<ValueBatch, RemoteError> {
     let mut batches = Vec::with_capacity(parts.len());
     if parts
         .iter()
@@ -102,6 +120,7 @@ pub fn assemble(
     {
         return Err(RemoteError::fatal("a read answered without values"));
     }
+    // For each position: its part and its place in that part.
     let mut at: Vec<(u32, u32)> = vec![(u32::MAX, 0); keys];
     for (pi, (positions, resp)) in parts.into_iter().enumerate() {
         let PeerResponse::Values(batch) = resp else {
@@ -137,7 +156,203 @@ pub fn assemble(
         let (o, l) = (offs[j as usize], b.lens[j as usize] as usize);
         out.push(&b.data[o..o + l]);
     }
-    Ok(PeerResponse::Values(out))
+    Ok(out)
+}
+
+/// Refuses an update or write whose values do not match its keys.
+fn check_values(op: &StoreOp) -> Result<(), StoreError> {
+    if op.kind != OpKind::Get && op.values.len() != op.keys.len() {
+        return Err(StoreError::BadOp(format!(
+            "{} keys but {} values",
+            op.keys.len(),
+            op.values.len()
+        )));
+    }
+    if op.kind != OpKind::Get
+        && op.values.lens.iter().map(|&l| l as usize).sum::<usize>() != op.values.data.len()
+    {
+        return Err(StoreError::BadOp(
+            "value lengths do not add up to the values given".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// The parts of one operation as [`Store::submit`] goes through its
+/// blocks: what it applied or queued here, what it read here, and the
+/// owners the rest goes to.
+struct Placement<'a> {
+    op: &'a StoreOp,
+    /// Floats per value in the table.
+    want: usize,
+    /// Where each key's value starts in `op.values` (writes only).
+    offsets: Vec<usize>,
+    /// Parts answered or queued here.
+    parts: Vec<Part>,
+    /// Writes applied here, answered as one part.
+    written: Vec<usize>,
+    /// Reads of blocks held here go straight into one buffer laid out like
+    /// the answer (a pull served wholly here is then answered without
+    /// reassembly); writes are applied from the operation as it is.
+    read: Option<Vec<f32>>,
+    /// The positions read into `read`.
+    read_positions: Vec<usize>,
+    /// The owner each forwarded block goes to, in block order (the blocks
+    /// are placed in block order).
+    targets: Vec<(BlockId, EvaluatorId)>,
+}
+
+impl<'a> Placement<'a> {
+    fn new(op: &'a StoreOp, want: usize) -> Self {
+        let offsets = if op.kind == OpKind::Get {
+            Vec::new()
+        } else {
+            value_offsets(&op.values)
+        };
+        Placement {
+            op,
+            want,
+            offsets,
+            parts: Vec::new(),
+            written: Vec::new(),
+            read: None,
+            read_positions: Vec::new(),
+            targets: Vec::new(),
+        }
+    }
+
+    /// Reads the keys at `positions` from `data` (block `block`, held
+    /// here) into the answer's buffer, each initialised if new.
+    fn read_here(
+        &mut self,
+        model: &dyn ModelFunctions,
+        data: &mut KeyedBlock,
+        block: BlockId,
+        positions: impl Iterator<Item = usize>,
+    ) -> Result<(), StoreError> {
+        let (op, want) = (self.op, self.want);
+        let out = self
+            .read
+            .get_or_insert_with(|| vec![0.0; op.keys.len() * want]);
+        for p in positions {
+            let k = op.keys[p];
+            let v = data.values.entry(k).or_insert_with(|| model.init(k));
+            if v.len() != want {
+                return Err(StoreError::BadState {
+                    table: op.table,
+                    block,
+                    message: format!(
+                        "key {k} holds {} values; the table's values have {want}",
+                        v.len()
+                    ),
+                });
+            }
+            out[p * want..(p + 1) * want].copy_from_slice(v);
+            self.read_positions.push(p);
+        }
+        Ok(())
+    }
+
+    /// Applies the writes at `positions` to `data` (held here).
+    fn write_here(
+        &mut self,
+        model: &dyn ModelFunctions,
+        data: &mut KeyedBlock,
+        positions: Vec<usize>,
+    ) {
+        match apply_write(model, data, self.op, &positions, &self.offsets) {
+            Ok(_) => self.written.extend_from_slice(&positions),
+            Err(e) => self.parts.push(Part {
+                positions,
+                pending: Pending::Ready(Err(e)),
+            }),
+        }
+    }
+
+    /// Queues the keys at `positions` on a block that is arriving.
+    fn queue(&mut self, queue: &mut Vec<Queued>, positions: Vec<usize>) {
+        let (tx, rx) = oneshot::channel();
+        queue.push(Queued {
+            op: sub_op(self.op, &positions, &self.offsets),
+            reply: tx,
+        });
+        self.parts.push(Part {
+            positions,
+            pending: Pending::Queued(rx),
+        });
+    }
+
+    /// All the parts: those answered or queued here, the writes applied
+    /// here, the read, and one request per owner of the blocks routed
+    /// elsewhere (`block_of` is the block of each key).
+    fn into_parts(mut self, block_of: &[BlockId]) -> Vec<Part> {
+        let n = self.op.keys.len();
+        if !self.written.is_empty() {
+            self.written.sort_unstable();
+            self.parts.push(Part {
+                positions: std::mem::take(&mut self.written),
+                pending: Pending::Ready(Ok(PeerResponse::Done)),
+            });
+        }
+        if let Some(data) = self.read.take() {
+            let (positions, batch) = self.read_batch(data, n);
+            self.parts.push(Part {
+                positions,
+                pending: Pending::Ready(Ok(PeerResponse::Values(batch))),
+            });
+        }
+        if !self.targets.is_empty() {
+            self.forward(block_of);
+        }
+        self.parts
+    }
+
+    /// The values read here, as an answer for the positions read: the
+    /// buffer as it is when every key was read here.
+    fn read_batch(&mut self, data: Vec<f32>, n: usize) -> (Vec<usize>, ValueBatch) {
+        let want = self.want;
+        let mut read_positions = std::mem::take(&mut self.read_positions);
+        let batch = if read_positions.len() == n {
+            read_positions = (0..n).collect();
+            ValueBatch {
+                lens: vec![want as u32; n],
+                data,
+            }
+        } else {
+            read_positions.sort_unstable();
+            let mut b = ValueBatch {
+                lens: Vec::with_capacity(read_positions.len()),
+                data: Vec::with_capacity(read_positions.len() * want),
+            };
+            for &p in &read_positions {
+                b.push(&data[p * want..(p + 1) * want]);
+            }
+            b
+        };
+        (read_positions, batch)
+    }
+
+    /// One request per owner, with its keys in the operation's order (a
+    /// pull served by one owner then needs no reassembly), split in pieces
+    /// that fit a request.
+    fn forward(&mut self, block_of: &[BlockId]) {
+        let op = self.op;
+        let mut per: BTreeMap<EvaluatorId, Vec<usize>> = BTreeMap::new();
+        for (p, b) in block_of.iter().enumerate() {
+            if let Ok(t) = self.targets.binary_search_by_key(b, |t| t.0) {
+                per.entry(self.targets[t].1).or_default().push(p);
+            }
+        }
+        for (to, positions) in per {
+            for piece in split_positions(op, positions, self.want) {
+                let op = sub_op(op, &piece, &self.offsets);
+                self.parts.push(Part {
+                    positions: piece,
+                    pending: Pending::Forward { to, op },
+                });
+            }
+        }
+    }
 }
 
 impl Store {
@@ -183,20 +398,7 @@ impl Store {
             )));
         }
         let model = self.model()?;
-        if op.kind != OpKind::Get && op.values.len() != op.keys.len() {
-            return Err(StoreError::BadOp(format!(
-                "{} keys but {} values",
-                op.keys.len(),
-                op.values.len()
-            )));
-        }
-        if op.kind != OpKind::Get
-            && op.values.lens.iter().map(|&l| l as usize).sum::<usize>() != op.values.data.len()
-        {
-            return Err(StoreError::BadOp(
-                "value lengths do not add up to the values given".into(),
-            ));
-        }
+        check_values(op)?;
         let n = op.keys.len();
         let nblocks = t.slots.len() as u32;
         let want = model.value_len();
@@ -222,147 +424,64 @@ impl Store {
                     .map(|&p| p as usize),
             )
         });
-        // Writes applied here, answered as one part.
-        let mut written: Vec<usize> = Vec::new();
-        let offsets = if op.kind == OpKind::Get {
-            Vec::new()
-        } else {
-            value_offsets(&op.values)
-        };
-        let mut parts = Vec::new();
-        // Reads of blocks held here go straight into one buffer laid out like
-        // the answer (a pull served wholly here is then answered without
-        // reassembly); writes are applied from the operation as it is.
-        let mut read: Option<Vec<f32>> = None;
-        let mut read_positions: Vec<usize> = Vec::new();
-        // The owner each forwarded block goes to, in block order (the
-        // groups come in block order).
-        let mut targets: Vec<(BlockId, EvaluatorId)> = Vec::new();
+        let mut placed = Placement::new(op, want);
         for (block, positions) in groups {
-            let mut slot = lock(Self::slot(&t, op.table, block)?);
-            let target = match &mut *slot {
-                Slot::Owned(BlockData::Keyed(data)) => {
-                    if op.kind == OpKind::Get {
-                        let out = read.get_or_insert_with(|| vec![0.0; n * want]);
-                        for p in positions {
-                            let k = op.keys[p];
-                            let v = data.values.entry(k).or_insert_with(|| model.init(k));
-                            if v.len() != want {
-                                return Err(StoreError::BadState {
-                                    table: op.table,
-                                    block,
-                                    message: format!(
-                                        "key {k} holds {} values; the table's values have {want}",
-                                        v.len()
-                                    ),
-                                });
-                            }
-                            out[p * want..(p + 1) * want].copy_from_slice(v);
-                            read_positions.push(p);
-                        }
-                    } else {
-                        let positions: Vec<usize> = positions.collect();
-                        match apply_write(&*model, data, op, &positions, &offsets) {
-                            Ok(_) => written.extend_from_slice(&positions),
-                            Err(e) => parts.push(Part {
-                                positions,
-                                pending: Pending::Ready(Err(e)),
-                            }),
-                        }
-                    }
-                    continue;
-                }
-                Slot::Owned(_) => {
-                    return Err(StoreError::BadState {
-                        table: op.table,
-                        block,
-                        message: "holds block data, not keyed values".into(),
-                    });
-                }
-                Slot::Incoming { queue, .. } => {
-                    let positions: Vec<usize> = positions.collect();
-                    let (tx, rx) = oneshot::channel();
-                    queue.push(Queued {
-                        op: sub_op(op, &positions, &offsets),
-                        reply: tx,
-                    });
-                    parts.push(Part {
-                        positions,
-                        pending: Pending::Queued(rx),
-                    });
-                    continue;
-                }
-                Slot::Forwarding { to, .. } => self.route(op.table, block, Some(*to)),
-                Slot::Absent => self.route(op.table, block, None),
-            };
-            drop(slot);
-            match target {
-                Some(to) => {
-                    targets.push((block, to));
-                }
-                None => parts.push(Part {
-                    positions: positions.collect(),
-                    pending: Pending::Ready(Err(RemoteError::retry(format!(
-                        "block {block} of table {} is not on evaluator {} and its owner is unknown here",
-                        op.table, self.inner.me
-                    )))),
-                }),
-            }
-        }
-        if !written.is_empty() {
-            written.sort_unstable();
-            parts.push(Part {
-                positions: written,
-                pending: Pending::Ready(Ok(PeerResponse::Done)),
-            });
-        }
-        if let Some(data) = read {
-            let batch = if read_positions.len() == n {
-                read_positions = (0..n).collect();
-                ValueBatch {
-                    lens: vec![want as u32; n],
-                    data,
-                }
-            } else {
-                read_positions.sort_unstable();
-                let mut b = ValueBatch {
-                    lens: Vec::with_capacity(read_positions.len()),
-                    data: Vec::with_capacity(read_positions.len() * want),
-                };
-                for &p in &read_positions {
-                    b.push(&data[p * want..(p + 1) * want]);
-                }
-                b
-            };
-            parts.push(Part {
-                positions: read_positions,
-                pending: Pending::Ready(Ok(PeerResponse::Values(batch))),
-            });
-        }
-        if !targets.is_empty() {
-            // One request per owner, with its keys in the operation's order
-            // (a pull served by one owner then needs no reassembly).
-            let mut per: BTreeMap<EvaluatorId, Vec<usize>> = BTreeMap::new();
-            for (p, b) in block_of.iter().enumerate() {
-                if let Ok(t) = targets.binary_search_by_key(b, |t| t.0) {
-                    per.entry(targets[t].1).or_default().push(p);
-                }
-            }
-            for (to, positions) in per {
-                for piece in split_positions(op, positions, want) {
-                    let op = sub_op(op, &piece, &offsets);
-                    parts.push(Part {
-                        positions: piece,
-                        pending: Pending::Forward { to, op },
-                    });
-                }
-            }
+            self.place(&t, &*model, &mut placed, block, positions)?;
         }
         Ok(Submission {
             kind: op.kind,
             keys: n,
-            parts,
+            parts: placed.into_parts(&block_of),
         })
+    }
+
+    /// Places the keys at `positions`, all of `block`: read or written if
+    /// the block is held here, queued if it is arriving, else routed to its
+    /// owner (answered with a retryable error when that is unknown here).
+    fn place(
+        &self,
+        t: &Table,
+        model: &dyn ModelFunctions,
+        placed: &mut Placement<'_>,
+        block: BlockId,
+        positions: impl Iterator<Item = usize>,
+    ) -> Result<(), StoreError> {
+        let op = placed.op;
+        let mut slot = lock(Self::slot(t, op.table, block)?);
+        let target = match &mut *slot {
+            Slot::Owned(BlockData::Keyed(data)) => {
+                if op.kind == OpKind::Get {
+                    return placed.read_here(model, data, block, positions);
+                }
+                placed.write_here(model, data, positions.collect());
+                return Ok(());
+            }
+            Slot::Owned(_) => {
+                return Err(StoreError::BadState {
+                    table: op.table,
+                    block,
+                    message: "holds block data, not keyed values".into(),
+                });
+            }
+            Slot::Incoming { queue, .. } => {
+                placed.queue(queue, positions.collect());
+                return Ok(());
+            }
+            Slot::Forwarding { to, .. } => self.route(op.table, block, Some(*to)),
+            Slot::Absent => self.route(op.table, block, None),
+        };
+        drop(slot);
+        match target {
+            Some(to) => placed.targets.push((block, to)),
+            None => placed.parts.push(Part {
+                positions: positions.collect(),
+                pending: Pending::Ready(Err(RemoteError::retry(format!(
+                    "block {block} of table {} is not on evaluator {} and its owner is unknown here",
+                    op.table, self.inner.me
+                )))),
+            }),
+        }
+        Ok(())
     }
 
     /// The fast path of [`Store::submit`]: the one other evaluator that

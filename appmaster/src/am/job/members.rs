@@ -15,8 +15,8 @@ use cruise_rm::{ContainerId, RmEvent};
 use crate::am::{AmError, Progress, Role, control};
 
 use super::{
-    ALLOCATION_NOTE_EVERY, Driver, EXIT_STATUS_WAIT, Ended, Evaluator, Phase, role_name,
-    stderr_note,
+    ALLOCATION_NOTE_EVERY, Driver, EXIT_STATUS_WAIT, Ended, Evaluator, PendingFatal, Phase,
+    role_name, stderr_note,
 };
 
 impl Driver {
@@ -304,6 +304,19 @@ impl Driver {
             self.release_unasked(id).await;
         }
         Ok(())
+    }
+
+    /// `id` failed for good; the job fails too, once the loss that may
+    /// have caused it had time to be heard of (`check_time`).
+    pub(super) fn on_fatal(&mut self, id: EvaluatorId, error: String) {
+        tracing::warn!("{} failed: {error}", self.describe(id));
+        if self.pending_fatal.is_none() {
+            self.pending_fatal = Some(PendingFatal {
+                eval: id,
+                error,
+                since: Instant::now(),
+            });
+        }
     }
 
     /// Gives back an evaluator nobody asked for (e.g. an add that timed

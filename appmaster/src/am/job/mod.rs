@@ -36,7 +36,7 @@ use tokio_util::task::TaskTracker;
 use cruise_conf::CruiseConfig;
 use cruise_container::apps;
 use cruise_container::ownership::OwnerTable;
-use cruise_container::protocol::{AmToEval, AppParams, EvalToAm, EvaluatorId, Stats, TaskKind};
+use cruise_container::protocol::{AmToEval, AppParams, EvalToAm, EvaluatorId, Stats};
 use cruise_hdfs::Split;
 use cruise_rm::{ContainerId, ContainerRequest, ExitStatus, ResourceManager, RmEvent};
 
@@ -110,6 +110,16 @@ struct Evaluator {
     gone: bool,
     /// Newest ownership version it has applied.
     acked_version: u64,
+}
+
+impl Evaluator {
+    /// Records the memory figures of a heartbeat.
+    fn heard_memory(&mut self, rss: u64, peak_rss: u64, store_bytes: u64) {
+        self.rss = rss;
+        self.peak_rss = self.peak_rss.max(peak_rss);
+        self.store_bytes = store_bytes;
+        self.max_store_bytes = self.max_store_bytes.max(store_bytes);
+    }
 }
 
 #[derive(Default)]
@@ -519,6 +529,8 @@ impl Driver {
         self.evaluators.values().all(|e| e.awaiting.is_none())
     }
 
+    /// Hands a message of evaluator `id` to the part of the job it
+    /// concerns. Messages of an evaluator no longer known are dropped.
     async fn on_message(&mut self, id: EvaluatorId, msg: EvalToAm) -> Result<(), AmError> {
         let Some(e) = self.evaluators.get_mut(&id) else {
             return Ok(());
@@ -538,39 +550,16 @@ impl Driver {
                 rss_bytes,
                 peak_rss_bytes,
                 store_bytes,
-            } => {
-                e.rss = rss_bytes;
-                e.peak_rss = e.peak_rss.max(peak_rss_bytes);
-                e.store_bytes = store_bytes;
-                e.max_store_bytes = e.max_store_bytes.max(store_bytes);
-            }
+            } => e.heard_memory(rss_bytes, peak_rss_bytes, store_bytes),
             EvalToAm::OwnershipApplied { version } => self.on_ownership_applied(id, version).await,
-            EvalToAm::BlocksCreated { .. } => {
-                if self.answered(id, Answer::BlocksCreated) {
-                    self.maybe_start_training().await?;
-                }
-            }
+            EvalToAm::BlocksCreated { .. } => self.on_blocks_created(id).await?,
             EvalToAm::InputLoaded { blocks } => self.on_input_loaded(id, blocks).await?,
             EvalToAm::InputDropped { blocks } => self.on_input_dropped(id, blocks).await,
             EvalToAm::TaskStarted { task } => {
                 tracing::debug!(evaluator = %id, ?task, "task started");
             }
-            EvalToAm::TaskStopped { task } => {
-                if self.phase == Phase::Training {
-                    self.on_task_stopped_in_training(id, task).await;
-                } else if task == TaskKind::Worker
-                    && self.answered(id, Answer::WorkerStopped)
-                    && self.all_answered()
-                {
-                    self.start_evaluating().await;
-                }
-            }
-            EvalToAm::MiniBatch(r) => {
-                if self.phase == Phase::Training {
-                    self.rc.metrics.mini_batch(id, &r, &r.links);
-                    self.on_minibatch(r.stats).await;
-                }
-            }
+            EvalToAm::TaskStopped { task } => self.on_task_stopped(id, task).await,
+            EvalToAm::MiniBatch(r) => self.on_mini_batch_report(id, r).await,
             EvalToAm::ServerReport(r) => self.rc.metrics.server(id, &r),
             EvalToAm::ClockTick { clock } => {
                 e.clock = clock;
@@ -578,17 +567,8 @@ impl Driver {
             }
             EvalToAm::Evaluation(stats) => self.on_evaluation(id, &stats).await?,
             EvalToAm::HeldOutEvaluation(stats) => self.on_held_out_evaluation(id, &stats).await?,
-            EvalToAm::ModelPart { keys, values } => {
-                if self.phase == Phase::SavingModel {
-                    let from = self.describe(id);
-                    self.outputs.add_part(&from, keys, values)?;
-                }
-            }
-            EvalToAm::ModelDumped { .. } => {
-                if self.answered(id, Answer::ModelDumped) && self.all_answered() {
-                    self.write_model().await?;
-                }
-            }
+            EvalToAm::ModelPart { keys, values } => self.on_model_part(id, keys, values)?,
+            EvalToAm::ModelDumped { .. } => self.on_model_dumped(id).await?,
             EvalToAm::BlockMoved {
                 move_id,
                 table,
@@ -602,14 +582,9 @@ impl Driver {
                 secs,
             } => self.on_move_finished(move_id, result, secs),
             EvalToAm::BandwidthProbe { to, bytes, secs } => {
-                tracing::debug!(from = %id, %to, bytes, secs, "bandwidth probe");
-                self.rc.metrics.bulk(id, to, bytes, secs);
-                self.on_start_probe(id, to).await?;
+                self.on_probe_measured(id, to, bytes, secs).await?
             }
-            EvalToAm::ProbeFailed { to, error } => {
-                tracing::warn!(from = %id, %to, "bandwidth probe failed: {error}");
-                self.on_start_probe(id, to).await?;
-            }
+            EvalToAm::ProbeFailed { to, error } => self.on_probe_failed(id, to, &error).await?,
             EvalToAm::CheckpointWritten { id: ck, result } => {
                 self.on_checkpoint_written(id, ck, result)
             }
@@ -618,18 +593,7 @@ impl Driver {
                 blocks,
                 result,
             } => self.on_blocks_restored(id, folder, blocks, result).await?,
-            EvalToAm::Fatal { error } => {
-                // Failed for good; the job fails too, once the loss that
-                // may have caused it had time to be heard of (`check_time`).
-                tracing::warn!("{} failed: {error}", self.describe(id));
-                if self.pending_fatal.is_none() {
-                    self.pending_fatal = Some(PendingFatal {
-                        eval: id,
-                        error,
-                        since: Instant::now(),
-                    });
-                }
-            }
+            EvalToAm::Fatal { error } => self.on_fatal(id, error),
         }
         Ok(())
     }

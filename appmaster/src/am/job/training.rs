@@ -6,7 +6,8 @@ use std::time::{Duration, Instant};
 
 use cruise_conf::SyncMode;
 use cruise_container::protocol::{
-    AmToEval, BlockId, EvaluatorId, INPUT_TABLE, MODEL_TABLE, STATE_TABLE, Stats, WorkerTask,
+    AmToEval, BlockId, EvaluatorId, INPUT_TABLE, Key, MODEL_TABLE, MiniBatchReport, STATE_TABLE,
+    Stats, TaskKind, ValueBatch, WorkerTask,
 };
 use cruise_hdfs::Split;
 
@@ -221,6 +222,36 @@ impl Driver {
         }
     }
 
+    /// A server has created its model blocks: training may start once
+    /// every one has.
+    pub(super) async fn on_blocks_created(&mut self, id: EvaluatorId) -> Result<(), AmError> {
+        if self.answered(id, Answer::BlocksCreated) {
+            self.maybe_start_training().await?;
+        }
+        Ok(())
+    }
+
+    /// A task of `id` stopped: in training, a change of roles or a loss;
+    /// when stopping, evaluation starts once every worker has stopped.
+    pub(super) async fn on_task_stopped(&mut self, id: EvaluatorId, task: TaskKind) {
+        if self.phase == Phase::Training {
+            self.on_task_stopped_in_training(id, task).await;
+        } else if task == TaskKind::Worker
+            && self.answered(id, Answer::WorkerStopped)
+            && self.all_answered()
+        {
+            self.start_evaluating().await;
+        }
+    }
+
+    /// A worker's summed mini-batch measurements: counted while training.
+    pub(super) async fn on_mini_batch_report(&mut self, id: EvaluatorId, r: MiniBatchReport) {
+        if self.phase == Phase::Training {
+            self.rc.metrics.mini_batch(id, &r, &r.links);
+            self.on_minibatch(r.stats).await;
+        }
+    }
+
     /// Starts `role`'s task on `id`. A worker starts at the clock the job
     /// has released so far (0 at the start of training), which becomes its
     /// own.
@@ -363,6 +394,29 @@ impl Driver {
             .await?;
         tracing::info!(keys, path = %self.config.job.model_out, "model written");
         self.finish().await;
+        Ok(())
+    }
+
+    /// A part of the model a server sent, while saving it.
+    pub(super) fn on_model_part(
+        &mut self,
+        id: EvaluatorId,
+        keys: Vec<Key>,
+        values: ValueBatch,
+    ) -> Result<(), AmError> {
+        if self.phase == Phase::SavingModel {
+            let from = self.describe(id);
+            self.outputs.add_part(&from, keys, values)?;
+        }
+        Ok(())
+    }
+
+    /// A server has sent all of its part of the model: the model is
+    /// written once every one has.
+    pub(super) async fn on_model_dumped(&mut self, id: EvaluatorId) -> Result<(), AmError> {
+        if self.answered(id, Answer::ModelDumped) && self.all_answered() {
+            self.write_model().await?;
+        }
         Ok(())
     }
 

@@ -71,6 +71,31 @@ impl Driver {
         true
     }
 
+    /// A probe from `from` to `to` measured `bytes` in `secs`: the link's
+    /// bandwidth is counted.
+    pub(in crate::am::job) async fn on_probe_measured(
+        &mut self,
+        from: EvaluatorId,
+        to: EvaluatorId,
+        bytes: u64,
+        secs: f64,
+    ) -> Result<(), AmError> {
+        tracing::debug!(from = %from, %to, bytes, secs, "bandwidth probe");
+        self.rc.metrics.bulk(from, to, bytes, secs);
+        self.on_start_probe(from, to).await
+    }
+
+    /// A probe from `from` to `to` failed: the link stays unmeasured.
+    pub(in crate::am::job) async fn on_probe_failed(
+        &mut self,
+        from: EvaluatorId,
+        to: EvaluatorId,
+        error: &str,
+    ) -> Result<(), AmError> {
+        tracing::warn!(from = %from, %to, "bandwidth probe failed: {error}");
+        self.on_start_probe(from, to).await
+    }
+
     /// A probe answered or failed: training starts after the last one.
     pub(in crate::am::job) async fn on_start_probe(
         &mut self,
