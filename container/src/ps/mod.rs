@@ -98,10 +98,10 @@ pub fn mini_batch_count(n: usize, size: usize) -> usize {
 }
 
 /// A block's rows cut into [`mini_batch_count`] mini-batches whose sizes
-/// differ by at most one. Mini-batches do not span blocks: cut at `size`, a
-/// block of 156 records at 100 made a mini-batch of 56 that cost a whole
-/// round trip (28% more round trips than records / size in the benchmarks'
-/// data sets); a block of 312 now makes 3 of 104 instead of 4.
+/// differ by at most one. Mini-batches do not span blocks, and a short
+/// remainder would cost a whole round trip for a few records, so a block
+/// of 312 records at `size` 100 makes 3 mini-batches of 104, not 100, 100,
+/// 100 and 12.
 fn batches(n: usize, size: usize) -> impl Iterator<Item = Range<usize>> {
     let k = mini_batch_count(n, size);
     let base = n.checked_div(k).unwrap_or(0);

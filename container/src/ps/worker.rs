@@ -56,9 +56,7 @@ pub struct WorkerContext {
 /// mini-batches ahead. Alone, it misses no one's pushes but its own, and
 /// those are applied to what it pulls ([`apply_own_pushes`]): it computes on
 /// the same values at any depth, and deeper only hides more of the round
-/// trip. Measured with 1 worker + 1 server (20 epochs, records/s): MLR
-/// 50k × 1000 at B = 100 0.61–0.66M at depth 4, 0.61–0.73M at 8; Lasso
-/// 20k × 100 0.87–0.98M at 4, 1.08–1.34M at 8.
+/// trip.
 pub const LONE_WORKER_DEPTH: usize = 8;
 
 /// The pipeline depth of a local epoch: `configured` (0 without
@@ -577,10 +575,7 @@ async fn flush_pushes(
 /// hold up the caller's runtime: the evaluator's (single) runtime thread
 /// keeps encoding, sending and reading the data plane's frames, serving the
 /// blocks held here and stamping answers as they arrive (the round trips the
-/// optimizer fits are then right), while the worker computes. Measured with
-/// MLR at B = 100 (50k × 1000, 1 worker + 1 server, 20 epochs), alternating
-/// with the inline version: 400–440k → 450–520k records/s at the same
-/// pipeline depth (2).
+/// optimizer fits are then right), while the worker computes.
 ///
 /// If this future is dropped before the loop ends (its task aborted, or
 /// its runtime shutting down), the loop's thread is told to give up at its
@@ -623,8 +618,7 @@ pub async fn run_worker(ctx: WorkerContext) -> Result<(), PsError> {
 /// connection, so the pull of `i + d` sees every push up to `i`; the
 /// worker's pushes sent after a pull are applied to the pulled values here
 /// ([`apply_own_pushes`]), so a worker never computes on a model missing its
-/// own updates (without it, MLR on 4 containers lost 5 points of accuracy
-/// in the first epochs). Pushes are flushed at the end of every local epoch
+/// own updates, which would cost accuracy in the first epochs. Pushes are flushed at the end of every local epoch
 /// (before the clock ticks, so SSP's bound holds) and before the task stops.
 async fn worker_loop(ctx: WorkerContext, waits: Arc<AtomicU64>) -> Result<(), PsError> {
     Worker::new(ctx, waits).await.run().await
@@ -646,7 +640,7 @@ mod tests {
 
     /// A worker whose task is dropped while it waits for an answer that
     /// will not come ends its thread: the runtime's shutdown, which waits
-    /// for its blocking threads, is not held (it was, for good, before).
+    /// for its blocking threads, is not held.
     #[test]
     fn an_abandoned_worker_does_not_hold_its_runtime() {
         use crate::apps::mlr::{Mlr, params};
