@@ -243,6 +243,47 @@ impl Snapshot {
     /// Checks ranges, uniqueness of ids, link ends and block totals.
     pub fn validate(&self) -> Result<(), OptimizerError> {
         let j = &self.job;
+        j.validate()?;
+        if let Some(p) = &self.policy {
+            p.validate("policy")?;
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        let (mut input, mut model) = (0u64, 0u64);
+        for (i, c) in self.containers.iter().enumerate() {
+            if !seen.insert(c.id.as_str()) {
+                return Err(OptimizerError::DuplicateContainer(c.id.clone()));
+            }
+            c.validate(i)?;
+            input += u64::from(c.input_blocks);
+            model += u64::from(c.model_blocks);
+        }
+        let any_blocks = input + model > 0;
+        if any_blocks && (input != u64::from(j.input_blocks) || model != u64::from(j.model_blocks))
+        {
+            return Err(OptimizerError::InconsistentBlocks(format!(
+                "containers hold {input} input and {model} model blocks, job has {} and {}",
+                j.input_blocks, j.model_blocks
+            )));
+        }
+        for (k, l) in self.links.iter().enumerate() {
+            for end in [&l.from, &l.to] {
+                if !seen.contains(end.as_str()) {
+                    return Err(OptimizerError::UnknownContainer {
+                        container: end.clone(),
+                        context: format!("links[{k}]"),
+                    });
+                }
+            }
+            positive(&format!("links[{k}].bytes_per_sec"), l.bytes_per_sec)?;
+        }
+        Ok(())
+    }
+}
+
+impl Job {
+    /// Checks the job's own fields (see [`Snapshot::validate`]).
+    fn validate(&self) -> Result<(), OptimizerError> {
+        let j = self;
         if j.total_records == 0 {
             return Err(OptimizerError::invalid("job.total_records", "must be > 0"));
         }
@@ -276,73 +317,50 @@ impl Snapshot {
         if j.model_blocks == 0 {
             return Err(OptimizerError::invalid("job.model_blocks", "must be > 0"));
         }
-        if let Some(p) = &self.policy {
-            p.validate("policy")?;
+        Ok(())
+    }
+}
+
+impl ContainerMetrics {
+    /// Checks one container's figures and that its blocks fit its role;
+    /// `i` is its index in the snapshot, for the error.
+    fn validate(&self, i: usize) -> Result<(), OptimizerError> {
+        let c = self;
+        positive(
+            &format!("containers[{i}].bandwidth_bytes_per_sec"),
+            c.bandwidth_bytes_per_sec,
+        )?;
+        let optional = [
+            ("compute_secs_per_record", c.compute_secs_per_record),
+            ("request_secs_per_server", c.request_secs_per_server),
+            ("server_secs_per_byte", c.server_secs_per_byte),
+            ("server_secs_per_mini_batch", c.server_secs_per_mini_batch),
+        ];
+        for (field, v) in optional {
+            if let Some(v) = v {
+                non_negative(&format!("containers[{i}].{field}"), v)?;
+            }
         }
-        let mut seen = std::collections::BTreeSet::new();
-        let (mut input, mut model) = (0u64, 0u64);
-        for (i, c) in self.containers.iter().enumerate() {
-            if !seen.insert(c.id.as_str()) {
-                return Err(OptimizerError::DuplicateContainer(c.id.clone()));
-            }
-            positive(
-                &format!("containers[{i}].bandwidth_bytes_per_sec"),
-                c.bandwidth_bytes_per_sec,
-            )?;
-            if let Some(v) = c.compute_secs_per_record {
-                non_negative(&format!("containers[{i}].compute_secs_per_record"), v)?;
-            }
-            if let Some(v) = c.cpu_speed {
-                positive(&format!("containers[{i}].cpu_speed"), v)?;
-            }
-            if let Some(v) = c.request_secs_per_server {
-                non_negative(&format!("containers[{i}].request_secs_per_server"), v)?;
-            }
-            if let Some(v) = c.server_secs_per_byte {
-                non_negative(&format!("containers[{i}].server_secs_per_byte"), v)?;
-            }
-            if let Some(v) = c.server_secs_per_mini_batch {
-                non_negative(&format!("containers[{i}].server_secs_per_mini_batch"), v)?;
-            }
-            if c.input_blocks > 0 && c.role != Role::Worker {
-                return Err(OptimizerError::invalid(
-                    format!("containers[{i}].input_blocks"),
-                    format!(
-                        "container `{}` holds input blocks but is not a worker",
-                        c.id
-                    ),
-                ));
-            }
-            if c.model_blocks > 0 && c.role != Role::Server {
-                return Err(OptimizerError::invalid(
-                    format!("containers[{i}].model_blocks"),
-                    format!(
-                        "container `{}` holds model blocks but is not a server",
-                        c.id
-                    ),
-                ));
-            }
-            input += u64::from(c.input_blocks);
-            model += u64::from(c.model_blocks);
+        if let Some(v) = c.cpu_speed {
+            positive(&format!("containers[{i}].cpu_speed"), v)?;
         }
-        let any_blocks = input + model > 0;
-        if any_blocks && (input != u64::from(j.input_blocks) || model != u64::from(j.model_blocks))
-        {
-            return Err(OptimizerError::InconsistentBlocks(format!(
-                "containers hold {input} input and {model} model blocks, job has {} and {}",
-                j.input_blocks, j.model_blocks
-            )));
+        if c.input_blocks > 0 && c.role != Role::Worker {
+            return Err(OptimizerError::invalid(
+                format!("containers[{i}].input_blocks"),
+                format!(
+                    "container `{}` holds input blocks but is not a worker",
+                    c.id
+                ),
+            ));
         }
-        for (k, l) in self.links.iter().enumerate() {
-            for end in [&l.from, &l.to] {
-                if !seen.contains(end.as_str()) {
-                    return Err(OptimizerError::UnknownContainer {
-                        container: end.clone(),
-                        context: format!("links[{k}]"),
-                    });
-                }
-            }
-            positive(&format!("links[{k}].bytes_per_sec"), l.bytes_per_sec)?;
+        if c.model_blocks > 0 && c.role != Role::Server {
+            return Err(OptimizerError::invalid(
+                format!("containers[{i}].model_blocks"),
+                format!(
+                    "container `{}` holds model blocks but is not a server",
+                    c.id
+                ),
+            ));
         }
         Ok(())
     }
