@@ -195,12 +195,13 @@ impl DataPlane {
         // A read answered in several parts is put together in one buffer
         // laid out like the answer; the parts that arrive as tails are read
         // from the socket straight into it (`protocol::frames`).
-        let answer = match (kind, self.inner.store.value_len()) {
-            (OpKind::Get, Some(want)) if sub.parts.len() > 1 => Some(Answer {
+        let answer = if kind == OpKind::Get && sub.parts.len() > 1 {
+            self.inner.store.value_len().map(|want| Answer {
                 want,
                 values: Arc::new(Mutex::new(crate::os::zeroed_vec_for_large(keys * want))),
-            }),
-            _ => None,
+            })
+        } else {
+            None
         };
         let sent = Instant::now();
         // Forward now, synchronously, to keep arrival order.

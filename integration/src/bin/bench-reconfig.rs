@@ -7,10 +7,12 @@
 //! 2. Latency of `get` on model keys that are NOT being moved, served by the
 //!    source of the move, while idle and while moves run (p50/p99), one
 //!    `get` per millisecond: the design promises that moves never block
-//!    unrelated keys. Each repetition takes [`LATENCY_SAMPLES`] idle gets,
-//!    then as many taken while a move runs (the blocks go back and forth
-//!    until there are enough; a get is counted only if a move ran from its
-//!    start to its end), so that a p99 is not the worst of a few dozen.
+//!    unrelated keys. Each repetition takes [`LATENCY_SAMPLES`] idle gets
+//!    and as many taken while a move runs (a get is counted only if a move
+//!    ran from its start to its end), so that a p99 is not the worst of a
+//!    few dozen, in [`LATENCY_ROUNDS`] alternating rounds (idle gets, then
+//!    moves back and forth until there are as many busy ones), so that both
+//!    see the same machine when other processes come and go.
 //!
 //! ```text
 //! integration/bench/setup.sh          # iperf3 (once)
@@ -53,6 +55,8 @@ const GET_KEYS: u64 = 8;
 const PROBE_EVERY: Duration = Duration::from_millis(1);
 /// Gets per repetition of the latency figure, idle and during moves each.
 const LATENCY_SAMPLES: usize = 600;
+/// Rounds of idle and busy gets per repetition.
+const LATENCY_ROUNDS: usize = 10;
 
 /// An input block of about `bytes` bytes: records of 40 entries with feature
 /// indices below 100,000 and values like libsvm's `0.123`.
@@ -198,23 +202,23 @@ async fn run(reps: usize) -> anyhow::Result<()> {
     let mut p99s = Vec::new();
     let mut moves = 0;
     for _ in 0..reps.div_ceil(2).max(2) {
-        let mut i = probe(client.clone(), None, LATENCY_SAMPLES).await?;
-        let moving = Arc::new(AtomicBool::new(false));
-        let probing = tokio::spawn(probe(
-            client.clone(),
-            Some(Arc::clone(&moving)),
-            LATENCY_SAMPLES,
-        ));
-        let (mut from, mut to) = (SOURCE, DEST);
-        while !probing.is_finished() || from != SOURCE {
-            move_id += 1;
-            moving.store(!probing.is_finished(), Ordering::SeqCst);
-            move_all(&mut cluster, from, to, move_id).await?;
-            moving.store(false, Ordering::SeqCst);
-            moves += 1;
-            std::mem::swap(&mut from, &mut to);
+        let (mut i, mut b) = (Vec::new(), Vec::new());
+        for _ in 0..LATENCY_ROUNDS {
+            let per_round = LATENCY_SAMPLES / LATENCY_ROUNDS;
+            i.extend(probe(client.clone(), None, per_round).await?);
+            let moving = Arc::new(AtomicBool::new(false));
+            let probing = tokio::spawn(probe(client.clone(), Some(Arc::clone(&moving)), per_round));
+            let (mut from, mut to) = (SOURCE, DEST);
+            while !probing.is_finished() || from != SOURCE {
+                move_id += 1;
+                moving.store(!probing.is_finished(), Ordering::SeqCst);
+                move_all(&mut cluster, from, to, move_id).await?;
+                moving.store(false, Ordering::SeqCst);
+                moves += 1;
+                std::mem::swap(&mut from, &mut to);
+            }
+            b.extend(probing.await??);
         }
-        let mut b = probing.await??;
         idle.extend_from_slice(&i);
         busy.extend_from_slice(&b);
         p99s.push((percentile(&mut b, 99.0), percentile(&mut i, 99.0)));
@@ -281,7 +285,7 @@ async fn run(reps: usize) -> anyhow::Result<()> {
     );
     println!("\nEach repetition, in order:\n");
     println!("- move throughput / iperf3: {per_move}");
-    println!("- get p99 during a move / idle just before it: {per_p99}");
+    println!("- get p99 during moves / idle, in alternating rounds: {per_p99}");
     Ok(())
 }
 
