@@ -257,7 +257,7 @@ pub type Placer<In> = Box<dyn FnMut(&[u8], usize) -> Option<(Placement, In)> + S
 enum Dest<In> {
     /// A vector of its own, for the message decoded from `meta` at the end.
     Own { meta: Vec<u8>, values: Vec<f32> },
-    /// A placement; `msg` (decoded, values empty) is delivered at the end.
+    /// A placement; `msg`, the placer's, is delivered at the end.
     Placed { msg: Box<In>, place: Placement },
 }
 
