@@ -321,6 +321,19 @@ pub fn vec_for_large<T>(n: usize) -> Vec<T> {
     v
 }
 
+/// `n` zeros, to be overwritten in place. From the allocator's mmap
+/// threshold up the zeros are the kernel's (a fresh mapping, nothing
+/// written here), faulted in as the buffer is filled, and advised to use
+/// transparent huge pages as [`vec_for_large`]'s are.
+pub fn zeroed_vec_for_large(n: usize) -> Vec<f32> {
+    let v = vec![0.0f32; n];
+    let bytes = n.saturating_mul(4);
+    if bytes >= MMAP_THRESHOLD as usize {
+        advise_huge_pages(v.as_ptr() as usize, bytes);
+    }
+    v
+}
+
 /// Advises the kernel to back the 2 MiB-aligned part of `[start, start +
 /// len)` with huge pages. Best effort: an error only means no advice.
 fn advise_huge_pages(start: usize, len: usize) {

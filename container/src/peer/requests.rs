@@ -34,7 +34,8 @@ use futures::{FutureExt, SinkExt, StreamExt};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::protocol::{
-    EvaluatorId, LinkSample, PeerRequest, PeerResponse, Purpose, RemoteError, ToClient, ToOwner,
+    EvaluatorId, LinkSample, PeerRequest, PeerResponse, Placement, Purpose, RemoteError, ToClient,
+    ToOwner, ValueBatch,
 };
 use crate::store::{self, OpKind, PartResult, Pending, StoreOp};
 
@@ -191,6 +192,17 @@ impl DataPlane {
         };
         let kind = sub.kind;
         let keys = sub.keys;
+        // A read answered in several parts is put together in one buffer
+        // laid out like the answer; the parts that arrive as tails are read
+        // from the socket straight into it (`protocol::frames`).
+        let answer = if kind == OpKind::Get && sub.parts.len() > 1 {
+            self.inner.store.value_len().map(|want| Answer {
+                want,
+                values: Arc::new(Mutex::new(crate::os::zeroed_vec_for_large(keys * want))),
+            })
+        } else {
+            None
+        };
         let sent = Instant::now();
         // Forward now, synchronously, to keep arrival order.
         let forward_start = crate::os::thread_cpu_secs();
@@ -205,8 +217,11 @@ impl DataPlane {
                     } else {
                         op.values.byte_len() as u64
                     };
-                    let rx = self.conn(to).request_as(op.into_request(), routing.share());
-                    Wait::Remote(to, out_bytes, rx)
+                    let place = answer.as_ref().and_then(|a| a.place(&part.positions));
+                    let rx =
+                        self.conn(to)
+                            .request_as(op.into_request(), routing.share(), place.clone());
+                    Wait::Remote(to, out_bytes, rx, place)
                 }
             };
             waits.push((part.positions, w));
@@ -220,21 +235,25 @@ impl DataPlane {
             let dropped = || Err(RemoteError::fatal("the request was dropped without an answer"));
             let answers = futures::future::join_all(waits.into_iter().map(|(positions, w)| async move {
                 match w {
-                    Wait::Ready(r) => (positions, None, r, 0.0),
-                    Wait::Queued(rx) => (positions, None, rx.await.unwrap_or_else(|_| dropped()), 0.0),
-                    Wait::Remote(peer, out_bytes, rx) => {
+                    Wait::Ready(r) => (positions, None, r, 0.0, None),
+                    Wait::Queued(rx) => (positions, None, rx.await.unwrap_or_else(|_| dropped()), 0.0, None),
+                    Wait::Remote(peer, out_bytes, rx, place) => {
                         let (r, at) = rx.await.unwrap_or_else(|_| (dropped(), Instant::now()));
                         let secs = at.saturating_duration_since(sent).as_secs_f64();
-                        (positions, Some((peer, out_bytes)), r, secs)
+                        (positions, Some((peer, out_bytes)), r, secs, place)
                     }
                 }
             }))
             .await;
             let mut links = Vec::new();
             let mut results = Vec::with_capacity(answers.len());
-            for (positions, peer, mut r, secs) in answers {
+            for (positions, peer, mut r, secs, place) in answers {
+                let placed = place.as_ref().is_some_and(Placement::placed);
                 if let (Some((p, out_bytes)), Ok(resp)) = (peer, &r) {
                     let in_bytes = match resp {
+                        PeerResponse::Values(_) if placed => {
+                            place.as_ref().map_or(0, |pl| pl.len as u64 * 4)
+                        }
                         PeerResponse::Values(v) => v.byte_len() as u64,
                         PeerResponse::Done | PeerResponse::HandoverOutcome { .. } => 0,
                         PeerResponse::Blob(b) => b.len() as u64,
@@ -251,6 +270,7 @@ impl DataPlane {
                     tracing::debug!(peer = %p, "a request lost with a departed peer is sent again");
                     r = Err(RemoteError::retry(e.message.clone()));
                 }
+                let mut placed = placed;
                 if let Err(e) = &r
                     && e.retry && attempt < MAX_RETRIES {
                         let backoff = Duration::from_micros(200 << attempt.min(12));
@@ -265,9 +285,17 @@ impl DataPlane {
                         let (rr, more) = this.execute_shared(retry, attempt + 1).await;
                         links.extend(more);
                         r = rr;
+                        placed = false;
                     }
                 match r {
-                    Ok(resp) => results.push((positions, resp)),
+                    Ok(resp) => match &answer {
+                        Some(a) => {
+                            if let Err(e) = a.fill(&positions, resp, placed) {
+                                return (Err(e), links);
+                            }
+                        }
+                        None => results.push((positions, resp)),
+                    },
                     Err(e) => {
                         let e = match peer {
                             Some((p, _)) => RemoteError {
@@ -281,7 +309,10 @@ impl DataPlane {
                     }
                 }
             }
-            (store::assemble(kind, keys, results), links)
+            match answer {
+                Some(a) => (Ok(a.finish(keys)), links),
+                None => (store::assemble(kind, keys, results), links),
+            }
         }
         .boxed()
     }
@@ -358,8 +389,21 @@ impl DataPlane {
                 return;
             }
         };
-        let (mut sink, mut stream) =
+        let (mut sink, stream) =
             super::split_requests::<ToOwner, ToClient, _>(framed, self.inner.settings.frames);
+        let mut stream = stream.with_placement({
+            let conn = Arc::clone(&conn);
+            Box::new(move |meta: &[u8], n| {
+                let id = values_response_id(meta)?;
+                let place = conn.placement(id, n)?;
+                // The values are in place: the answer says no more.
+                let placed = ToClient::Response {
+                    id,
+                    result: Ok(PeerResponse::Values(ValueBatch::default())),
+                };
+                Some((place, placed))
+            })
+        });
         let mut said_goodbye = false;
         let timeout = self.inner.settings.request_timeout;
         let mut deadlines = tokio::time::interval(
@@ -452,6 +496,19 @@ impl DataPlane {
     }
 }
 
+/// The request id of a tail frame's meta (`protocol::frames`) that is a
+/// `ToClient::Response` carrying `Ok(PeerResponse::Values(..))`; `None` for
+/// any other message. Postcard writes an enum's variant index and then its
+/// fields, integers as varints: the response's variant (0), its id, the
+/// result's (`Ok`, 0) and the answer's (`Values`, 0). Checked against the
+/// encoder by a test.
+fn values_response_id(meta: &[u8]) -> Option<u64> {
+    match postcard::take_from_bytes::<(u32, u64, u32, u32)>(meta) {
+        Ok(((0, id, 0, 0), _)) => Some(id),
+        _ => None,
+    }
+}
+
 /// A request's kind, for messages.
 fn request_kind(req: &PeerRequest) -> &'static str {
     match req {
@@ -468,18 +525,100 @@ enum Wait {
     Ready(PartResult),
     /// Queued here until the block lands.
     Queued(oneshot::Receiver<PartResult>),
-    /// The peer it was forwarded to, bytes sent with it, the answer.
-    Remote(EvaluatorId, u64, oneshot::Receiver<Answer>),
+    /// The peer it was forwarded to, bytes sent with it, the answer, and
+    /// where its values are read to if they come as a tail.
+    Remote(
+        EvaluatorId,
+        u64,
+        oneshot::Receiver<Arrived>,
+        Option<Placement>,
+    ),
 }
 
 /// A peer's answer and when it arrived.
-type Answer = (PartResult, Instant);
+type Arrived = (PartResult, Instant);
+
+/// The answer to a read of several parts, put together in place: `want`
+/// values per key, in the order of the operation's keys.
+struct Answer {
+    want: usize,
+    values: Arc<Mutex<Vec<f32>>>,
+}
+
+impl Answer {
+    /// Where a part's values go, if its positions are one run (a large
+    /// read split into requests; the parts of a read spread over owners
+    /// are put in place key by key by [`Answer::fill`]).
+    fn place(&self, positions: &[usize]) -> Option<Placement> {
+        let first = *positions.first()?;
+        let run = positions.iter().enumerate().all(|(i, &p)| p == first + i);
+        run.then(|| {
+            Placement::new(
+                Arc::clone(&self.values),
+                first * self.want,
+                positions.len() * self.want,
+            )
+        })
+    }
+
+    /// Puts a part's answer in place (`placed`: its values already are).
+    fn fill(
+        &self,
+        positions: &[usize],
+        resp: PeerResponse,
+        placed: bool,
+    ) -> Result<(), RemoteError> {
+        let PeerResponse::Values(batch) = resp else {
+            return Err(RemoteError::fatal("a read answered without values"));
+        };
+        if placed {
+            // As many values as the part's keys take, in place.
+            return Ok(());
+        }
+        let want = self.want;
+        if batch.len() != positions.len() {
+            return Err(RemoteError::fatal(format!(
+                "a read of {} keys answered {} values",
+                positions.len(),
+                batch.len()
+            )));
+        }
+        if let Some(&l) = batch.lens.iter().find(|&&l| l as usize != want) {
+            return Err(RemoteError::fatal(format!(
+                "a read answered a value of length {l}; the table's values have length {want}"
+            )));
+        }
+        if batch.data.len() != positions.len() * want {
+            return Err(RemoteError::fatal(
+                "a read's values do not add up to their lengths",
+            ));
+        }
+        let mut out = lock(&self.values);
+        for (&p, v) in positions.iter().zip(batch.data.chunks_exact(want.max(1))) {
+            if let Some(dst) = out.get_mut(p * want..(p + 1) * want) {
+                dst.copy_from_slice(v);
+            }
+        }
+        Ok(())
+    }
+
+    /// The whole answer, every part filled.
+    fn finish(self, keys: usize) -> PeerResponse {
+        let data = std::mem::take(&mut *lock(&self.values));
+        PeerResponse::Values(ValueBatch {
+            lens: vec![self.want as u32; keys],
+            data,
+        })
+    }
+}
 
 /// One outbound request connection.
 /// A request written (or queued) and not answered yet.
 struct Unanswered {
-    answer: oneshot::Sender<Answer>,
+    answer: oneshot::Sender<Arrived>,
     _inflight: InflightGuard,
+    /// Where the answer's values are read to, if they come as a tail.
+    place: Option<Placement>,
     /// When it was queued.
     since: Instant,
     /// What it asks for (`get`, `update`, `handover`...).
@@ -497,13 +636,19 @@ pub(super) struct OutConn {
 
 impl OutConn {
     /// Queues a request; synchronous, so requests go out in call order.
-    fn request(&self, req: PeerRequest) -> oneshot::Receiver<Answer> {
-        self.request_as(req, self.inflight.begin())
+    fn request(&self, req: PeerRequest) -> oneshot::Receiver<Arrived> {
+        self.request_as(req, self.inflight.begin(), None)
     }
 
     /// [`OutConn::request`], counted in flight as `guard` (taken before the
-    /// request was routed).
-    fn request_as(&self, req: PeerRequest, guard: InflightGuard) -> oneshot::Receiver<Answer> {
+    /// request was routed), its answer's values read into `place` if they
+    /// come as a tail.
+    fn request_as(
+        &self,
+        req: PeerRequest,
+        guard: InflightGuard,
+        place: Option<Placement>,
+    ) -> oneshot::Receiver<Arrived> {
         let (tx, rx) = oneshot::channel();
         if self.closed.load(Ordering::SeqCst) {
             let _ = tx.send((
@@ -519,6 +664,7 @@ impl OutConn {
         let pending = Unanswered {
             answer: tx,
             _inflight: guard,
+            place,
             since: Instant::now(),
             kind: request_kind(&req),
         };
@@ -535,6 +681,14 @@ impl OutConn {
             ));
         }
         rx
+    }
+
+    /// Where the values of request `id`'s answer go, `n` of them arriving.
+    fn placement(&self, id: u64, n: usize) -> Option<Placement> {
+        lock(&self.pending)
+            .get(&id)
+            .and_then(|p| p.place.clone())
+            .filter(|p| p.len == n)
     }
 
     fn complete(&self, id: u64, result: PartResult) {
@@ -778,5 +932,162 @@ mod deadline_tests {
             .expect("the mark still waits for the given-up request");
         dp.stop().await;
         hung.abort();
+    }
+}
+
+#[cfg(test)]
+mod answer_tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use bytes::BytesMut;
+    use tokio::net::TcpListener;
+    use tokio_util::sync::CancellationToken;
+
+    use super::values_response_id;
+    use crate::peer::{DataPlane, PeerSettings};
+    use crate::protocol::frames::encode_tail_frame;
+    use crate::protocol::{
+        BlockId, EvaluatorId, Faults, FrameCodec, FrameOptions, Key, MODEL_TABLE, OwnershipUpdate,
+        PeerResponse, RemoteError, ToClient, ValueBatch,
+    };
+    use crate::store::{ModelFunctions, OpKind, Store, StoreOp};
+
+    /// Rows of 1024 floats (4 KiB) that do not compress, or zeros that do.
+    struct Rows {
+        zeros: bool,
+    }
+
+    impl ModelFunctions for Rows {
+        fn value_len(&self) -> usize {
+            1024
+        }
+        fn init(&self, key: Key) -> Vec<f32> {
+            if self.zeros {
+                return vec![0.0; 1024];
+            }
+            (0..1024u64)
+                .map(|i| ((key * 7919 + i * 104_729) % 1_000_003) as f32 / 1_000_003.0)
+                .collect()
+        }
+        fn update(&self, _key: Key, value: &mut [f32], delta: &[f32]) {
+            for (v, d) in value.iter_mut().zip(delta) {
+                *v += d;
+            }
+        }
+    }
+
+    /// The ids `values_response_id` reads from a tail frame's meta are the
+    /// encoder's, and only answers with values have one.
+    #[test]
+    fn the_response_id_is_read_from_the_meta() {
+        let opts = FrameOptions::default();
+        let values = |n: usize| {
+            use rand::{Rng, SeedableRng};
+            let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(n as u64);
+            ValueBatch {
+                lens: vec![1024; n],
+                data: (0..n * 1024).map(|_| rng.random_range(-1.0..1.0)).collect(),
+            }
+        };
+        for id in [0, 1, 127, 128, 300, u64::MAX] {
+            let msg = ToClient::Response {
+                id,
+                result: Ok(PeerResponse::Values(values(32))),
+            };
+            let mut head = BytesMut::new();
+            let tail =
+                encode_tail_frame(&mut FrameCodec::<ToClient, ()>::new(opts), msg, &mut head)
+                    .unwrap()
+                    .expect("a tail frame");
+            assert_eq!(tail.len(), 32 * 1024);
+            let meta_len = u32::from_le_bytes([head[5], head[6], head[7], head[8]]) as usize;
+            assert_eq!(values_response_id(&head[9..9 + meta_len]), Some(id));
+        }
+        for other in [
+            ToClient::GoAway,
+            ToClient::Response {
+                id: 5,
+                result: Ok(PeerResponse::Done),
+            },
+            ToClient::Response {
+                id: 6,
+                result: Err(RemoteError::fatal("no")),
+            },
+        ] {
+            let meta = postcard::to_allocvec(&other).unwrap();
+            assert_eq!(values_response_id(&meta), None, "{other:?}");
+        }
+    }
+
+    /// A read of many parts is answered with every key's value in its
+    /// place: parts that are runs of the keys (read into place from the
+    /// socket), parts that are not (some keys held here), and answers that
+    /// were compressed (put in place by the waiter).
+    #[tokio::test]
+    async fn a_read_of_many_parts_is_put_together_in_place() {
+        for zeros in [false, true] {
+            let model = Arc::new(Rows { zeros });
+            let cancel = CancellationToken::new();
+            let settings = PeerSettings::for_tests(Duration::from_secs(30));
+            let (me, server) = (EvaluatorId(1), EvaluatorId(2));
+            let mut planes = Vec::new();
+            for id in [me, server] {
+                let store = Store::new(id);
+                store.configure(&[(MODEL_TABLE, 16)], model.clone());
+                let at = TcpListener::bind("127.0.0.1:0").await.unwrap();
+                let (s, f) = (settings.clone(), Faults::default());
+                planes.push(DataPlane::start(id, store, at, s, f, &cancel).unwrap());
+            }
+            let peers: Vec<_> = planes.iter().map(|p| (p.id(), p.local_addr())).collect();
+            for p in &planes {
+                p.set_peers(&peers);
+            }
+            // Block 3 is held here, the others by the server.
+            let owners: Vec<_> = BlockId::all(16)
+                .map(|b| (MODEL_TABLE, b, if b == BlockId(3) { me } else { server }))
+                .collect();
+            planes[0]
+                .store()
+                .create_blocks(MODEL_TABLE, &[BlockId(3)])
+                .unwrap();
+            let theirs: Vec<BlockId> = BlockId::all(16).filter(|&b| b != BlockId(3)).collect();
+            planes[1]
+                .store()
+                .create_blocks(MODEL_TABLE, &theirs)
+                .unwrap();
+            for p in &planes {
+                p.store().apply_ownership(&OwnershipUpdate {
+                    version: 1,
+                    owners: owners.clone(),
+                });
+            }
+            // 12 MiB of the server's keys (three requests), then the same
+            // with keys held here among them.
+            let held_here = |k: Key| crate::store::block_of_key(k, 16) == BlockId(3);
+            let remote: Vec<Key> = (0..6000u64).filter(|&k| !held_here(k)).take(3072).collect();
+            let mixed: Vec<Key> = (0..3072u64).rev().collect();
+            assert!(mixed.iter().any(|&k| held_here(k)));
+            for keys in [remote, mixed] {
+                let got = planes[0]
+                    .execute(StoreOp {
+                        kind: OpKind::Get,
+                        table: MODEL_TABLE,
+                        keys: keys.clone(),
+                        values: ValueBatch::default(),
+                    })
+                    .await
+                    .unwrap();
+                let PeerResponse::Values(v) = got else {
+                    panic!("not values: {got:?}");
+                };
+                assert_eq!(v.lens, vec![1024; keys.len()]);
+                let want: Vec<f32> = keys.iter().flat_map(|&k| model.init(k)).collect();
+                assert!(v.data == want, "zeros: {zeros}");
+            }
+            for p in &planes {
+                p.stop().await;
+            }
+        }
     }
 }

@@ -16,13 +16,19 @@
 //! [`FrameWriter`] writes the header and meta and then the values from the
 //! message's own vector, in one vectored write; [`FrameReader`] decodes the
 //! meta and reads the tail from the socket into the vector the message
-//! will hold. Every other frame is the codec's, and the codec decodes tail
-//! frames too (with a copy), so either end may be a plain `Framed`.
+//! will hold, or, when its owner has said where the message's values go
+//! ([`FrameReader::with_placement`]), straight into that [`Placement`]: a
+//! region of a buffer shared with the caller (a large pull's answer, whose
+//! parts arrive as separate responses). Every other frame is the codec's,
+//! and the codec decodes tail frames too (with a copy), so either end may
+//! be a plain `Framed`.
 
 use std::collections::VecDeque;
 use std::io::IoSlice;
-use std::marker::PhantomData;
+use std::mem::MaybeUninit;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, ready};
 
 use bytes::{Buf, Bytes, BytesMut};
@@ -209,13 +215,60 @@ impl<W: AsyncWrite + Unpin, Out: Serialize + ValueTail> Sink<Out> for FrameWrite
     }
 }
 
+/// Where a message's values go when they arrive as a tail: `len` values
+/// at `at` in a buffer shared with whoever waits for the message. The
+/// message delivered is then the one the [`Placer`] gave, and
+/// [`Placement::placed`] says the values are in place.
+#[derive(Clone)]
+pub struct Placement {
+    /// The buffer.
+    pub buf: Arc<Mutex<Vec<f32>>>,
+    /// Where the values start in it.
+    pub at: usize,
+    /// How many values.
+    pub len: usize,
+    done: Arc<AtomicBool>,
+}
+
+impl Placement {
+    /// `len` values at `at` in `buf`.
+    pub fn new(buf: Arc<Mutex<Vec<f32>>>, at: usize, len: usize) -> Placement {
+        Placement {
+            buf,
+            at,
+            len,
+            done: Arc::new(AtomicBool::new(false)),
+        }
+    }
+
+    /// Whether a message's values were read into place (all of them).
+    pub fn placed(&self) -> bool {
+        self.done.load(Ordering::Acquire)
+    }
+}
+
+/// Says, from a tail frame's meta (the message postcard-encoded with its
+/// value bytes empty) and the number of values that follow, where the
+/// values go and what message to deliver once they are there
+/// ([`FrameReader::with_placement`]); `None`: they go into the message.
+pub type Placer<In> = Box<dyn FnMut(&[u8], usize) -> Option<(Placement, In)> + Send>;
+
+/// Where a tail's bytes are going.
+enum Dest<In> {
+    /// A vector of its own, for the message decoded from `meta` at the end.
+    Own { meta: Vec<u8>, values: Vec<f32> },
+    /// A placement; `msg`, the placer's, is delivered at the end.
+    Placed { msg: Box<In>, place: Placement },
+}
+
 /// A tail being read into place.
 struct Tail<In> {
-    meta: Vec<u8>,
-    values: Vec<f32>,
-    /// Bytes of `values` read so far.
+    into: Dest<In>,
+    /// Bytes read so far (of an own vector: the bytes of its capacity
+    /// initialised so far).
     filled: usize,
-    _msg: PhantomData<fn() -> In>,
+    /// Bytes in all.
+    total: usize,
 }
 
 /// The receive half of a request connection: a [`Stream`] of `In`,
@@ -226,6 +279,7 @@ pub struct FrameReader<R, In> {
     codec: FrameCodec<(), In>,
     buf: BytesMut,
     tail: Option<Tail<In>>,
+    placer: Option<Placer<In>>,
     eof: bool,
 }
 
@@ -238,8 +292,16 @@ impl<R, In> FrameReader<R, In> {
             codec: FrameCodec::new(opts),
             buf: leftover,
             tail: None,
+            placer: None,
             eof: false,
         }
+    }
+
+    /// Asks `placer` where each tail frame's values go, once the frame's
+    /// meta has arrived.
+    pub fn with_placement(mut self, placer: Placer<In>) -> Self {
+        self.placer = Some(placer);
+        self
     }
 }
 
@@ -273,11 +335,26 @@ impl<R: AsyncRead + Unpin, In: DeserializeOwned> FrameReader<R, In> {
         }
         self.buf.advance(TAIL_HEADER);
         let meta = self.buf.split_to(meta_len).to_vec();
-        self.tail = Some(Tail {
+        let n = tail_len / 4;
+        let mut into = None;
+        if let Some(placer) = &mut self.placer
+            && let Some((place, msg)) = placer(&meta, n)
+            && place.len == n
+        {
+            into = Some(Dest::Placed {
+                msg: Box::new(msg),
+                place,
+            });
+        }
+        let into = into.unwrap_or_else(|| Dest::Own {
             meta,
-            values: vec![0.0; tail_len / 4],
+            // Read into the capacity, not zeroed first.
+            values: Vec::with_capacity(n),
+        });
+        self.tail = Some(Tail {
+            into,
             filled: 0,
-            _msg: PhantomData,
+            total: tail_len,
         });
         Ok(true)
     }
@@ -287,17 +364,39 @@ impl<R: AsyncRead + Unpin, In: DeserializeOwned> FrameReader<R, In> {
         let Some(t) = &mut self.tail else {
             return Poll::Ready(Ok(None));
         };
-        let total = t.values.len() * 4;
-        while t.filled < total {
-            let dst = &mut bytemuck::cast_slice_mut::<f32, u8>(&mut t.values)[t.filled..];
+        while t.filled < t.total {
+            let mut shared;
+            let mut rb = match &mut t.into {
+                Dest::Own { values, .. } => {
+                    let spare = values.spare_capacity_mut();
+                    // SAFETY: a `MaybeUninit<f32>` is four `MaybeUninit<u8>`
+                    // (no padding, any bytes allowed); the view covers the
+                    // spare capacity exactly and borrows it mutably.
+                    let bytes = unsafe {
+                        std::slice::from_raw_parts_mut(
+                            spare.as_mut_ptr().cast::<MaybeUninit<u8>>(),
+                            spare.len() * 4,
+                        )
+                    };
+                    ReadBuf::uninit(&mut bytes[t.filled..t.total])
+                }
+                Dest::Placed { place, .. } => {
+                    shared = place.buf.lock().unwrap_or_else(|p| p.into_inner());
+                    let Some(v) = shared.get_mut(place.at..place.at + place.len) else {
+                        return Poll::Ready(Err(ProtocolError::Malformed(
+                            "the values' place is gone".into(),
+                        )));
+                    };
+                    ReadBuf::new(&mut bytemuck::cast_slice_mut::<f32, u8>(v)[t.filled..])
+                }
+            };
             if !self.buf.is_empty() {
-                let n = dst.len().min(self.buf.len());
-                dst[..n].copy_from_slice(&self.buf[..n]);
+                let n = rb.remaining().min(self.buf.len());
+                rb.put_slice(&self.buf[..n]);
                 self.buf.advance(n);
                 t.filled += n;
                 continue;
             }
-            let mut rb = ReadBuf::new(dst);
             ready!(Pin::new(&mut self.io).poll_read(cx, &mut rb))?;
             let n = rb.filled().len();
             if n == 0 {
@@ -307,16 +406,39 @@ impl<R: AsyncRead + Unpin, In: DeserializeOwned> FrameReader<R, In> {
             }
             t.filled += n;
         }
-        let Some(mut t) = self.tail.take() else {
+        let Some(t) = self.tail.take() else {
             return Poll::Ready(Ok(None));
         };
-        if cfg!(target_endian = "big") {
-            for x in &mut t.values {
-                *x = f32::from_bits(u32::from_le(x.to_bits()));
+        let msg = match t.into {
+            Dest::Own { meta, mut values } => {
+                // SAFETY: the capacity's first `total` bytes (`total / 4`
+                // values, within the capacity) were written above: `filled`
+                // counts what the socket reads and the copies initialised.
+                unsafe { values.set_len(t.total / 4) };
+                if cfg!(target_endian = "big") {
+                    to_native(&mut values);
+                }
+                decode_with_tail(values, || decode_body::<In>(&meta))?
             }
-        }
-        let msg = decode_with_tail(t.values, || decode_body::<In>(&t.meta))?;
+            Dest::Placed { msg, place } => {
+                if cfg!(target_endian = "big") {
+                    let mut shared = place.buf.lock().unwrap_or_else(|p| p.into_inner());
+                    if let Some(v) = shared.get_mut(place.at..place.at + place.len) {
+                        to_native(v);
+                    }
+                }
+                place.done.store(true, Ordering::Release);
+                *msg
+            }
+        };
         Poll::Ready(Ok(Some(msg)))
+    }
+}
+
+/// Little-endian values read off the wire, in the machine's order.
+fn to_native(values: &mut [f32]) {
+    for x in values {
+        *x = f32::from_bits(u32::from_le(x.to_bits()));
     }
 }
 
@@ -497,5 +619,56 @@ mod tests {
             r.next().await,
             Some(Err(ProtocolError::Malformed(_)))
         ));
+    }
+
+    /// With a placer, a tail's values go where it says and the message it
+    /// gave is delivered; tails it declines, or whose size does not match,
+    /// come in their message as before.
+    #[tokio::test]
+    async fn tails_are_read_into_place() {
+        let opts = FrameOptions::default();
+        let mut wire = Vec::new();
+        let mut codec = FrameCodec::<ToClient, ()>::new(opts);
+        for m in messages() {
+            let mut head = BytesMut::new();
+            if let Some(tail) = encode_tail_frame(&mut codec, m, &mut head).unwrap() {
+                wire.extend_from_slice(&head);
+                wire.extend_from_slice(bytemuck::cast_slice(&tail));
+            } else {
+                wire.extend_from_slice(&head);
+            }
+        }
+        let buf = Arc::new(Mutex::new(vec![0.0f32; 70 * 1024]));
+        let place = Placement::new(Arc::clone(&buf), 1024, 64 * 1024);
+        let wrong = Placement::new(Arc::clone(&buf), 0, 1024);
+        let (p1, p5) = (place.clone(), wrong.clone());
+        let placer: Placer<ToClient> = Box::new(move |meta: &[u8], n| {
+            // The id is the second varint; ids here are below 128.
+            match meta.get(1) {
+                Some(1) => Some((p1.clone(), ToClient::GoAway)),
+                Some(5) => Some((p5.clone(), ToClient::GoAway)),
+                _ => None,
+            }
+            .filter(|_| n > 0)
+        });
+        let got: Vec<ToClient> = FrameReader::<_, ToClient>::new(&wire[..], opts, BytesMut::new())
+            .with_placement(placer)
+            .map(|m| m.unwrap())
+            .collect()
+            .await;
+        let mut want = messages();
+        let ToClient::Response {
+            result: Ok(PeerResponse::Values(first)),
+            ..
+        } = std::mem::replace(&mut want[0], ToClient::GoAway)
+        else {
+            panic!("the first message has values");
+        };
+        assert_eq!(got, want);
+        assert!(place.placed());
+        assert!(!wrong.placed(), "300 rows do not fit in 1");
+        let buf = buf.lock().unwrap();
+        assert!(buf[1024..65 * 1024] == first.data[..]);
+        assert!(buf[..1024].iter().all(|&x| x == 0.0));
     }
 }

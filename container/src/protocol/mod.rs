@@ -16,7 +16,7 @@ pub mod transport;
 
 pub use auth::{PeerIdentity, Secret};
 pub use codec::{FrameCodec, FrameOptions};
-pub use frames::{FrameReader, FrameWriter};
+pub use frames::{FrameReader, FrameWriter, Placement};
 pub use messages::*;
 pub use transport::{Faults, spawn_writer};
 

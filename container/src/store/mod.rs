@@ -254,6 +254,11 @@ impl Store {
             .ok_or(StoreError::NoTable(MODEL_TABLE))
     }
 
+    /// The length of every value of the keyed tables, once configured.
+    pub fn value_len(&self) -> Option<usize> {
+        self.model().ok().map(|m| m.value_len())
+    }
+
     fn slot(t: &Table, table: TableId, block: BlockId) -> Result<&Mutex<Slot>, StoreError> {
         t.slots
             .get(block.index())
