@@ -16,7 +16,9 @@
 //!   again once it has left (the data plane's `lost_at`). A block whose
 //!   file turns out corrupt is restored from the checkpoint before.
 //!   The updates since that checkpoint to those blocks are lost (async SGD
-//!   tolerates it; the job trains on).
+//!   tolerates it; the job trains on). The converse is rarer: a push the
+//!   lost server applied and checkpointed before its answer was lost is
+//!   sent again, and then counts twice (as tolerable to async SGD).
 //!
 //! What cannot be survived fails the job, and the message says
 //! why ([`Driver::unsurvivable`]): a lost server without a published
