@@ -68,36 +68,12 @@ impl DataPlane {
         to: EvaluatorId,
         report: &mpsc::Sender<EvalToAm>,
     ) -> Result<u64, PeerError> {
-        let addr = self.addr_of(to).ok_or(PeerError::UnknownPeer(to))?;
-        let (ready_tx, ready_rx) = oneshot::channel();
-        let (jobs_tx, jobs_rx) = mpsc::channel::<SendJob>(MOVE_WINDOW);
-        let this = self.clone();
-        let thread = bulk::spawn(format!("bulk-to-{to}"), move || {
-            this.bulk_source(to, addr, ready_tx, jobs_rx)
-        })
-        .map_err(|e| PeerError::Connection {
-            peer: to,
-            message: format!("cannot start the bulk transfer's thread: {e}"),
-        })?;
-        let connected = ready_rx.await.unwrap_or_else(|_| {
-            Err(PeerError::Connection {
-                peer: to,
-                message: "the bulk transfer's thread ended before connecting".into(),
-            })
-        });
-        if let Err(e) = connected {
-            let _ = thread.join().await;
-            return Err(e);
-        }
+        let (thread, jobs_tx) = self.start_bulk_source(to).await?;
         let mut window: VecDeque<InFlight> = VecDeque::new();
         let mut total = 0u64;
         let mut failure: Option<PeerError> = None;
         'blocks: for &block in blocks {
-            let mut tables = Vec::with_capacity(2);
-            if table == INPUT_TABLE && self.inner.store.is_owned(STATE_TABLE, block) {
-                tables.push(STATE_TABLE);
-            }
-            tables.push(table);
+            let tables = self.tables_to_move(table, block);
             let with_state = tables.len() == 2;
             for t in tables {
                 while window.len() >= MOVE_WINDOW
@@ -112,34 +88,13 @@ impl DataPlane {
                         }
                     }
                 }
-                let data = match self.hand_over(move_id, t, block, to).await {
-                    Ok(d) => Arc::new(d),
+                match self.send_block(move_id, t, block, to, &jobs_tx).await {
+                    Ok(f) => window.push_back(f),
                     Err(e) => {
                         failure = Some(e);
                         break 'blocks;
                     }
-                };
-                let (done_tx, done_rx) = oneshot::channel();
-                // A thread that has ended drops the job unanswered: the
-                // block is then put back like any whose transfer failed.
-                let _ = jobs_tx
-                    .send(SendJob {
-                        move_id,
-                        table: t,
-                        block,
-                        data: Arc::clone(&data),
-                        done: done_tx,
-                    })
-                    .await;
-                window.push_back(InFlight {
-                    move_id,
-                    table: t,
-                    block,
-                    to,
-                    bytes: data.encoded_len() as u64,
-                    data,
-                    done: done_rx,
-                });
+                }
             }
         }
         while failure.is_none()
@@ -169,6 +124,82 @@ impl DataPlane {
             Some(e) => Err(e),
             None => Ok(total),
         }
+    }
+
+    /// Starts the bulk thread that streams a move's blocks to `to`
+    /// (`bulk.rs`) and waits for it to connect; returns the thread and the
+    /// sender of its jobs.
+    async fn start_bulk_source(
+        &self,
+        to: EvaluatorId,
+    ) -> Result<(bulk::BulkThread<()>, mpsc::Sender<SendJob>), PeerError> {
+        let addr = self.addr_of(to).ok_or(PeerError::UnknownPeer(to))?;
+        let (ready_tx, ready_rx) = oneshot::channel();
+        let (jobs_tx, jobs_rx) = mpsc::channel::<SendJob>(MOVE_WINDOW);
+        let this = self.clone();
+        let thread = bulk::spawn(format!("bulk-to-{to}"), move || {
+            this.bulk_source(to, addr, ready_tx, jobs_rx)
+        })
+        .map_err(|e| PeerError::Connection {
+            peer: to,
+            message: format!("cannot start the bulk transfer's thread: {e}"),
+        })?;
+        let connected = ready_rx.await.unwrap_or_else(|_| {
+            Err(PeerError::Connection {
+                peer: to,
+                message: "the bulk transfer's thread ended before connecting".into(),
+            })
+        });
+        if let Err(e) = connected {
+            let _ = thread.join().await;
+            return Err(e);
+        }
+        Ok((thread, jobs_tx))
+    }
+
+    /// The tables whose `block` moves with one of `table`: an input
+    /// block's worker-local state first, if it has any here.
+    fn tables_to_move(&self, table: TableId, block: BlockId) -> Vec<TableId> {
+        let mut tables = Vec::with_capacity(2);
+        if table == INPUT_TABLE && self.inner.store.is_owned(STATE_TABLE, block) {
+            tables.push(STATE_TABLE);
+        }
+        tables.push(table);
+        tables
+    }
+
+    /// Hands one block over to `to` and gives it to the bulk thread
+    /// (`jobs`); returns it in flight.
+    async fn send_block(
+        &self,
+        move_id: u64,
+        table: TableId,
+        block: BlockId,
+        to: EvaluatorId,
+        jobs: &mpsc::Sender<SendJob>,
+    ) -> Result<InFlight, PeerError> {
+        let data = Arc::new(self.hand_over(move_id, table, block, to).await?);
+        let (done_tx, done_rx) = oneshot::channel();
+        // A thread that has ended drops the job unanswered: the
+        // block is then put back like any whose transfer failed.
+        let _ = jobs
+            .send(SendJob {
+                move_id,
+                table,
+                block,
+                data: Arc::clone(&data),
+                done: done_tx,
+            })
+            .await;
+        Ok(InFlight {
+            move_id,
+            table,
+            block,
+            to,
+            bytes: data.encoded_len() as u64,
+            data,
+            done: done_rx,
+        })
     }
 
     /// Hands one block over to `to` (see the module docs) and takes its

@@ -45,7 +45,7 @@ use std::time::Duration;
 
 use bytes::BytesMut;
 use futures::StreamExt;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, ReadHalf};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::codec::{Encoder, FramedRead};
@@ -188,6 +188,33 @@ struct Expected {
     done: oneshot::Sender<Result<u64, PeerError>>,
 }
 
+/// The destination's answers on a source's bulk connection.
+type Answers = FramedRead<ReadHalf<super::Stream>, FrameCodec<BulkToDest, BulkToSource>>;
+
+/// What the two halves of a source's bulk connection share: a token
+/// cancelled once either gives up, and why the writing half failed.
+struct SourceLink {
+    to: EvaluatorId,
+    failed: CancellationToken,
+    failure: Mutex<Option<String>>,
+}
+
+impl SourceLink {
+    fn conn_err(&self, message: String) -> PeerError {
+        PeerError::Connection {
+            peer: self.to,
+            message,
+        }
+    }
+
+    /// Why the connection failed, for a block left unanswered by it.
+    fn failed_with(&self) -> String {
+        lock(&self.failure)
+            .clone()
+            .unwrap_or_else(|| "the bulk connection failed".into())
+    }
+}
+
 /// Why reading a bulk connection stopped.
 enum Stop {
     /// Cancelled, broken by a fault hook, or closed by the other side.
@@ -228,112 +255,144 @@ impl DataPlane {
         let (rd, mut wr) = tokio::io::split(parts.io);
         let mut answers = FramedRead::new(rd, parts.codec);
         answers.read_buffer_mut().extend_from_slice(&parts.read_buf);
-        let (expect_tx, mut expect_rx) = mpsc::unbounded_channel::<Expected>();
-        let failed = CancellationToken::new();
-        let failure: Mutex<Option<String>> = Mutex::new(None);
-        let conn_err = |message: String| PeerError::Connection { peer: to, message };
-
-        let write = async {
-            let expect_tx = expect_tx;
-            loop {
-                let job = tokio::select! {
-                    j = jobs.recv() => j,
-                    _ = failed.cancelled() => None,
-                };
-                let Some(SendJob {
-                    move_id,
-                    table,
-                    block,
-                    data,
-                    done,
-                }) = job
-                else {
-                    break;
-                };
-                let pieces = data.encoded();
-                let bytes: u64 = pieces.iter().map(|p| p.len() as u64).sum();
-                let (written_tx, written) = oneshot::channel();
-                let _ = expect_tx.send(Expected {
-                    table,
-                    block,
-                    bytes,
-                    written,
-                    done,
-                });
-                let r = self
-                    .write_block(&mut wr, &opts, move_id, table, block, &pieces, bytes)
-                    .await;
-                drop(pieces);
-                drop(data);
-                match r {
-                    Ok(()) => {
-                        let _ = written_tx.send(());
-                    }
-                    Err(message) => {
-                        *lock(&failure) = Some(message);
-                        failed.cancel();
-                        break;
-                    }
-                }
-            }
+        let (expect_tx, expect_rx) = mpsc::unbounded_channel::<Expected>();
+        let link = SourceLink {
+            to,
+            failed: CancellationToken::new(),
+            failure: Mutex::new(None),
         };
-        let read = async {
-            let timeout = self.inner.settings.request_timeout;
-            let failed_with = || {
-                lock(&failure)
-                    .clone()
-                    .unwrap_or_else(|| "the bulk connection failed".into())
-            };
-            let mut broken: Option<String> = None;
-            while let Some(e) = expect_rx.recv().await {
-                if let Some(m) = &broken {
-                    let _ = e.done.send(Err(conn_err(m.clone())));
-                    continue;
-                }
-                let written = tokio::select! {
-                    w = e.written => w.is_ok(),
-                    _ = failed.cancelled() => false,
-                };
-                let answer = if !written {
-                    Err(conn_err(failed_with()))
-                } else {
-                    tokio::select! {
-                        biased;
-                        _ = failed.cancelled() => Err(conn_err(failed_with())),
-                        _ = self.inner.cancel.cancelled() => Err(conn_err("the data plane is shutting down".into())),
-                        _ = self.inner.faults.broken() => Err(conn_err("connection broken (injected fault)".into())),
-                        _ = self.inner.bulk_faults.broken() => Err(conn_err("connection broken (injected fault)".into())),
-                        a = tokio::time::timeout(timeout, answers.next()) => match a {
-                            Err(_) => Err(conn_err(format!(
-                                "no answer after the block was sent for {:.1} s (store.request_timeout_ms)",
-                                timeout.as_secs_f64()
-                            ))),
-                            Ok(None) => Err(conn_err("closed before the block was installed".into())),
-                            Ok(Some(Err(err))) => Err(conn_err(err.to_string())),
-                            Ok(Some(Ok(BulkToSource::Installed { table, block })))
-                                if table == e.table && block == e.block => Ok(e.bytes),
-                            Ok(Some(Ok(BulkToSource::Failed { reason, .. }))) => {
-                                // The block was refused; the connection is fine.
-                                let _ = e.done.send(Err(PeerError::Remote {
-                                    peer: to,
-                                    error: RemoteError::fatal(reason),
-                                }));
-                                continue;
-                            }
-                            Ok(Some(Ok(other))) => Err(conn_err(format!("unexpected answer {other:?}"))),
-                        },
-                    }
-                };
-                if let Err(PeerError::Connection { message, .. }) = &answer {
-                    // Nothing more will be answered: stop the writer too.
-                    broken = Some(message.clone());
-                    failed.cancel();
-                }
-                let _ = e.done.send(answer);
-            }
-        };
-        tokio::join!(write, read);
+        tokio::join!(
+            self.write_jobs(&mut jobs, expect_tx, &mut wr, &opts, &link),
+            self.read_answers(expect_rx, &mut answers, &link),
+        );
         let _ = wr.shutdown().await;
+    }
+
+    /// The source's writing half: streams each job's block in order and
+    /// tells the reading half to expect its answer (`expect`). Ends when
+    /// the jobs end or the connection fails (a failed write is recorded in
+    /// `link`).
+    async fn write_jobs<W: AsyncWrite + Unpin>(
+        &self,
+        jobs: &mut mpsc::Receiver<SendJob>,
+        expect: mpsc::UnboundedSender<Expected>,
+        wr: &mut W,
+        opts: &FrameOptions,
+        link: &SourceLink,
+    ) {
+        loop {
+            let job = tokio::select! {
+                j = jobs.recv() => j,
+                _ = link.failed.cancelled() => None,
+            };
+            let Some(SendJob {
+                move_id,
+                table,
+                block,
+                data,
+                done,
+            }) = job
+            else {
+                break;
+            };
+            let pieces = data.encoded();
+            let bytes: u64 = pieces.iter().map(|p| p.len() as u64).sum();
+            let (written_tx, written) = oneshot::channel();
+            let _ = expect.send(Expected {
+                table,
+                block,
+                bytes,
+                written,
+                done,
+            });
+            let r = self
+                .write_block(wr, opts, move_id, table, block, &pieces, bytes)
+                .await;
+            drop(pieces);
+            drop(data);
+            match r {
+                Ok(()) => {
+                    let _ = written_tx.send(());
+                }
+                Err(message) => {
+                    *lock(&link.failure) = Some(message);
+                    link.failed.cancel();
+                    break;
+                }
+            }
+        }
+    }
+
+    /// The source's reading half: completes each block written with the
+    /// destination's answer, in order. Once the connection has failed,
+    /// every block left fails with it.
+    async fn read_answers(
+        &self,
+        mut expect: mpsc::UnboundedReceiver<Expected>,
+        answers: &mut Answers,
+        link: &SourceLink,
+    ) {
+        let mut broken: Option<String> = None;
+        while let Some(e) = expect.recv().await {
+            if let Some(m) = &broken {
+                let _ = e.done.send(Err(link.conn_err(m.clone())));
+                continue;
+            }
+            let written = tokio::select! {
+                w = e.written => w.is_ok(),
+                _ = link.failed.cancelled() => false,
+            };
+            let answer = if !written {
+                Err(link.conn_err(link.failed_with()))
+            } else {
+                self.answer_to(e.table, e.block, e.bytes, answers, link)
+                    .await
+            };
+            if let Err(PeerError::Connection { message, .. }) = &answer {
+                // Nothing more will be answered: stop the writer too.
+                broken = Some(message.clone());
+                link.failed.cancel();
+            }
+            let _ = e.done.send(answer);
+        }
+    }
+
+    /// Waits for the destination's answer to a block written (`bytes`
+    /// streamed). A refused block fails alone; anything else but its
+    /// `Installed` fails the connection.
+    async fn answer_to(
+        &self,
+        table: TableId,
+        block: BlockId,
+        bytes: u64,
+        answers: &mut Answers,
+        link: &SourceLink,
+    ) -> Result<u64, PeerError> {
+        let timeout = self.inner.settings.request_timeout;
+        let conn_err = |message: String| link.conn_err(message);
+        tokio::select! {
+            biased;
+            _ = link.failed.cancelled() => Err(conn_err(link.failed_with())),
+            _ = self.inner.cancel.cancelled() => Err(conn_err("the data plane is shutting down".into())),
+            _ = self.inner.faults.broken() => Err(conn_err("connection broken (injected fault)".into())),
+            _ = self.inner.bulk_faults.broken() => Err(conn_err("connection broken (injected fault)".into())),
+            a = tokio::time::timeout(timeout, answers.next()) => match a {
+                Err(_) => Err(conn_err(format!(
+                    "no answer after the block was sent for {:.1} s (store.request_timeout_ms)",
+                    timeout.as_secs_f64()
+                ))),
+                Ok(None) => Err(conn_err("closed before the block was installed".into())),
+                Ok(Some(Err(err))) => Err(conn_err(err.to_string())),
+                Ok(Some(Ok(BulkToSource::Installed { table: t, block: b })))
+                    if t == table && b == block => Ok(bytes),
+                // The block was refused; the connection is fine.
+                Ok(Some(Ok(BulkToSource::Failed { reason, .. }))) => Err(PeerError::Remote {
+                    peer: link.to,
+                    error: RemoteError::fatal(reason),
+                }),
+                Ok(Some(Ok(other))) => Err(conn_err(format!("unexpected answer {other:?}"))),
+            },
+        }
     }
 
     /// Writes one block: `Begin`, its chunks, `End`. Each write within the

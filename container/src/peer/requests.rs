@@ -30,12 +30,14 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
-use futures::{FutureExt, SinkExt, StreamExt};
+use futures::{FutureExt, Sink, SinkExt, StreamExt};
 use tokio::sync::{mpsc, oneshot};
+use tokio_util::codec::Framed;
 
+use crate::protocol::frames::Placer;
 use crate::protocol::{
-    EvaluatorId, LinkSample, PeerRequest, PeerResponse, Placement, Purpose, RemoteError, ToClient,
-    ToOwner, ValueBatch,
+    EvaluatorId, FrameCodec, LinkSample, PeerRequest, PeerResponse, Placement, Purpose,
+    RemoteError, ToClient, ToOwner, ValueBatch,
 };
 use crate::store::{self, OpKind, PartResult, Pending, StoreOp};
 
@@ -192,101 +194,33 @@ impl DataPlane {
         };
         let kind = sub.kind;
         let keys = sub.keys;
-        // A read answered in several parts is put together in one buffer
-        // laid out like the answer; the parts that arrive as tails are read
-        // from the socket straight into it (`protocol::frames`).
-        let answer = if kind == OpKind::Get && sub.parts.len() > 1 {
-            self.inner.store.value_len().map(|want| Answer {
-                want,
-                values: Arc::new(Mutex::new(crate::os::zeroed_vec_for_large(keys * want))),
-            })
-        } else {
-            None
-        };
+        let answer = self.answer_buffer(kind, keys, sub.parts.len());
         let sent = Instant::now();
-        // Forward now, synchronously, to keep arrival order.
-        let forward_start = crate::os::thread_cpu_secs();
-        let mut waits = Vec::with_capacity(sub.parts.len());
-        for part in sub.parts {
-            let w: Wait = match part.pending {
-                Pending::Ready(r) => Wait::Ready(r),
-                Pending::Queued(rx) => Wait::Queued(rx),
-                Pending::Forward { to, op } => {
-                    let out_bytes = if op.kind == OpKind::Get {
-                        0
-                    } else {
-                        op.values.byte_len() as u64
-                    };
-                    let place = answer.as_ref().and_then(|a| a.place(&part.positions));
-                    let rx =
-                        self.conn(to)
-                            .request_as(op.into_request(), routing.share(), place.clone());
-                    Wait::Remote(to, out_bytes, rx, place)
-                }
-            };
-            waits.push((part.positions, w));
-        }
-        crate::os::add_thread_cpu_since(forward_start, &self.inner.forward_cpu_ns);
+        let waits = self.forward(sub.parts, answer.as_ref(), &routing);
         let this = self.clone();
         async move {
-            // Wait for every part at once. Each remote answer carries the
-            // time it arrived, so its round trip is right even when this
-            // future is polled late (a pull prefetched during a compute).
-            let dropped = || Err(RemoteError::fatal("the request was dropped without an answer"));
-            let answers = futures::future::join_all(waits.into_iter().map(|(positions, w)| async move {
-                match w {
-                    Wait::Ready(r) => (positions, None, r, 0.0, None),
-                    Wait::Queued(rx) => (positions, None, rx.await.unwrap_or_else(|_| dropped()), 0.0, None),
-                    Wait::Remote(peer, out_bytes, rx, place) => {
-                        let (r, at) = rx.await.unwrap_or_else(|_| (dropped(), Instant::now()));
-                        let secs = at.saturating_duration_since(sent).as_secs_f64();
-                        (positions, Some((peer, out_bytes)), r, secs, place)
-                    }
-                }
-            }))
-            .await;
+            let answers = wait_for_parts(waits, sent).await;
             let mut links = Vec::new();
             let mut results = Vec::with_capacity(answers.len());
-            for (positions, peer, mut r, secs, place) in answers {
+            for (positions, peer, r, secs, place) in answers {
                 let placed = place.as_ref().is_some_and(Placement::placed);
                 if let (Some((p, out_bytes)), Ok(resp)) = (peer, &r) {
-                    let in_bytes = match resp {
-                        PeerResponse::Values(_) if placed => {
-                            place.as_ref().map_or(0, |pl| pl.len as u64 * 4)
-                        }
-                        PeerResponse::Values(v) => v.byte_len() as u64,
-                        PeerResponse::Done | PeerResponse::HandoverOutcome { .. } => 0,
-                        PeerResponse::Blob(b) => b.len() as u64,
-                    };
-                    links.push(LinkSample { peer: p, bytes: out_bytes + in_bytes, secs });
+                    links.push(link_sample(
+                        p,
+                        out_bytes,
+                        resp,
+                        place.as_ref(),
+                        placed,
+                        secs,
+                    ));
                 }
-                // Lost with a peer that has since left the job: its
-                // outcome no longer matters, send it again.
-                if let Err(e) = &r
-                    && let Some(p) = e.lost_at
-                    && attempt < MAX_RETRIES
-                    && this.await_departure(p, this.inner.settings.request_timeout).await
+                let (r, placed) = match this
+                    .retry_part(&op, attempt, &positions, r, placed, &mut links)
+                    .await
                 {
-                    tracing::debug!(peer = %p, "a request lost with a departed peer is sent again");
-                    r = Err(RemoteError::retry(e.message.clone()));
-                }
-                let mut placed = placed;
-                if let Err(e) = &r
-                    && e.retry && attempt < MAX_RETRIES {
-                        let backoff = Duration::from_micros(200 << attempt.min(12));
-                        tokio::select! {
-                            _ = tokio::time::sleep(backoff) => {}
-                            _ = this.inner.cancel.cancelled() => {
-                                return (Err(RemoteError::fatal("the data plane is shutting down")), links);
-                            }
-                        }
-                        let offs = store::value_offsets(&op.values);
-                        let retry = Arc::new(store::sub_op(&op, &positions, &offs));
-                        let (rr, more) = this.execute_shared(retry, attempt + 1).await;
-                        links.extend(more);
-                        r = rr;
-                        placed = false;
-                    }
+                    Ok(rp) => rp,
+                    Err(e) => return (Err(e), links),
+                };
                 match r {
                     Ok(resp) => match &answer {
                         Some(a) => {
@@ -296,17 +230,7 @@ impl DataPlane {
                         }
                         None => results.push((positions, resp)),
                     },
-                    Err(e) => {
-                        let e = match peer {
-                            Some((p, _)) => RemoteError {
-                                retry: e.retry,
-                                message: format!("evaluator {p}: {}", e.message),
-                                lost_at: e.lost_at,
-                            },
-                            None => e,
-                        };
-                        return (Err(e), links);
-                    }
+                    Err(e) => return (Err(named_after(peer, e)), links),
                 }
             }
             match answer {
@@ -315,6 +239,102 @@ impl DataPlane {
             }
         }
         .boxed()
+    }
+
+    /// The buffer a read answered in several parts is put together in,
+    /// laid out like the answer; the parts that arrive as tails are read
+    /// from the socket straight into it (`protocol::frames`). `None` for
+    /// anything else.
+    fn answer_buffer(&self, kind: OpKind, keys: usize, parts: usize) -> Option<Answer> {
+        if kind == OpKind::Get && parts > 1 {
+            self.inner.store.value_len().map(|want| Answer {
+                want,
+                values: Arc::new(Mutex::new(crate::os::zeroed_vec_for_large(keys * want))),
+            })
+        } else {
+            None
+        }
+    }
+
+    /// Forwards the parts owned elsewhere now, synchronously, to keep
+    /// arrival order (each counted in flight with `routing`); returns what
+    /// to wait for, part by part.
+    fn forward(
+        &self,
+        parts: Vec<store::Part>,
+        answer: Option<&Answer>,
+        routing: &InflightGuard,
+    ) -> Vec<(Vec<usize>, Wait)> {
+        let forward_start = crate::os::thread_cpu_secs();
+        let mut waits = Vec::with_capacity(parts.len());
+        for part in parts {
+            let w: Wait = match part.pending {
+                Pending::Ready(r) => Wait::Ready(r),
+                Pending::Queued(rx) => Wait::Queued(rx),
+                Pending::Forward { to, op } => {
+                    let out_bytes = if op.kind == OpKind::Get {
+                        0
+                    } else {
+                        op.values.byte_len() as u64
+                    };
+                    let place = answer.and_then(|a| a.place(&part.positions));
+                    let rx =
+                        self.conn(to)
+                            .request_as(op.into_request(), routing.share(), place.clone());
+                    Wait::Remote(to, out_bytes, rx, place)
+                }
+            };
+            waits.push((part.positions, w));
+        }
+        crate::os::add_thread_cpu_since(forward_start, &self.inner.forward_cpu_ns);
+        waits
+    }
+
+    /// A part's result `r`, or, if it may be sent again (`retry`, or lost
+    /// with a peer that has since left the job) and attempts remain, the
+    /// result of sending it again after a backoff (then not `placed`).
+    /// `Err` only if the data plane shuts down meanwhile.
+    async fn retry_part(
+        &self,
+        op: &StoreOp,
+        attempt: u32,
+        positions: &[usize],
+        mut r: PartResult,
+        placed: bool,
+        links: &mut Vec<LinkSample>,
+    ) -> Result<(PartResult, bool), RemoteError> {
+        // Lost with a peer that has since left the job: its
+        // outcome no longer matters, send it again.
+        if let Err(e) = &r
+            && let Some(p) = e.lost_at
+            && attempt < MAX_RETRIES
+            && self
+                .await_departure(p, self.inner.settings.request_timeout)
+                .await
+        {
+            tracing::debug!(peer = %p, "a request lost with a departed peer is sent again");
+            r = Err(RemoteError::retry(e.message.clone()));
+        }
+        let mut placed = placed;
+        if let Err(e) = &r
+            && e.retry
+            && attempt < MAX_RETRIES
+        {
+            let backoff = Duration::from_micros(200 << attempt.min(12));
+            tokio::select! {
+                _ = tokio::time::sleep(backoff) => {}
+                _ = self.inner.cancel.cancelled() => {
+                    return Err(RemoteError::fatal("the data plane is shutting down"));
+                }
+            }
+            let offs = store::value_offsets(&op.values);
+            let retry = Arc::new(store::sub_op(op, positions, &offs));
+            let (rr, more) = self.execute_shared(retry, attempt + 1).await;
+            links.extend(more);
+            r = rr;
+            placed = false;
+        }
+        Ok((r, placed))
     }
 
     /// Sends a non-keyed request (handover, abort) to a peer and waits.
@@ -371,39 +391,12 @@ impl DataPlane {
         mut rx: mpsc::UnboundedReceiver<ToOwner>,
         progress: &AtomicU64,
     ) {
-        let peer = conn.peer;
-        let framed = match self.addr_of(peer) {
-            None => Err(PeerError::UnknownPeer(peer)),
-            Some(addr) => {
-                self.open::<ToOwner, ToClient>(peer, addr, Purpose::Requests)
-                    .await
-            }
-        };
-        let framed = match framed {
-            Ok(f) => f,
-            Err(e) => {
-                // Nothing was written: everything queued may be sent again.
-                rx.close();
-                while rx.try_recv().is_ok() {}
-                conn.close_and_fail(&self.inner.conns, RemoteError::retry(e.to_string()));
-                return;
-            }
+        let Some(framed) = self.connect_outbound(&conn, &mut rx).await else {
+            return;
         };
         let (mut sink, stream) =
             super::split_requests::<ToOwner, ToClient, _>(framed, self.inner.settings.frames);
-        let mut stream = stream.with_placement({
-            let conn = Arc::clone(&conn);
-            Box::new(move |meta: &[u8], n| {
-                let id = values_response_id(meta)?;
-                let place = conn.placement(id, n)?;
-                // The values are in place: the answer says no more.
-                let placed = ToClient::Response {
-                    id,
-                    result: Ok(PeerResponse::Values(ValueBatch::default())),
-                };
-                Some((place, placed))
-            })
-        });
+        let mut stream = stream.with_placement(placer(&conn));
         let mut said_goodbye = false;
         let timeout = self.inner.settings.request_timeout;
         let mut deadlines = tokio::time::interval(
@@ -416,15 +409,8 @@ impl DataPlane {
                 _ = self.inner.cancel.cancelled() => break "the data plane is shutting down".to_string(),
                 _ = self.inner.faults.broken() => break "connection broken (injected fault)".to_string(),
                 _ = deadlines.tick() => {
-                    if let Some((id, kind, waited)) = conn.oldest_pending()
-                        && waited > timeout
-                    {
-                        tracing::warn!(%peer, request = id, kind, waited_secs = waited.as_secs_f64(), "no answer within store.request_timeout_ms; giving up the connection");
-                        break format!(
-                            "no answer to {kind} request {id} for {:.1} s (store.request_timeout_ms = {})",
-                            waited.as_secs_f64(),
-                            timeout.as_millis()
-                        );
+                    if let Some(reason) = overdue(&conn, timeout) {
+                        break reason;
                     }
                 }
                 frame = stream.next() => match frame {
@@ -434,18 +420,7 @@ impl DataPlane {
                     }
                     Some(Ok(ToClient::GoAway)) => {
                         progress.fetch_add(1, Ordering::Relaxed);
-                        // Stop taking requests; flush what is queued, then acknowledge.
-                        conn.closed.store(true, Ordering::SeqCst);
-                        lock(&self.inner.conns).retain(|_, c| !Arc::ptr_eq(c, &conn));
-                        rx.close();
-                        let mut ok = true;
-                        while let Some(m) = rx.recv().await {
-                            if sink.feed(m).await.is_err() {
-                                ok = false;
-                                break;
-                            }
-                        }
-                        if ok && sink.send(ToOwner::GoAwayAck).await.is_ok() {
+                        if self.go_away(&conn, &mut rx, &mut sink).await {
                             said_goodbye = true;
                         }
                     }
@@ -459,20 +434,74 @@ impl DataPlane {
                 },
                 m = rx.recv(), if !said_goodbye => if let Some(m) = m {
                     progress.fetch_add(1, Ordering::Relaxed);
-                    let mut r = sink.feed(m).await;
-                    while r.is_ok() {
-                        match rx.try_recv() {
-                            Ok(m) => r = sink.feed(m).await,
-                            Err(_) => break,
-                        }
-                    }
-                    if let Err(e) = r.and(sink.flush().await) {
+                    if let Err(e) = write_queued(&mut sink, &mut rx, m).await {
                         break format!("write failed: {e}");
                     }
                 },
             }
         };
-        // Requests still queued were never written: they may be sent again.
+        self.lose_outbound(&conn, &mut rx, &reason);
+    }
+
+    /// Opens `conn`'s connection. If it cannot, nothing was written:
+    /// everything queued on `rx` may be sent again, and `conn` is closed.
+    async fn connect_outbound(
+        &self,
+        conn: &Arc<OutConn>,
+        rx: &mut mpsc::UnboundedReceiver<ToOwner>,
+    ) -> Option<Framed<super::Stream, FrameCodec<ToOwner, ToClient>>> {
+        let peer = conn.peer;
+        let framed = match self.addr_of(peer) {
+            None => Err(PeerError::UnknownPeer(peer)),
+            Some(addr) => {
+                self.open::<ToOwner, ToClient>(peer, addr, Purpose::Requests)
+                    .await
+            }
+        };
+        match framed {
+            Ok(f) => Some(f),
+            Err(e) => {
+                rx.close();
+                while rx.try_recv().is_ok() {}
+                conn.close_and_fail(&self.inner.conns, RemoteError::retry(e.to_string()));
+                None
+            }
+        }
+    }
+
+    /// The peer is going away: stops taking requests on `conn`, writes
+    /// what is queued on `rx`, then acknowledges. Whether all of it was
+    /// written.
+    async fn go_away<S>(
+        &self,
+        conn: &Arc<OutConn>,
+        rx: &mut mpsc::UnboundedReceiver<ToOwner>,
+        sink: &mut S,
+    ) -> bool
+    where
+        S: Sink<ToOwner> + Unpin,
+    {
+        conn.closed.store(true, Ordering::SeqCst);
+        lock(&self.inner.conns).retain(|_, c| !Arc::ptr_eq(c, conn));
+        rx.close();
+        while let Some(m) = rx.recv().await {
+            if sink.feed(m).await.is_err() {
+                return false;
+            }
+        }
+        sink.send(ToOwner::GoAwayAck).await.is_ok()
+    }
+
+    /// `conn`'s connection is lost (`reason`): requests still queued on
+    /// `rx` were never written and may be sent again; those written have
+    /// an unknown outcome.
+    fn lose_outbound(
+        &self,
+        conn: &Arc<OutConn>,
+        rx: &mut mpsc::UnboundedReceiver<ToOwner>,
+        reason: &str,
+    ) {
+        let peer = conn.peer;
         rx.close();
         while let Ok(m) = rx.try_recv() {
             if let ToOwner::Request { id, .. } = m {
@@ -493,6 +522,131 @@ impl DataPlane {
                 ),
             ),
         );
+    }
+}
+
+/// Reads the values of `conn`'s answers that come as tails straight into
+/// where they go (`protocol::frames`).
+fn placer(conn: &Arc<OutConn>) -> Placer<ToClient> {
+    let conn = Arc::clone(conn);
+    Box::new(move |meta: &[u8], n| {
+        let id = values_response_id(meta)?;
+        let place = conn.placement(id, n)?;
+        // The values are in place: the answer says no more.
+        let placed = ToClient::Response {
+            id,
+            result: Ok(PeerResponse::Values(ValueBatch::default())),
+        };
+        Some((place, placed))
+    })
+}
+
+/// Why to give up `conn`, if its oldest request has had no answer for
+/// longer than `timeout`.
+fn overdue(conn: &OutConn, timeout: Duration) -> Option<String> {
+    let (id, kind, waited) = conn.oldest_pending()?;
+    if waited <= timeout {
+        return None;
+    }
+    tracing::warn!(peer = %conn.peer, request = id, kind, waited_secs = waited.as_secs_f64(), "no answer within store.request_timeout_ms; giving up the connection");
+    Some(format!(
+        "no answer to {kind} request {id} for {:.1} s (store.request_timeout_ms = {})",
+        waited.as_secs_f64(),
+        timeout.as_millis()
+    ))
+}
+
+/// Writes `m` and whatever else is queued on `rx`, then flushes.
+async fn write_queued<S>(
+    sink: &mut S,
+    rx: &mut mpsc::UnboundedReceiver<ToOwner>,
+    m: ToOwner,
+) -> Result<(), S::Error>
+where
+    S: Sink<ToOwner> + Unpin,
+{
+    let mut r = sink.feed(m).await;
+    while r.is_ok() {
+        match rx.try_recv() {
+            Ok(m) => r = sink.feed(m).await,
+            Err(_) => break,
+        }
+    }
+    r.and(sink.flush().await)
+}
+
+/// A part's answer as [`DataPlane::execute_shared`] waited for it: its
+/// positions, the peer it was forwarded to and the bytes sent with it, the
+/// result, the round trip in seconds, and where its values were read to.
+type PartAnswer = (
+    Vec<usize>,
+    Option<(EvaluatorId, u64)>,
+    PartResult,
+    f64,
+    Option<Placement>,
+);
+
+/// Waits for every part at once. Each remote answer carries the time it
+/// arrived, so its round trip (from `sent`) is right even when this future
+/// is polled late (a pull prefetched during a compute).
+async fn wait_for_parts(waits: Vec<(Vec<usize>, Wait)>, sent: Instant) -> Vec<PartAnswer> {
+    let dropped = || {
+        Err(RemoteError::fatal(
+            "the request was dropped without an answer",
+        ))
+    };
+    futures::future::join_all(waits.into_iter().map(|(positions, w)| async move {
+        match w {
+            Wait::Ready(r) => (positions, None, r, 0.0, None),
+            Wait::Queued(rx) => (
+                positions,
+                None,
+                rx.await.unwrap_or_else(|_| dropped()),
+                0.0,
+                None,
+            ),
+            Wait::Remote(peer, out_bytes, rx, place) => {
+                let (r, at) = rx.await.unwrap_or_else(|_| (dropped(), Instant::now()));
+                let secs = at.saturating_duration_since(sent).as_secs_f64();
+                (positions, Some((peer, out_bytes)), r, secs, place)
+            }
+        }
+    }))
+    .await
+}
+
+/// The link sample of a part answered by `peer`: the bytes sent
+/// (`out_bytes`) and received, and the round trip.
+fn link_sample(
+    peer: EvaluatorId,
+    out_bytes: u64,
+    resp: &PeerResponse,
+    place: Option<&Placement>,
+    placed: bool,
+    secs: f64,
+) -> LinkSample {
+    let in_bytes = match resp {
+        PeerResponse::Values(_) if placed => place.map_or(0, |pl| pl.len as u64 * 4),
+        PeerResponse::Values(v) => v.byte_len() as u64,
+        PeerResponse::Done | PeerResponse::HandoverOutcome { .. } => 0,
+        PeerResponse::Blob(b) => b.len() as u64,
+    };
+    LinkSample {
+        peer,
+        bytes: out_bytes + in_bytes,
+        secs,
+    }
+}
+
+/// A part's error, naming the peer it was forwarded to, if any.
+fn named_after(peer: Option<(EvaluatorId, u64)>, e: RemoteError) -> RemoteError {
+    match peer {
+        Some((p, _)) => RemoteError {
+            retry: e.retry,
+            message: format!("evaluator {p}: {}", e.message),
+            lost_at: e.lost_at,
+        },
+        None => e,
     }
 }
 
