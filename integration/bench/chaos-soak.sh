@@ -26,8 +26,8 @@ for ((r = 0; r < ROUNDS; r++)); do
     log="$LOGS/round-$r.log"
     CRUISE_CHAOS_SEED=$seed cargo test -q -p cruise-integration --test chaos \
         -- --nocapture --test-threads 1 >"$log" 2>&1 || true
-    ok=$(grep -oE 'test result: [a-zA-Z]+\. ([0-9]+) passed' "$log" | grep -oE '[0-9]+ passed' | grep -oE '[0-9]+' || echo 0)
-    bad=$(grep -oE '([0-9]+) failed' "$log" | head -1 | grep -oE '[0-9]+' || echo 0)
+    # "test result: ok. 3 passed; 0 failed; ..." (none if it did not build or run)
+    read -r ok bad < <(awk '/^test result:/ { p = $4; f = $6 } END { print p + 0, (p + f == 0 ? 3 : f + 0) }' "$log")
     h=$(grep -c "within" "$log" || true)
     k=$(grep -c ": kill [0-9]" "$log" || true)
     finished=$((finished + ok))

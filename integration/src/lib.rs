@@ -586,6 +586,46 @@ pub async fn await_status(
     bail!("status never matched within {timeout:?}; last: {last}")
 }
 
+/// The members of a job's `/status` (its `evaluators`) in `role`:
+/// "worker", "server" or "idle".
+pub fn members_in_role<'a>(status: &'a Value, role: &str) -> Vec<&'a Value> {
+    status["evaluators"]
+        .as_array()
+        .map(|e| e.iter().filter(|e| e["role"] == role).collect())
+        .unwrap_or_default()
+}
+
+/// The sum of a member count of a job's `/status` (`input_blocks`,
+/// `model_blocks`) over its members other than `except`.
+pub fn blocks_held(status: &Value, field: &str, except: Option<u64>) -> u64 {
+    status["evaluators"]
+        .as_array()
+        .map(|e| {
+            e.iter()
+                .filter(|e| except.is_none() || e["id"].as_u64() != except)
+                .filter_map(|e| e[field].as_u64())
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
+/// Waits for a `cruise run --json` job that must succeed and evaluate every
+/// record it trained on; returns its JSON summary.
+pub async fn finished_evaluating_all(
+    job: &mut Spawned,
+    timeout: Duration,
+) -> anyhow::Result<Value> {
+    let status = job.wait(timeout).await?;
+    if !status.success() {
+        bail!("the job must finish ({status}):\n{}", job.stderr());
+    }
+    let s: Value = serde_json::from_str(&job.stdout()).context("the job's JSON summary")?;
+    if s["final_stats"]["records"] != s["records"] {
+        bail!("not every record evaluated: {s}");
+    }
+    Ok(s)
+}
+
 /// Writes a generated MLR data set and returns its path.
 pub fn mlr_data(
     dir: &std::path::Path,

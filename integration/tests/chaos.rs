@@ -19,7 +19,10 @@ use std::time::Duration;
 use serde_json::Value;
 use tokio::process::Command;
 
-use cruise_integration::{Spawned, await_status, binary, status_address};
+use cruise_integration::{
+    Spawned, await_status, binary, blocks_held, finished_evaluating_all, members_in_role,
+    status_address,
+};
 
 const WAIT: Duration = Duration::from_secs(180);
 /// Containers of every job: 3 workers and 3 servers at the start.
@@ -33,8 +36,6 @@ const KILL_WINDOW: (f64, f64) = (0.1, 0.55);
 struct App {
     name: &'static str,
     epochs: u32,
-    /// `--set` overrides besides the common ones.
-    sets: &'static [&'static str],
     /// The largest admissible difference of the quality figure.
     tolerance: Quality,
 }
@@ -50,19 +51,16 @@ const APPS: [App; 3] = [
     App {
         name: "mlr",
         epochs: 300,
-        sets: &[],
         tolerance: Quality::Accuracy(0.03),
     },
     App {
         name: "nmf",
         epochs: 1000,
-        sets: &[],
         tolerance: Quality::Loss(0.15),
     },
     App {
         name: "lasso",
         epochs: 1000,
-        sets: &[],
         tolerance: Quality::Loss(0.15),
     },
 ];
@@ -106,49 +104,25 @@ fn cruise(app: &App, work: &std::path::Path) -> Command {
         .args(["--set", "optimizer.enabled=false"])
         .args(["--set", "checkpoint.every_epochs=1"])
         .args(["--set", "checkpoint.every_secs=0"]);
-    for s in app.sets {
-        c.args(["--set", s]);
-    }
     c
 }
 
-/// Runs a job to its end; returns its JSON summary.
-async fn finished(job: &mut Spawned) -> Value {
-    let status = job.wait(WAIT).await.unwrap();
-    assert!(status.success(), "the job must finish:\n{}", job.stderr());
-    let s: Value = serde_json::from_str(&job.stdout()).expect("JSON summary");
-    assert_eq!(
-        s["final_stats"]["records"], s["records"],
-        "every record evaluated: {s}"
-    );
-    s
-}
-
-fn members<'a>(s: &'a Value, role: &str) -> Vec<&'a Value> {
-    s["evaluators"]
-        .as_array()
-        .map(|e| e.iter().filter(|e| e["role"] == role).collect())
-        .unwrap_or_default()
-}
-
-fn sum(s: &Value, field: &str) -> u64 {
-    s["evaluators"]
-        .as_array()
-        .map(|e| e.iter().filter_map(|e| e[field].as_u64()).sum())
-        .unwrap_or(0)
-}
-
-/// Whether the job trains with `lost` losses behind it, every input block
-/// held by a live worker and every model block by a live member.
-fn recovered(s: &Value, lost: usize, input: u64, model: u64) -> bool {
+/// Whether the job trains with the evaluators `killed` behind it (lost,
+/// and no longer listed among its members), every input block held by a
+/// live worker and every model block by a live member.
+fn recovered(s: &Value, killed: &[u64], input: u64, model: u64) -> bool {
     s["phase"] == "training"
-        && s["lost"].as_array().map_or(0, Vec::len) == lost
-        && members(s, "worker")
+        && s["lost"].as_array().map_or(0, Vec::len) == killed.len()
+        && s["evaluators"].as_array().is_some_and(|e| {
+            e.iter()
+                .all(|e| !killed.iter().any(|&k| e["id"].as_u64() == Some(k)))
+        })
+        && members_in_role(s, "worker")
             .iter()
             .filter_map(|e| e["input_blocks"].as_u64())
             .sum::<u64>()
             == input
-        && sum(s, "model_blocks") == model
+        && blocks_held(s, "model_blocks", None) == model
 }
 
 /// The job's quality figure for `q`, from its final evaluation.
@@ -180,7 +154,7 @@ async fn chaos(app: &App) {
     let calm = {
         let dir = tempfile::tempdir().unwrap();
         let mut job = Spawned::spawn(cruise(app, dir.path())).unwrap();
-        finished(&mut job).await
+        finished_evaluating_all(&mut job, WAIT).await.unwrap()
     };
 
     let dir = tempfile::tempdir().unwrap();
@@ -191,7 +165,10 @@ async fn chaos(app: &App) {
     })
     .await
     .unwrap_or_else(|e| panic!("{}: no checkpoint published: {e}", app.name));
-    let (input, model) = (sum(&st, "input_blocks"), sum(&st, "model_blocks"));
+    let (input, model) = (
+        blocks_held(&st, "input_blocks", None),
+        blocks_held(&st, "model_blocks", None),
+    );
     let total = st["records_per_epoch"].as_u64().unwrap() * u64::from(app.epochs);
     let mut at: Vec<f64> = (0..KILLS)
         .map(|_| draws.between(KILL_WINDOW.0, KILL_WINDOW.1))
@@ -202,7 +179,7 @@ async fn chaos(app: &App) {
     for (k, fraction) in at.into_iter().enumerate() {
         let threshold = (fraction * total as f64) as u64;
         let st = await_status(&addr, WAIT, |s| {
-            recovered(s, k, input, model)
+            recovered(s, &killed, input, model)
                 && s["records_processed"].as_u64().unwrap_or(0) >= threshold
         })
         .await
@@ -213,8 +190,8 @@ async fn chaos(app: &App) {
             )
         });
         // A worker only while another is left to take its input.
-        let workers = members(&st, "worker");
-        let servers = members(&st, "server");
+        let workers = members_in_role(&st, "worker");
+        let servers = members_in_role(&st, "server");
         let role = if workers.len() < 2 || (!servers.is_empty() && draws.between(0.0, 1.0) < 0.5) {
             "server"
         } else {
@@ -239,7 +216,7 @@ async fn chaos(app: &App) {
         .unwrap();
         killed.push(id);
     }
-    let s = finished(&mut job).await;
+    let s = finished_evaluating_all(&mut job, WAIT).await.unwrap();
     let lost: Vec<&str> = s["lost"]
         .as_array()
         .unwrap()

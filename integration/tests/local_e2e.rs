@@ -15,7 +15,8 @@ use cruise_container::protocol::{
 use cruise_hdfs::Split;
 use cruise_integration::fake_am::FakeAm;
 use cruise_integration::{
-    DEFAULT_JOB_MIN_ACCURACY, Spawned, await_status, binary, mlr_data, status_address,
+    DEFAULT_JOB_MIN_ACCURACY, Spawned, await_status, binary, blocks_held, finished_evaluating_all,
+    members_in_role, mlr_data, status_address,
 };
 
 const WAIT: Duration = Duration::from_secs(120);
@@ -402,29 +403,6 @@ async fn killed_server_fails_the_job_without_checkpoints() {
     );
 }
 
-/// Waits for a job that must finish, having evaluated every record;
-/// returns its JSON summary.
-async fn finished_evaluating_all(job: &mut Spawned) -> serde_json::Value {
-    let status = job.wait(WAIT).await.unwrap();
-    assert!(status.success(), "the job must finish:\n{}", job.stderr());
-    let s: serde_json::Value = serde_json::from_str(&job.stdout()).expect("JSON summary");
-    assert_eq!(
-        s["final_stats"]["records"], s["records"],
-        "every record evaluated"
-    );
-    s
-}
-
-/// The evaluators of a status in `role`.
-fn in_role<'a>(s: &'a serde_json::Value, role: &str) -> Vec<&'a serde_json::Value> {
-    s["evaluators"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|e| e["role"] == role)
-        .collect()
-}
-
 /// The training accuracy in a `cruise run --json` summary.
 fn summary_accuracy(s: &serde_json::Value) -> f64 {
     let f = &s["final_stats"];
@@ -497,7 +475,7 @@ async fn killed_server_is_survived_with_checkpoints() {
         nix::sys::signal::Signal::SIGKILL,
     );
     let st = await_status(&addr, WAIT, |s| {
-        let servers = in_role(s, "server");
+        let servers = members_in_role(s, "server");
         s["lost"].as_array().is_some_and(|l| l.len() == 1)
             && servers.len() == 1
             && servers[0]["id"].as_u64() != Some(id)
@@ -512,7 +490,7 @@ async fn killed_server_is_survived_with_checkpoints() {
             .contains(&format!("evaluator {id}")),
         "{st}"
     );
-    let s = finished_evaluating_all(&mut job).await;
+    let s = finished_evaluating_all(&mut job, WAIT).await.unwrap();
     assert_eq!(s["lost"].as_array().unwrap().len(), 1, "{s}");
     let acc = summary_accuracy(&s);
     assert!(
@@ -525,7 +503,7 @@ async fn killed_server_is_survived_with_checkpoints() {
 /// every input block and train on; returns the status then.
 async fn survived(addr: &str, id: u64, blocks: u64) -> serde_json::Value {
     let st = await_status(addr, WAIT, |s| {
-        let workers = in_role(s, "worker");
+        let workers = members_in_role(s, "worker");
         s["lost"].as_array().is_some_and(|l| l.len() == 1)
             && workers.iter().all(|e| e["id"].as_u64() != Some(id))
             && workers
@@ -549,15 +527,6 @@ async fn survived(addr: &str, id: u64, blocks: u64) -> serde_json::Value {
     st
 }
 
-fn input_blocks(st: &serde_json::Value) -> u64 {
-    st["evaluators"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| e["input_blocks"].as_u64().unwrap())
-        .sum()
-}
-
 /// A worker killed mid-epoch (`SIGKILL`, its process gone) is survived: the
 /// other workers re-read its input blocks and the job trains on, and ends
 /// having evaluated every record, with the loss in its summary. (300 epochs
@@ -571,14 +540,18 @@ async fn killed_worker_is_survived() {
     let mut job = Spawned::spawn(c).unwrap();
     let addr = status_address(&job, WAIT).await.unwrap();
     let worker = training_member(&addr, "worker").await;
-    let blocks = input_blocks(&await_status(&addr, WAIT, |_| true).await.unwrap());
+    let blocks = blocks_held(
+        &await_status(&addr, WAIT, |_| true).await.unwrap(),
+        "input_blocks",
+        None,
+    );
     signal(
         worker["pid"].as_u64().unwrap(),
         nix::sys::signal::Signal::SIGKILL,
     );
     let id = worker["id"].as_u64().unwrap();
     survived(&addr, id, blocks).await;
-    let s = finished_evaluating_all(&mut job).await;
+    let s = finished_evaluating_all(&mut job, WAIT).await.unwrap();
     let lost = s["lost"].as_array().unwrap();
     assert!(
         lost.len() == 1
@@ -610,7 +583,11 @@ async fn stopped_worker_is_survived_and_killed() {
     )
     .await;
     let worker = training_member(&addr, "worker").await;
-    let blocks = input_blocks(&await_status(&addr, WAIT, |_| true).await.unwrap());
+    let blocks = blocks_held(
+        &await_status(&addr, WAIT, |_| true).await.unwrap(),
+        "input_blocks",
+        None,
+    );
     let pid = worker["pid"].as_u64().unwrap();
     signal(pid, nix::sys::signal::Signal::SIGSTOP);
     let st = survived(&addr, worker["id"].as_u64().unwrap(), blocks).await;

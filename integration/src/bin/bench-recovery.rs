@@ -40,7 +40,9 @@ use anyhow::{Context, bail};
 use serde_json::Value;
 
 use cruise_integration::bench::{Row, cruise_release_binary, machine_note, median, print_table};
-use cruise_integration::{Spawned, await_status, status, status_address};
+use cruise_integration::{
+    Spawned, await_status, blocks_held, members_in_role, status, status_address,
+};
 
 const USAGE: &str = "\
 usage: bench-recovery [REPS] [--server]
@@ -57,27 +59,6 @@ const WINDOW: Duration = Duration::from_millis(500);
 
 fn records(s: &Value) -> u64 {
     s["records_processed"].as_u64().unwrap_or(0)
-}
-
-fn in_role<'a>(s: &'a Value, role: &str) -> Vec<&'a Value> {
-    s["evaluators"]
-        .as_array()
-        .map(|a| a.iter().filter(|e| e["role"] == role).collect())
-        .unwrap_or_default()
-}
-
-/// The blocks of `table` (`input_blocks`, `model_blocks`) that members
-/// other than `id` hold.
-fn held(s: &Value, field: &str, id: u64) -> u64 {
-    s["evaluators"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .filter(|e| e["id"].as_u64() != Some(id))
-                .map(|e| e[field].as_u64().unwrap_or(0))
-                .sum()
-        })
-        .unwrap_or(0)
 }
 
 /// What is killed.
@@ -164,10 +145,10 @@ async fn one(cruise: &std::path::Path, victim: Victim) -> anyhow::Result<Rep> {
     tokio::time::sleep(Duration::from_secs(2)).await;
     let before = rate(&addr).await?;
     let st = status(&addr).await?;
-    let blocks = held(&st, victim.field(), u64::MAX);
-    let workers = in_role(&st, "worker").len();
-    let killed_one = in_role(&st, victim.role());
-    let chosen = killed_one
+    let blocks = blocks_held(&st, victim.field(), None);
+    let workers = members_in_role(&st, "worker").len();
+    let candidates = members_in_role(&st, victim.role());
+    let chosen = candidates
         .first()
         .with_context(|| format!("no {} in the status", victim.role()))?;
     let (id, pid) = (
@@ -191,7 +172,7 @@ async fn one(cruise: &std::path::Path, victim: Victim) -> anyhow::Result<Rep> {
     await_status(&addr, WAIT, |s| {
         let members = s["evaluators"].as_array().map_or(&[][..], Vec::as_slice);
         members.iter().all(|e| e["id"].as_u64() != Some(id))
-            && held(s, victim.field(), id) == blocks
+            && blocks_held(s, victim.field(), Some(id)) == blocks
     })
     .await?;
     let recovered_secs = killed.elapsed().as_secs_f64();
