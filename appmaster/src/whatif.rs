@@ -443,8 +443,8 @@ fn write_policy(out: &mut String, snap: &Snapshot, policy: &TriggerPolicy) {
         .iter()
         .map(|e| {
             let mut t = format!("{} {:.3} s", e.op.name(), e.per_op);
-            if e.per_byte > 0.0 {
-                let _ = write!(t, " + {:.0} MB/s", 1e-6 / e.per_byte);
+            if e.per_wire_sec > 0.0 {
+                let _ = write!(t, " + its links at {:.0}%", 100.0 / e.per_wire_sec);
             }
             t
         })
@@ -651,9 +651,9 @@ mod tests {
         );
 
         let cheap = r#"{"min_gain": 0.05, "max_parallel": 8, "op_costs": [
-            {"op": "switch", "per_op": 0.002, "per_byte": 0.0},
-            {"op": {"move": "input"}, "per_op": 0.02, "per_byte": 1e-9},
-            {"op": {"move": "model"}, "per_op": 0.02, "per_byte": 1e-9}]}"#;
+            {"op": "switch", "per_op": 0.002, "per_wire_sec": 0.0},
+            {"op": {"move": "input"}, "per_op": 0.02, "per_wire_sec": 1.0},
+            {"op": {"move": "model"}, "per_op": 0.02, "per_wire_sec": 1.0}]}"#;
         let with_policy = short.replacen(
             "\"containers\"",
             &format!("\"policy\": {cheap}, \"containers\""),

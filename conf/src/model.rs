@@ -416,10 +416,12 @@ pub struct OptimizerConfig {
     /// Before any plan ran: seconds to switch a container's role.
     pub prior_switch_secs: f64,
     /// Before any plan ran: seconds per move, plus its bytes at
-    /// `prior_move_mb_per_sec`.
+    /// `prior_move_link_share` of its links' probed speed.
     pub prior_move_secs: f64,
-    /// Before any plan ran: speed of block moves, MB/s.
-    pub prior_move_mb_per_sec: f64,
+    /// Before any plan ran: the share of its links' probed speed a block
+    /// move reaches (links shared with the plan's other moves and with
+    /// training). Above 1 if the probes read low.
+    pub prior_move_link_share: f64,
     /// Bytes of each bulk transfer that measures link capacity when training
     /// starts and when a container joins. 0: do not probe.
     pub probe_bytes: u64,
@@ -467,7 +469,7 @@ impl Default for OptimizerConfig {
             prior_delete_secs: 1.0,
             prior_switch_secs: 0.1,
             prior_move_secs: 0.05,
-            prior_move_mb_per_sec: 200.0,
+            prior_move_link_share: 0.5,
             probe_bytes: 4 << 20,
             probe_wait_ms: 10_000,
             snapshot_file: String::new(),
@@ -1198,10 +1200,10 @@ impl CruiseConfig {
                 format!("is {}, must be positive", o.slow_plan_report_secs),
             );
         }
-        if !(o.prior_move_mb_per_sec > 0.0 && o.prior_move_mb_per_sec.is_finite()) {
+        if !(o.prior_move_link_share > 0.0 && o.prior_move_link_share.is_finite()) {
             return bad(
-                "optimizer.prior_move_mb_per_sec",
-                format!("is {}, must be positive", o.prior_move_mb_per_sec),
+                "optimizer.prior_move_link_share",
+                format!("is {}, must be positive", o.prior_move_link_share),
             );
         }
         if o.confirmations == 0 {

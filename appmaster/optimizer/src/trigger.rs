@@ -40,7 +40,7 @@ use crate::error::OptimizerError;
 use crate::executor::ExecutionReport;
 use crate::plan::{Configuration, Plan};
 pub use crate::reconfig_cost::{OpCost, OpCostEstimate, ReconfigCostModel};
-use crate::snapshot::{Job, Role, Snapshot};
+use crate::snapshot::{Role, Snapshot};
 use crate::solver::{solve, solve_for_roles, solve_input_for};
 
 /// A worker behind on its mini-batches holds the look back only until the
@@ -231,7 +231,7 @@ impl PolicyState {
             }
         }
         for (i, e) in self.op_costs.iter().enumerate() {
-            for (name, v) in [("per_op", e.per_op), ("per_byte", e.per_byte)] {
+            for (name, v) in [("per_op", e.per_op), ("per_wire_sec", e.per_wire_sec)] {
                 if !(v.is_finite() && v >= 0.0) {
                     return Err(OptimizerError::invalid(
                         format!("{at}.op_costs[{i}].{name}"),
@@ -328,9 +328,9 @@ impl TriggerPolicy {
         }
     }
 
-    /// Learns from an executed plan.
-    pub fn observe(&mut self, plan: &Plan, report: &ExecutionReport, job: &Job) {
-        self.costs.observe(plan, report, job);
+    /// Learns from a plan executed from `snapshot` (the one it was decided on).
+    pub fn observe(&mut self, plan: &Plan, report: &ExecutionReport, snapshot: &Snapshot) {
+        self.costs.observe(plan, report, snapshot);
     }
 
     /// What this policy decides with beyond a snapshot's measurements: its
@@ -453,7 +453,9 @@ impl TriggerPolicy {
         };
         let propose = |target: Target, epoch: f64, forced: bool| {
             let plan = Plan::between(current, &target)?;
-            let cost = self.costs.plan_secs(&plan, job, self.config.max_parallel);
+            let cost = self
+                .costs
+                .plan_secs(&plan, snapshot, self.config.max_parallel);
             Ok::<_, OptimizerError>(Proposal {
                 plan,
                 target,

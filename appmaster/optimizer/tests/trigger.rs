@@ -370,30 +370,40 @@ fn cost_model_learns_from_observed_plans() {
     assert_eq!(m.estimate(OpKind::Add).per_op, 10.0);
     let j = job(64, 16, 10.0); // input block = 1 MiB
     let mb = 1024.0 * 1024.0;
-    // Observed: add 2 s; input moves 0.5 s + 20 ns/byte.
-    let mut ops = Vec::new();
-    let mut outcomes = Vec::new();
+    let speed = 100e6;
+    let snap = Snapshot {
+        policy: None,
+        job: j.clone(),
+        containers: ["a", "b", "c"]
+            .into_iter()
+            .map(|id| ContainerMetrics::offered(id.into(), None, speed))
+            .collect(),
+        links: vec![],
+    };
+    // Observed, one plan at a time: add 2 s; input moves 0.5 s plus 1.5×
+    // their wire time (at 2/3 of the links' probed speed).
+    let wire = |n: f64| n * mb / speed;
     for i in 0..40u32 {
-        let blocks: Vec<u32> = (0..=i).collect();
-        let bytes = blocks.len() as f64 * mb;
-        ops.push(cruise_optimizer::PlannedOp {
+        let n = f64::from(i + 1);
+        let mut ops = vec![cruise_optimizer::PlannedOp {
             op: Operation::Move {
                 table: Table::Input,
-                blocks,
+                blocks: (0..=i).collect(),
                 from: "a".into(),
                 to: "b".into(),
             },
             deps: vec![],
-        });
-        outcomes.push(OpOutcome::Succeeded {
-            duration: Duration::from_secs_f64(0.5 + 2e-8 * bytes),
+        }];
+        let mut outcomes = vec![OpOutcome::Succeeded {
+            duration: Duration::from_secs_f64(0.5 + 1.5 * wire(n)),
             report: OpReport {
                 bytes_moved: 0,
                 reloaded: false,
             },
-        });
+        }];
         // Input re-read from its source instead (scale-in): another
-        // mechanism with its own speed, which says nothing about moves.
+        // mechanism with its own speed, which says nothing about moves
+        // and does not load a's link.
         ops.push(cruise_optimizer::PlannedOp {
             op: Operation::Move {
                 table: Table::Input,
@@ -421,16 +431,16 @@ fn cost_model_learns_from_observed_plans() {
             duration: Duration::from_secs(2),
             report: OpReport::default(),
         });
+        let plan = Plan {
+            ops,
+            relaxed: vec![],
+        };
+        let report = ExecutionReport {
+            outcomes,
+            elapsed: Duration::from_secs(1),
+        };
+        m.observe(&plan, &report, &snap);
     }
-    let plan = Plan {
-        ops,
-        relaxed: vec![],
-    };
-    let report = ExecutionReport {
-        outcomes,
-        elapsed: Duration::from_secs(1),
-    };
-    m.observe(&plan, &report, &j);
     let add = m.estimate(OpKind::Add).per_op;
     // (2 prior pseudo-observations at 10 s + 40 at 2 s) / 42.
     assert!(
@@ -440,14 +450,20 @@ fn cost_model_learns_from_observed_plans() {
     // Predicted move durations within 5% of the truth across the observed range; the
     // smallest move (mostly intercept, pulled towards the conservative prior) within 10%.
     for (n, tolerance) in [(1u32, 0.1), (10, 0.05), (20, 0.05), (40, 0.05)] {
-        let op = Operation::Move {
-            table: Table::Input,
-            blocks: (0..n).collect(),
-            from: "a".into(),
-            to: "b".into(),
+        let one = Plan {
+            ops: vec![cruise_optimizer::PlannedOp {
+                op: Operation::Move {
+                    table: Table::Input,
+                    blocks: (0..n).collect(),
+                    from: "a".into(),
+                    to: "b".into(),
+                },
+                deps: vec![],
+            }],
+            relaxed: vec![],
         };
-        let truth = 0.5 + 2e-8 * f64::from(n) * mb;
-        let predicted = m.op_secs(&op, &j);
+        let truth = 0.5 + 1.5 * wire(f64::from(n));
+        let predicted = m.plan_secs(&one, &snap, 8);
         assert!(
             (predicted / truth - 1.0).abs() < tolerance,
             "{n} blocks: predicted {predicted}, truth {truth}, {:?}",
@@ -474,13 +490,13 @@ fn cost_model_learns_from_observed_plans() {
         ],
         relaxed: vec![],
     };
-    assert!((m.plan_secs(&chain, &j, 8) - 2.0 * add).abs() < 1e-9);
+    assert!((m.plan_secs(&chain, &snap, 8) - 2.0 * add).abs() < 1e-9);
     let parallel = Plan {
         ops: vec![chain.ops[0].clone(); 16],
         relaxed: vec![],
     };
     // 16 independent adds, 8 at a time: total work / 8.
-    assert!((m.plan_secs(&parallel, &j, 8) - 2.0 * add).abs() < 1e-9);
+    assert!((m.plan_secs(&parallel, &snap, 8) - 2.0 * add).abs() < 1e-9);
 }
 
 #[test]
@@ -587,8 +603,8 @@ fn a_policys_state_round_trips() {
         ..TriggerConfig::default()
     });
     p.costs.observe_op(OpKind::Switch, 0.0, 0.004);
-    p.costs.observe_op(OpKind::Move(Table::Input), 1e6, 0.05);
-    p.costs.observe_op(OpKind::Move(Table::Input), 4e6, 0.11);
+    p.costs.observe_op(OpKind::Move(Table::Input), 0.01, 0.05);
+    p.costs.observe_op(OpKind::Move(Table::Input), 0.04, 0.11);
     let json = serde_json::to_string(&p.state()).unwrap();
     let back: PolicyState = serde_json::from_str(&json).unwrap();
     let q = TriggerPolicy::from_state(&back, 7);
@@ -602,7 +618,7 @@ fn a_policys_state_round_trips() {
     for k in OpKind::ALL {
         let (a, b) = (q.costs.estimate(k), p.costs.estimate(k));
         assert!(
-            close(a.per_op, b.per_op) && close(a.per_byte, b.per_byte),
+            close(a.per_op, b.per_op) && close(a.per_wire_sec, b.per_wire_sec),
             "{k:?}: {a:?} vs {b:?}"
         );
     }

@@ -33,8 +33,8 @@ use cruise_container::protocol::{
     AmToEval, BlockId, EvaluatorId, INPUT_TABLE, MODEL_TABLE, STATE_TABLE, TableId,
 };
 use cruise_optimizer::{
-    Job, OpCost, OpError, OpKind, OpReport, PlanTracker, ReconfigCostModel, Table, TriggerConfig,
-    TriggerPolicy,
+    OpCost, OpError, OpKind, OpReport, PlanTracker, ReconfigCostModel, Snapshot, Table,
+    TriggerConfig, TriggerPolicy,
 };
 
 use super::Driver;
@@ -118,7 +118,8 @@ struct SwitchOp {
 struct RunningPlan {
     /// Its operations: which may start, which run, how each ended.
     tracker: PlanTracker,
-    job: Job,
+    /// What the plan was decided on: the job and the links its moves are priced by.
+    snapshot: Snapshot,
     started: Instant,
     /// How many times it was reported slow (`optimizer.slow_plan_report_secs`).
     reported_slow: u32,
@@ -328,11 +329,11 @@ fn plan_snapshot_path(file: &std::path::Path, n: usize) -> std::path::PathBuf {
 fn prior_costs(o: &cruise_conf::OptimizerConfig) -> ReconfigCostModel {
     let mv = OpCost {
         per_op: o.prior_move_secs,
-        per_byte: 1.0 / (o.prior_move_mb_per_sec * 1e6),
+        per_wire_sec: 1.0 / o.prior_move_link_share,
     };
     let fixed = |per_op| OpCost {
         per_op,
-        per_byte: 0.0,
+        per_wire_sec: 0.0,
     };
     let prior = [
         (OpKind::Add, fixed(o.prior_add_secs)),
@@ -343,7 +344,7 @@ fn prior_costs(o: &cruise_conf::OptimizerConfig) -> ReconfigCostModel {
     ]
     .into_iter()
     .collect();
-    ReconfigCostModel::with_prior(prior, 2.0, 1024.0 * 1024.0)
+    ReconfigCostModel::with_prior(prior, 2.0, 0.01)
 }
 
 fn table_of(t: Table) -> TableId {

@@ -3,7 +3,7 @@
 
 use std::time::Instant;
 
-use cruise_optimizer::{ExecutorConfig, Job, OpOutcome, Operation, Plan, PlanTracker};
+use cruise_optimizer::{ExecutorConfig, OpOutcome, Operation, Plan, PlanTracker, Snapshot};
 
 use super::{DeleteStage, OpIndex, PlanRecord, RunningPlan, ready_to_leave};
 use crate::am::AmError;
@@ -13,7 +13,13 @@ use crate::am::job::{Driver, plural, split_text};
 impl Driver {
     /// Starts `plan`, recording `started` in the history; its first
     /// operations start at the loop's next step ([`Driver::step_plan`]).
-    pub(super) fn start_plan(&mut self, plan: Plan, job: Job, summary: String, started: Record) {
+    pub(super) fn start_plan(
+        &mut self,
+        plan: Plan,
+        snapshot: Snapshot,
+        summary: String,
+        started: Record,
+    ) {
         let config = ExecutorConfig {
             max_parallel: self.config.optimizer.max_parallel as usize,
         };
@@ -22,7 +28,7 @@ impl Driver {
                 self.history.push(started);
                 self.rc.plan = Some(RunningPlan {
                     tracker,
-                    job,
+                    snapshot,
                     started: Instant::now(),
                     reported_slow: 0,
                     summary,
@@ -238,7 +244,7 @@ impl Driver {
                 OpOutcome::Skipped { .. } => record.skipped += 1,
             }
         }
-        self.rc.policy.observe(plan, &report, &running.job);
+        self.rc.policy.observe(plan, &report, &running.snapshot);
         if record.failed.is_empty() {
             tracing::info!(
                 "reconfiguration done in {secs:.2} s: {} ({} operations, {} bytes moved)",

@@ -260,7 +260,7 @@ impl Driver {
             predicted_after_secs: p.predicted_epoch_secs,
             forced: p.forced,
         };
-        self.start_plan(p.plan, snapshot.job, summary, started);
+        self.start_plan(p.plan, *snapshot, summary, started);
     }
 
     pub(super) fn note_decision(&mut self, text: String) {
