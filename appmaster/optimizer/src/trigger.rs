@@ -128,6 +128,12 @@ pub struct MeasuredSplit {
     /// Its epoch time as measured when the job left it
     /// ([`Job::measured_epoch_secs`]), seconds.
     pub epoch_secs: f64,
+    /// When the plan that left it kept every container's role (it only
+    /// re-partitioned the blocks): the gain that plan was proposed for.
+    /// What it delivered is measured once the job has run there, and a
+    /// further re-partition of the same roles is judged by it. 0 otherwise.
+    #[serde(default)]
+    pub promised_gain: f64,
 }
 
 impl MeasuredSplit {
@@ -365,20 +371,25 @@ impl TriggerPolicy {
         }
     }
 
-    /// The job leaves the running configuration of `snapshot` for a plan:
-    /// remembers its roles and measured epoch time (replacing an earlier
-    /// measurement of the same split). Nothing is remembered before the
-    /// configuration has been measured.
-    pub fn leaving(&mut self, snapshot: &Snapshot) {
+    /// The job leaves the running configuration of `snapshot` for a plan
+    /// (`to`, when it is the policy's proposal): remembers its roles and
+    /// measured epoch time (replacing an earlier measurement of the same
+    /// split), and the proposal's gain if the plan keeps every role.
+    /// Nothing is remembered before the configuration has been measured.
+    pub fn leaving(&mut self, snapshot: &Snapshot, to: Option<&Proposal>) {
         let Some(epoch_secs) = snapshot.job.measured_epoch_secs else {
             return;
         };
         let split = MeasuredSplit::of(snapshot.containers.iter().map(|c| (&c.id, c.role)));
+        let promised_gain = to
+            .filter(|p| MeasuredSplit::of(p.target.iter().map(|(id, t)| (id, t.role))) == split)
+            .map_or(0.0, |p| p.gain.max(0.0));
         self.measured.retain(|m| !m.is(&split));
         self.measured.push(MeasuredSplit {
             workers: split.0,
             servers: split.1,
             epoch_secs,
+            promised_gain,
         });
     }
 
@@ -641,7 +652,7 @@ impl TriggerPolicy {
             return Ok(None);
         };
         if e.is(&here) {
-            return Ok(None);
+            return Ok(self.repartition_again(e, m, model_gain).map(|r| stay(e, r)));
         }
         if gain(e.epoch_secs) < self.config.min_gain {
             let g = gain(e.epoch_secs);
@@ -657,6 +668,34 @@ impl TriggerPolicy {
             return Ok(Some(stay(e, reason)));
         }
         go(best.target.clone(), e)
+    }
+}
+
+impl TriggerPolicy {
+    /// Why the model's best, a re-partition of the running roles, is not
+    /// worth a plan, if it is not: the job already left these roles for a
+    /// re-partition of them that promised `e.promised_gain` and, measured
+    /// at `m` seconds an epoch against `e.epoch_secs` before, delivered
+    /// less. The model's gain (`model_gain`) is discounted by that
+    /// shortfall, so the job does not shuffle blocks look after look for a
+    /// gain the measurements do not show; a gain the model now predicts
+    /// well beyond it (a container that slowed down since) still plans.
+    fn repartition_again(&self, e: &MeasuredSplit, m: f64, model_gain: f64) -> Option<String> {
+        if e.promised_gain <= 0.0 {
+            return None;
+        }
+        let delivered = (e.epoch_secs - m) / e.epoch_secs;
+        let shortfall = (e.promised_gain - delivered).max(0.0);
+        (model_gain - shortfall < self.config.min_gain).then(|| {
+            format!(
+                "the last re-partition of these roles promised {:.1}% and delivered {:.1}%; \
+                 the model's {:.1}% less that shortfall is below the {:.1}% threshold",
+                e.promised_gain * 100.0,
+                delivered * 100.0,
+                model_gain * 100.0,
+                self.config.min_gain * 100.0
+            )
+        })
     }
 }
 

@@ -562,6 +562,55 @@ fn asynchronous_jobs_do_not_rebalance_for_nothing() {
     assert!(matches!(d, Decision::Stay { .. }), "{d:?}");
 }
 
+/// A job whose model asks for a re-partition of the same roles once more
+/// gets it only for a gain beyond what the last re-partition fell short of
+/// its promise by, as measured.
+#[test]
+fn a_repartition_that_did_not_deliver_is_not_repeated_for_the_same_promise() {
+    let j = job(32, 8, 1000.0);
+    // A fast and a slow worker on equal halves under a clock: the model
+    // moves input from the slow to the fast one.
+    let specs = vec![
+        spec("fast", 1e-3, 1e9, 1e-9),
+        spec("slow", 4e-3, 1e9, 1e-9),
+        spec("s0", 10.0, 1e9, 1e-9),
+        spec("s1", 10.0, 1e9, 1e-9),
+    ];
+    let cfg = config(&j, &["fast", "slow"], &["s0", "s1"], &[]);
+    let at = |secs| measured(snapshot(&j, &specs, &cfg, 50), secs);
+    let mut policy = TriggerPolicy::default();
+    let Decision::Reconfigure(p) = policy.decide(&at(1.0), &cfg).unwrap() else {
+        panic!("the model re-partitions the input")
+    };
+    assert!(p.gain > 0.3, "{}", p.gain);
+    policy.leaving(&at(1.0), Some(&p));
+    assert!((policy.measured[0].promised_gain - p.gain).abs() < 1e-12);
+
+    // Measured 2% faster afterwards, and the model (same measurements)
+    // promises the same again: its gain less the shortfall is below 5%.
+    let d = policy.decide(&at(0.98), &cfg).unwrap();
+    assert!(
+        matches!(&d, Decision::Stay { reason, .. }
+            if reason.contains("last re-partition of these roles promised")
+                && reason.contains("delivered 2.0%")),
+        "{d:?}"
+    );
+    // Delivered as promised: the model's next re-partition stands.
+    let delivered = 1.0 - p.gain;
+    let d = policy.decide(&at(delivered), &cfg).unwrap();
+    assert!(matches!(d, Decision::Reconfigure(_)), "{d:?}");
+    // A plan that changed roles promises nothing about re-partitions.
+    let mut other = TriggerPolicy::default();
+    let mut to_servers = (*p).clone();
+    for t in to_servers.target.values_mut() {
+        t.role = Role::Server;
+    }
+    other.leaving(&at(1.0), Some(&to_servers));
+    assert_eq!(other.measured[0].promised_gain, 0.0);
+    let d = other.decide(&at(0.98), &cfg).unwrap();
+    assert!(matches!(d, Decision::Reconfigure(_)), "{d:?}");
+}
+
 /// An asynchronous job is worth its best input partition, not its best
 /// model split: model blocks on a poorly linked server cost every worker
 /// until a plan moves them, so that plan is proposed.
@@ -756,7 +805,7 @@ fn a_plan_that_measured_slower_is_undone_and_not_redone() {
     let Decision::Reconfigure(p) = policy.decide(&at_before, &before).unwrap() else {
         panic!("the model moves the job")
     };
-    policy.leaving(&at_before);
+    policy.leaving(&at_before, Some(&p));
     let after = p.plan.apply(&before).unwrap();
     assert_ne!(roles_of(&after), roles_of(&before));
 
@@ -778,7 +827,7 @@ fn a_plan_that_measured_slower_is_undone_and_not_redone() {
     assert_eq!(roles_of(&returned), roles_of(&before));
 
     // Back there, the model still prefers `after`; what it measured decides.
-    policy.leaving(&at_after);
+    policy.leaving(&at_after, Some(&back));
     let d = policy
         .decide(
             &measured(snapshot(&j, &specs, &returned, 50), 0.31),
@@ -814,7 +863,7 @@ fn going_back_pays_and_needs_its_containers() {
     else {
         panic!("the model moves the job")
     };
-    policy.leaving(&measured(snapshot(&j, &specs, &before, 50), 0.30));
+    policy.leaving(&measured(snapshot(&j, &specs, &before, 50), 0.30), None);
     let after = p.plan.apply(&before).unwrap();
     // Nearly done: 0.01 epochs left cannot pay for the way back.
     let short = job(64, 16, 0.01);
@@ -851,10 +900,10 @@ fn measured_splits_are_remembered_once_measured_and_round_trip() {
     let specs = uniform_specs(4);
     let cfg = config(&j, &["c0", "c1"], &["c2", "c3"], &[]);
     let mut p = TriggerPolicy::default();
-    p.leaving(&snapshot(&j, &specs, &cfg, 10));
+    p.leaving(&snapshot(&j, &specs, &cfg, 10), None);
     assert!(p.measured.is_empty());
-    p.leaving(&measured(snapshot(&j, &specs, &cfg, 10), 2.0));
-    p.leaving(&measured(snapshot(&j, &specs, &cfg, 10), 1.5));
+    p.leaving(&measured(snapshot(&j, &specs, &cfg, 10), 2.0), None);
+    p.leaving(&measured(snapshot(&j, &specs, &cfg, 10), 1.5), None);
     assert_eq!(p.measured.len(), 1, "one entry per split: {:?}", p.measured);
     assert_eq!(p.measured[0].epoch_secs, 1.5);
     assert_eq!(
@@ -902,6 +951,7 @@ fn a_split_measured_with_containers_given_back_since_is_judged_by_its_measuremen
         workers: pick(Role::Worker),
         servers: pick(Role::Server),
         epoch_secs: 1.5,
+        promised_gain: 0.0,
     });
     let d = policy.decide(&now, &cfg).unwrap();
     assert!(

@@ -247,7 +247,7 @@ impl Driver {
                 &snapshot,
             );
         }
-        self.rc.policy.leaving(&snapshot);
+        self.rc.policy.leaving(&snapshot, Some(&p));
         self.history.push(crate::am::history::Record::Splits {
             at_secs: self.history.now(),
             splits: self.rc.last_splits.clone(),
