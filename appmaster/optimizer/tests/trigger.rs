@@ -531,15 +531,7 @@ fn a_reclaimed_server_gives_its_model_blocks_to_the_servers_that_stay() {
 #[test]
 fn asynchronous_jobs_do_not_rebalance_for_nothing() {
     let mut j = job(32, 8, 1000.0);
-    // A fast and a slow worker on equal halves; the servers' CPUs are too
-    // slow to train on.
-    let specs = vec![
-        spec("fast", 1e-3, 1e9, 1e-9),
-        spec("slow", 4e-3, 1e9, 1e-9),
-        spec("s0", 10.0, 1e9, 1e-9),
-        spec("s1", 10.0, 1e9, 1e-9),
-    ];
-    let cfg = config(&j, &["fast", "slow"], &["s0", "s1"], &[]);
+    let (specs, cfg) = fast_and_slow_worker(&j);
     let policy = TriggerPolicy::default();
     let d = policy
         .decide(&snapshot(&j, &specs, &cfg, 50), &cfg)
@@ -562,21 +554,27 @@ fn asynchronous_jobs_do_not_rebalance_for_nothing() {
     assert!(matches!(d, Decision::Stay { .. }), "{d:?}");
 }
 
-/// A job whose model asks for a re-partition of the same roles once more
-/// gets it only for a gain beyond what the last re-partition fell short of
-/// its promise by, as measured.
-#[test]
-fn a_repartition_that_did_not_deliver_is_not_repeated_for_the_same_promise() {
-    let j = job(32, 8, 1000.0);
-    // A fast and a slow worker on equal halves under a clock: the model
-    // moves input from the slow to the fast one.
+/// A fast and a slow worker on equal halves of the input, and two servers
+/// whose CPUs are too slow to train on.
+fn fast_and_slow_worker(j: &Job) -> (Vec<Spec>, Configuration) {
     let specs = vec![
         spec("fast", 1e-3, 1e9, 1e-9),
         spec("slow", 4e-3, 1e9, 1e-9),
         spec("s0", 10.0, 1e9, 1e-9),
         spec("s1", 10.0, 1e9, 1e-9),
     ];
-    let cfg = config(&j, &["fast", "slow"], &["s0", "s1"], &[]);
+    let cfg = config(j, &["fast", "slow"], &["s0", "s1"], &[]);
+    (specs, cfg)
+}
+
+/// A job whose model asks for a re-partition of the same roles once more
+/// gets it only for a gain beyond what the last re-partition fell short of
+/// its promise by, as measured.
+#[test]
+fn a_repartition_that_did_not_deliver_is_not_repeated_for_the_same_promise() {
+    let j = job(32, 8, 1000.0);
+    // Under a clock the model moves input from the slow worker to the fast one.
+    let (specs, cfg) = fast_and_slow_worker(&j);
     let at = |secs| measured(snapshot(&j, &specs, &cfg, 50), secs);
     let mut policy = TriggerPolicy::default();
     let Decision::Reconfigure(p) = policy.decide(&at(1.0), &cfg).unwrap() else {
