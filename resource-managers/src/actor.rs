@@ -7,14 +7,52 @@
 //! [`ActorHandle`] is the [`crate::ResourceManager`] side of that: it
 //! spawns the actor, turns each trait call into a command, and at shutdown
 //! waits for the actor's task to end.
+//!
+//! An actor dropped without shutdown leaves its cluster-side resources
+//! behind; each implementation's guard cleans them up from `Drop` with
+//! [`clean_up_blocking`].
 
 use std::future::Future;
 use std::sync::Mutex;
+use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
+use crate::http::{HttpOptions, RetryPolicy};
 use crate::{Capacity, ContainerId, ContainerRequest, RmError};
+
+/// Runs a guard's clean-up on a thread of its own, in a runtime of its own
+/// (the dropping thread may be inside a runtime, or its runtime may be
+/// gone), and waits for it: a few seconds at most, since `cleanup` gets
+/// HTTP options with three attempts and short timeouts. Nothing runs if
+/// the runtime cannot be built.
+pub(crate) fn clean_up_blocking<F, Fut>(cleanup: F)
+where
+    F: FnOnce(HttpOptions) -> Fut + Send + 'static,
+    Fut: Future<Output = ()>,
+{
+    let t = std::thread::spawn(move || {
+        let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        else {
+            return;
+        };
+        let opts = HttpOptions {
+            retry: RetryPolicy {
+                attempts: 3,
+                initial_backoff: Duration::from_millis(100),
+                max_backoff: Duration::from_millis(500),
+            },
+            connect_timeout: Duration::from_secs(2),
+            request_timeout: Duration::from_secs(5),
+            ..HttpOptions::default()
+        };
+        rt.block_on(cleanup(opts));
+    });
+    let _ = t.join();
+}
 
 /// Implements [`crate::ResourceManager`] for a type whose `actor` field is
 /// an [`ActorHandle`]: requests, releases, capacity and shutdown are the

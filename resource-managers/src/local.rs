@@ -536,6 +536,22 @@ mod tests {
         rm_on(dir, max, program, args, None)
     }
 
+    /// A local resource manager whose containers run `sh -c script`.
+    fn sh(dir: &Path, max: u32, script: &str) -> (LocalRm, mpsc::UnboundedReceiver<RmEvent>) {
+        rm(dir, max, "/bin/sh", &["-c", script])
+    }
+
+    /// [`sh`] in a new folder, asked for one container.
+    async fn one_sh_container(
+        max: u32,
+        script: &str,
+    ) -> (tempfile::TempDir, LocalRm, mpsc::UnboundedReceiver<RmEvent>) {
+        let dir = tempfile::tempdir().unwrap();
+        let (rm, rx) = sh(dir.path(), max, script);
+        rm.request(one_container()).await.unwrap();
+        (dir, rm, rx)
+    }
+
     fn rm_on(
         dir: &Path,
         max: u32,
@@ -556,8 +572,13 @@ mod tests {
     }
 
     fn one_container() -> ContainerRequest {
+        containers(1)
+    }
+
+    /// `count` containers of 64 MB and one core, anywhere.
+    fn containers(count: u32) -> ContainerRequest {
         ContainerRequest {
-            count: 1,
+            count,
             memory_mb: 64,
             cores: 1,
             hosts: vec![],
@@ -583,17 +604,11 @@ mod tests {
 
     #[tokio::test]
     async fn exit_status_and_stderr_tail_reported() {
-        let dir = tempfile::tempdir().unwrap();
-        let (rm, mut rx) = rm(
-            dir.path(),
+        let (_dir, rm, mut rx) = one_sh_container(
             2,
-            "/bin/sh",
-            &[
-                "-c",
-                "echo \"$GREETING from $CRUISE_CONTAINER_ID\" >&2; exit 3",
-            ],
-        );
-        rm.request(one_container()).await.unwrap();
+            "echo \"$GREETING from $CRUISE_CONTAINER_ID\" >&2; exit 3",
+        )
+        .await;
         let (id, exit, diag, released) = next_completed(&mut rx).await;
         assert_eq!(exit, ExitStatus::Code(3));
         assert_eq!(diag, format!("hello from {id}"));
@@ -603,18 +618,12 @@ mod tests {
 
     #[tokio::test]
     async fn release_terms_then_kills() {
-        let dir = tempfile::tempdir().unwrap();
         // Ignores SIGTERM, so the release must end in SIGKILL.
-        let (rm, mut rx) = rm(
-            dir.path(),
+        let (dir, rm, mut rx) = one_sh_container(
             1,
-            "/bin/sh",
-            &[
-                "-c",
-                "trap '' TERM; echo ready; while true; do sleep 0.05; done",
-            ],
-        );
-        rm.request(one_container()).await.unwrap();
+            "trap '' TERM; echo ready; while true; do sleep 0.05; done",
+        )
+        .await;
         let id = loop {
             if let Some(RmEvent::Running { container, .. }) = rx.recv().await {
                 break container;
@@ -671,15 +680,8 @@ mod tests {
     #[tokio::test]
     async fn capacity_queues_requests() {
         let dir = tempfile::tempdir().unwrap();
-        let (rm, mut rx) = rm(dir.path(), 2, "/bin/sh", &["-c", "exit 0"]);
-        rm.request(ContainerRequest {
-            count: 5,
-            memory_mb: 64,
-            cores: 1,
-            hosts: vec![],
-        })
-        .await
-        .unwrap();
+        let (rm, mut rx) = sh(dir.path(), 2, "exit 0");
+        rm.request(containers(5)).await.unwrap();
         let mut done = 0;
         let mut max_running = 0i32;
         let mut running = 0i32;
@@ -729,20 +731,8 @@ mod tests {
     #[tokio::test]
     async fn shutdown_stops_everything() {
         let dir = tempfile::tempdir().unwrap();
-        let (rm, mut rx) = rm(
-            dir.path(),
-            3,
-            "/bin/sh",
-            &["-c", "while true; do sleep 0.05; done"],
-        );
-        rm.request(ContainerRequest {
-            count: 3,
-            memory_mb: 64,
-            cores: 1,
-            hosts: vec![],
-        })
-        .await
-        .unwrap();
+        let (rm, mut rx) = sh(dir.path(), 3, "while true; do sleep 0.05; done");
+        rm.request(containers(3)).await.unwrap();
         rm.shutdown().await.unwrap();
         let mut completed = 0;
         while let Ok(ev) = rx.try_recv() {
@@ -787,14 +777,7 @@ mod tests {
             ),
             tx,
         );
-        rm.request(ContainerRequest {
-            count: 3,
-            memory_mb: 64,
-            cores: 1,
-            hosts: vec![],
-        })
-        .await
-        .unwrap();
+        rm.request(containers(3)).await.unwrap();
         let mut seen = Vec::new();
         let mut running = 0;
         let mut max_running = 0;

@@ -10,21 +10,14 @@ use cruise_optimizer::{
 };
 
 fn job(n: usize) -> Job {
-    Job {
-        total_records: 1_000_000,
-        mini_batch_size: 1_000,
-        bytes_per_mini_batch: 4.0e6,
-        link_bytes_per_mini_batch: None,
-        input_blocks: (4 * n) as u32,
-        model_blocks: (2 * n) as u32,
-        remaining_epochs: 100.0,
-        input_bytes: 0,
-        model_bytes: 0,
-        serial_fraction: 1.0,
-        latency_secs_per_mini_batch: 0.0,
-        measured_epoch_secs: None,
-        asynchronous: false,
-    }
+    Job::new(
+        1_000_000,
+        1_000,
+        4.0e6,
+        (4 * n) as u32,
+        (2 * n) as u32,
+        100.0,
+    )
 }
 
 /// `n` identical containers.

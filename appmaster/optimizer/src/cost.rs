@@ -703,6 +703,7 @@ pub(crate) fn batches(job: &Job, k: u32) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::snapshot::test_job as job;
     use crate::snapshot::{ContainerMetrics, Link};
 
     fn container(id: &str, role: Role, c: Option<f64>, b: f64, p: Option<f64>) -> ContainerMetrics {
@@ -711,24 +712,6 @@ mod tests {
             compute_secs_per_record: c,
             server_secs_per_byte: p,
             ..ContainerMetrics::offered(id.into(), None, b)
-        }
-    }
-
-    fn job(d: u64, b: u64, m: f64, k: u32, l: u32) -> Job {
-        Job {
-            total_records: d,
-            mini_batch_size: b,
-            bytes_per_mini_batch: m,
-            link_bytes_per_mini_batch: None,
-            input_blocks: k,
-            model_blocks: l,
-            remaining_epochs: 10.0,
-            input_bytes: 0,
-            model_bytes: 0,
-            serial_fraction: 1.0,
-            latency_secs_per_mini_batch: 0.0,
-            measured_epoch_secs: None,
-            asynchronous: false,
         }
     }
 

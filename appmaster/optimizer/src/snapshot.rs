@@ -91,7 +91,42 @@ fn one() -> f64 {
     1.0
 }
 
+/// A job for the crate's tests: `d` records in mini-batches of `b`, `m`
+/// bytes per mini-batch, `k` input and `l` model blocks, ten epochs to go.
+#[cfg(test)]
+pub(crate) fn test_job(d: u64, b: u64, m: f64, k: u32, l: u32) -> Job {
+    Job::new(d, b, m, k, l, 10.0)
+}
+
 impl Job {
+    /// A job of the figures every job has; the optional ones are what a
+    /// snapshot without them reads as (unknown sizes and link bytes, Eq. 4's
+    /// serial worker, no extra latency, synchronous, no measured epoch).
+    pub fn new(
+        total_records: u64,
+        mini_batch_size: u64,
+        bytes_per_mini_batch: f64,
+        input_blocks: u32,
+        model_blocks: u32,
+        remaining_epochs: f64,
+    ) -> Job {
+        Job {
+            total_records,
+            mini_batch_size,
+            bytes_per_mini_batch,
+            link_bytes_per_mini_batch: None,
+            input_blocks,
+            model_blocks,
+            remaining_epochs,
+            input_bytes: 0,
+            model_bytes: 0,
+            serial_fraction: one(),
+            latency_secs_per_mini_batch: 0.0,
+            measured_epoch_secs: None,
+            asynchronous: false,
+        }
+    }
+
     /// Bytes per mini-batch on the busier direction of a link
     /// ([`Job::link_bytes_per_mini_batch`], else [`Job::bytes_per_mini_batch`]).
     pub fn link_bytes(&self) -> f64 {

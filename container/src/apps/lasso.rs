@@ -46,7 +46,7 @@ use rand_chacha::ChaCha8Rng;
 
 use cruise_conf::{AppKind, LassoConfig};
 
-use super::{App, AppError, ParseError, Step, auto_rows_per_key, for_each_line, normal};
+use super::{App, AppError, ParseError, Step, auto_rows_per_key, normal};
 use crate::protocol::{AppParams, Key, Stats, ValueBatch};
 use crate::store::{InputBlock, ModelFunctions, StateBlock};
 
@@ -157,29 +157,19 @@ impl App for Lasso {
     }
 
     fn model(&self) -> Arc<dyn ModelFunctions> {
-        Arc::new(super::AdditiveModel {
-            value_len: self.fpk,
-        })
+        super::AdditiveModel::shared(self.fpk)
     }
 
     fn parse(&self, text: &[u8]) -> Result<InputBlock, ParseError> {
-        let mut block = InputBlock::new();
-        let mut entries: Vec<(u32, f32)> = Vec::new();
-        for_each_line(text, |line, err| {
-            let mut tokens = line.split_ascii_whitespace();
-            let Some(target_tok) = tokens.next() else {
-                return Ok(());
-            };
+        super::parse_records(text, |target_tok, tokens, entries, err| {
             let target: f32 = target_tok
                 .parse()
                 .ok()
                 .filter(|v: &f32| v.is_finite())
                 .ok_or_else(|| err(format!("target {target_tok:?} is not a finite number")))?;
-            super::libsvm_features(tokens, self.features, "lasso.features", &mut entries, &err)?;
-            block.push(target, entries.iter().copied());
-            Ok(())
-        })?;
-        Ok(block)
+            super::libsvm_features(tokens, self.features, "lasso.features", entries, err)?;
+            Ok(target)
+        })
     }
 
     fn keys(&self, _input: &InputBlock, _rows: Range<usize>, out: &mut Vec<Key>) {
@@ -216,7 +206,7 @@ impl App for Lasso {
         stats.loss_sum += stats.records as f64 * f64::from(self.lambda) * self.l1(w);
         stats.loss_terms = stats.records;
 
-        let lr = self.step_size / (1.0 + self.decay * step.clock as f32);
+        let lr = step.learning_rate(self.step_size, self.decay);
         let scale = 1.0 / rows.len() as f32;
         let t = lr * self.lambda;
         let mut delta = grad;
@@ -229,11 +219,7 @@ impl App for Lasso {
             };
             *d = next - w[i];
         }
-        let deltas = ValueBatch {
-            lens: values.lens.clone(),
-            data: delta,
-        };
-        (deltas, stats)
+        (super::deltas_for(values, delta), stats)
     }
 
     fn evaluate(
@@ -334,7 +320,7 @@ pub fn generate(p: &GenParams, out: &mut impl Write) -> std::io::Result<(u64, Tr
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::apps::tests::{eval_all, train_single_process};
+    use crate::apps::tests::{eval_all, parse_error, train_single_process};
 
     fn app(c: &LassoConfig) -> Lasso {
         Lasso::new(c, &params(c, 4).unwrap()).unwrap()
@@ -364,17 +350,11 @@ mod tests {
         assert_eq!(b.len(), 3);
         assert_eq!(b.record(0), (1.5, &[1u32, 3][..], &[0.5f32, 2.0][..]));
         assert_eq!(b.record(1).0, -2.0);
-        let e = a.parse(b"1 1:1\nx 1:1\n").unwrap_err();
-        assert_eq!(e.offset, 6);
-        assert!(e.message.contains("target \"x\""), "{}", e.message);
-        let e = a.parse(b"1 11:1\n").unwrap_err();
-        assert!(e.message.contains("feature index 11"), "{}", e.message);
-        let e = a.parse(b"1 1:inf\n").unwrap_err();
-        assert!(e.message.contains("finite"), "{}", e.message);
-        let e = a.parse(b"1 2\n").unwrap_err();
-        assert!(e.message.contains("index:value"), "{}", e.message);
-        let e = a.parse(b"nan 1:1\n").unwrap_err();
-        assert!(e.message.contains("finite"), "{}", e.message);
+        assert_eq!(parse_error(&a, b"1 1:1\nx 1:1\n", "target \"x\"").offset, 6);
+        parse_error(&a, b"1 11:1\n", "feature index 11");
+        parse_error(&a, b"1 1:inf\n", "finite");
+        parse_error(&a, b"1 2\n", "index:value");
+        parse_error(&a, b"nan 1:1\n", "finite");
     }
 
     #[test]

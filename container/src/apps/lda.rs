@@ -62,7 +62,10 @@ use rand_distr::{Distribution, Gamma, Poisson};
 
 use cruise_conf::{AppKind, LdaConfig};
 
-use super::{App, AppError, ParseError, Step, for_each_line, mix};
+use super::{
+    App, AppError, EntryForm, ParseError, Step, deltas_for, entry_index, entry_keys, mix,
+    parse_records,
+};
 use crate::protocol::{AppParams, BlockId, Key, Stats, ValueBatch};
 use crate::store::{InputBlock, ModelFunctions, StateBlock};
 
@@ -327,17 +330,20 @@ impl Lda {
             && values.data.len() == keys.len() * self.topics
     }
 
-    /// −Σ log p(w | d) over the document's tokens, with `nw(p, t)` the count
-    /// of word row `p` in topic `t` and `nt(t)` the topic total.
-    fn doc_nll(
+    /// Adds a document to `stats`: one record, its tokens as loss terms,
+    /// and −Σ log p(w | d) over them, with `nw(p, t)` the count of word row
+    /// `p` in topic `t` and `nt(t)` the topic total.
+    #[allow(clippy::too_many_arguments)]
+    fn add_doc(
         &self,
+        stats: &mut Stats,
         ndk: &[u32],
         words: &[u32],
         counts: &[f32],
         keys: &[Key],
         nw: impl Fn(usize, usize) -> f64,
         nt: impl Fn(usize) -> f64,
-    ) -> f64 {
+    ) {
         let k = self.topics;
         let nd: f64 = ndk.iter().map(|&n| f64::from(n)).sum();
         let theta_den = nd + k as f64 * self.alpha;
@@ -355,7 +361,9 @@ impl Lda {
             }
             nll -= f64::from(c) * pw.max(f64::MIN_POSITIVE).ln();
         }
-        nll
+        stats.records += 1;
+        stats.loss_terms += counts.iter().map(|&c| c as u64).sum::<u64>();
+        stats.loss_sum += nll;
     }
 }
 
@@ -365,20 +373,21 @@ impl App for Lda {
     }
 
     fn model(&self) -> Arc<dyn ModelFunctions> {
-        Arc::new(super::AdditiveModel {
-            value_len: self.topics,
-        })
+        super::AdditiveModel::shared(self.topics)
     }
 
     fn parse(&self, text: &[u8]) -> Result<InputBlock, ParseError> {
-        let mut block = InputBlock::new();
-        let mut entries: Vec<(u32, f32)> = Vec::new();
         let mut tokens_in_block = 0u64;
-        for_each_line(text, |line, err| {
-            let mut tokens = line.split_ascii_whitespace();
-            let Some(doc_tok) = tokens.next() else {
-                return Ok(());
-            };
+        let form = EntryForm {
+            sep: ':',
+            form: "word:count",
+            index: "word",
+            named: "word",
+            key: "lda.vocab",
+            setting: self.vocab,
+            end: u64::from(self.vocab),
+        };
+        parse_records(text, |doc_tok, tokens, entries, err| {
             let doc: u32 = doc_tok
                 .parse()
                 .ok()
@@ -389,21 +398,8 @@ impl App for Lda {
                          (expected `doc_id word:count ...`)"
                     ))
                 })?;
-            entries.clear();
             for tok in tokens {
-                let (w, c) = tok
-                    .split_once(':')
-                    .ok_or_else(|| err(format!("token {tok:?} is not word:count")))?;
-                let w: u32 = w
-                    .parse()
-                    .map_err(|_| err(format!("word in {tok:?} is not a non-negative integer")))?;
-                if w >= self.vocab {
-                    return Err(err(format!(
-                        "word {w} in {tok:?} is out of range: lda.vocab = {} allows 0..={}",
-                        self.vocab,
-                        self.vocab - 1
-                    )));
-                }
+                let (w, c) = entry_index(tok, &form, err)?;
                 let c: u32 = c
                     .parse()
                     .ok()
@@ -421,10 +417,8 @@ impl App for Lda {
                     "too many tokens in one input split (2^31); use more input blocks".into(),
                 ));
             }
-            block.push(doc as f32, entries.iter().copied());
-            Ok(())
-        })?;
-        Ok(block)
+            Ok(doc as f32)
+        })
     }
 
     fn has_state(&self) -> bool {
@@ -452,15 +446,7 @@ impl App for Lda {
     }
 
     fn keys(&self, input: &InputBlock, rows: Range<usize>, out: &mut Vec<Key>) {
-        out.clear();
-        let (a, b) = (
-            input.offsets[rows.start] as usize,
-            input.offsets[rows.end] as usize,
-        );
-        out.extend(input.indices[a..b].iter().map(|&w| Key::from(w)));
-        out.push(self.summary_key());
-        out.sort_unstable();
-        out.dedup();
+        entry_keys(input, rows, Some(self.summary_key()), out);
     }
 
     fn compute(
@@ -517,9 +503,8 @@ impl App for Lda {
                     ti += 1;
                 }
             }
-            stats.records += 1;
-            stats.loss_terms += cs.iter().map(|&c| c as u64).sum::<u64>();
-            stats.loss_sum += self.doc_nll(
+            self.add_doc(
+                &mut stats,
                 ndk,
                 ws,
                 cs,
@@ -538,11 +523,7 @@ impl App for Lda {
             };
             data.push(now as f32 - v.round().max(0.0));
         }
-        let deltas = ValueBatch {
-            lens: values.lens.clone(),
-            data,
-        };
-        (deltas, stats)
+        (deltas_for(values, data), stats)
     }
 
     fn evaluate(
@@ -569,9 +550,8 @@ impl App for Lda {
         for r in rows {
             let (_, ws, cs) = input.record(r);
             let ndk = &state.ints[l.ndk + r * k..l.ndk + (r + 1) * k];
-            stats.records += 1;
-            stats.loss_terms += cs.iter().map(|&c| c as u64).sum::<u64>();
-            stats.loss_sum += self.doc_nll(
+            self.add_doc(
+                &mut stats,
                 ndk,
                 ws,
                 cs,
@@ -701,7 +681,7 @@ pub fn generate(p: &GenParams, out: &mut impl Write) -> std::io::Result<(u64, Tr
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::apps::tests::{Model, eval_with_state, train_with_state};
+    use crate::apps::tests::{Model, eval_with_state, parse_error, train_with_state};
 
     fn config(topics: u32, vocab: u32) -> LdaConfig {
         LdaConfig {
@@ -733,17 +713,14 @@ mod tests {
     #[test]
     fn parse_errors_name_the_token_and_offset() {
         let a = app(&config(3, 10));
-        let e = a.parse(b"1 1:1\nx 1:1\n").unwrap_err();
-        assert_eq!(e.offset, 6);
-        assert!(e.message.contains("document id \"x\""), "{}", e.message);
-        let e = a.parse(b"1 10:1\n").unwrap_err();
-        assert!(e.message.contains("word 10"), "{}", e.message);
-        let e = a.parse(b"1 3:0\n").unwrap_err();
-        assert!(e.message.contains("positive integer"), "{}", e.message);
-        let e = a.parse(b"1 3:1.5\n").unwrap_err();
-        assert!(e.message.contains("positive integer"), "{}", e.message);
-        let e = a.parse(b"1 3\n").unwrap_err();
-        assert!(e.message.contains("word:count"), "{}", e.message);
+        assert_eq!(
+            parse_error(&a, b"1 1:1\nx 1:1\n", "document id \"x\"").offset,
+            6
+        );
+        parse_error(&a, b"1 10:1\n", "word 10");
+        parse_error(&a, b"1 3:0\n", "positive integer");
+        parse_error(&a, b"1 3:1.5\n", "positive integer");
+        parse_error(&a, b"1 3\n", "word:count");
     }
 
     /// The sparse sampler draws from exactly the collapsed Gibbs conditional:

@@ -30,7 +30,7 @@ use rand_chacha::ChaCha8Rng;
 
 use cruise_conf::{AppKind, MlrConfig};
 
-use super::{App, AppError, ParseError, Step, for_each_line, keyindex};
+use super::{App, AppError, ParseError, Step, auto_rows_per_key, entry_range, keyindex};
 use crate::protocol::{AppParams, Key, Stats, ValueBatch};
 use crate::store::{InputBlock, ModelFunctions, StateBlock};
 
@@ -38,9 +38,7 @@ use crate::store::{InputBlock, ModelFunctions, StateBlock};
 pub fn params(c: &MlrConfig, model_blocks: u32) -> Result<AppParams, AppError> {
     let rows = u64::from(c.features) + 2;
     let fpk = if c.features_per_key == 0 {
-        // About four keys per model block, so blocks balance and moves are fine-grained.
-        let target_keys = u64::from(model_blocks.max(1)) * 4;
-        rows.div_ceil(target_keys).max(1)
+        auto_rows_per_key(rows, model_blocks)
     } else {
         u64::from(c.features_per_key)
     };
@@ -190,11 +188,7 @@ impl Mlr {
     /// pulled. Computed once per mini-batch, so the passes over the records
     /// index straight into the values.
     fn entry_slots(&self, input: &InputBlock, rows: &Range<usize>, keys: &[Key]) -> Vec<u32> {
-        let (a, b) = (
-            input.offsets[rows.start] as usize,
-            input.offsets[rows.end] as usize,
-        );
-        let entries = &input.indices[a..b];
+        let entries = &input.indices[entry_range(input, rows.clone())];
         let mut pos = Vec::with_capacity(entries.len());
         keyindex::positions(
             keys,
@@ -269,8 +263,8 @@ impl Mlr {
         let base = input.offsets[rows.start] as usize;
         for r in rows.clone() {
             let (label, _, val) = input.record(r);
-            let (a, b) = (input.offsets[r] as usize, input.offsets[r + 1] as usize);
-            let slots = &slots[a - base..b - base];
+            let e = entry_range(input, r..r + 1);
+            let slots = &slots[e.start - base..e.end - base];
             let y = label as usize;
             let pred = self.scores::<K>(w, bias, slots, val, &mut p);
             softmax(&mut p);
@@ -293,7 +287,7 @@ impl Mlr {
                 }
             }
         }
-        let lr = self.step_size / (1.0 + self.decay * step.clock as f32);
+        let lr = step.learning_rate(self.step_size, self.decay);
         let scale = 1.0 / rows.len() as f32;
         for (row, t) in touched.iter().enumerate() {
             let range = row * k..(row + 1) * k;
@@ -307,11 +301,7 @@ impl Mlr {
                 }
             }
         }
-        let deltas = ValueBatch {
-            lens: values.lens.clone(),
-            data: grad,
-        };
-        (deltas, stats)
+        (super::deltas_for(values, grad), stats)
     }
 
     /// [`App::evaluate`]'s work, with `K` as in [`Mlr::step`].
@@ -329,10 +319,15 @@ impl Mlr {
         let base = input.offsets[rows.start] as usize;
         for r in rows {
             let (label, _, val) = input.record(r);
-            let (a, b) = (input.offsets[r] as usize, input.offsets[r + 1] as usize);
+            let e = entry_range(input, r..r + 1);
             let y = label as usize;
-            let pred =
-                self.scores::<K>(&values.data, bias, &slots[a - base..b - base], val, &mut p);
+            let pred = self.scores::<K>(
+                &values.data,
+                bias,
+                &slots[e.start - base..e.end - base],
+                val,
+                &mut p,
+            );
             softmax(&mut p);
             stats.records += 1;
             stats.loss_sum += -f64::from(p[y].max(1e-12)).ln();
@@ -397,19 +392,11 @@ impl App for Mlr {
     }
 
     fn model(&self) -> Arc<dyn ModelFunctions> {
-        Arc::new(super::AdditiveModel {
-            value_len: self.value_len,
-        })
+        super::AdditiveModel::shared(self.value_len)
     }
 
     fn parse(&self, text: &[u8]) -> Result<InputBlock, ParseError> {
-        let mut block = InputBlock::new();
-        let mut entries: Vec<(u32, f32)> = Vec::new();
-        for_each_line(text, |line, err| {
-            let mut tokens = line.split_ascii_whitespace();
-            let Some(label_tok) = tokens.next() else {
-                return Ok(()); // blank line
-            };
+        super::parse_records(text, |label_tok, tokens, entries, err| {
             let label: f64 = label_tok
                 .parse()
                 .map_err(|_| err(format!("label {label_tok:?} is not a number")))?;
@@ -420,20 +407,14 @@ impl App for Mlr {
                     self.classes - 1
                 )));
             }
-            super::libsvm_features(tokens, self.features, "mlr.features", &mut entries, err)?;
-            block.push(label as f32, entries.iter().copied());
-            Ok(())
-        })?;
-        Ok(block)
+            super::libsvm_features(tokens, self.features, "mlr.features", entries, err)?;
+            Ok(label as f32)
+        })
     }
 
     fn keys(&self, input: &InputBlock, rows: Range<usize>, out: &mut Vec<Key>) {
         out.clear();
-        let (a, b) = (
-            input.offsets[rows.start] as usize,
-            input.offsets[rows.end] as usize,
-        );
-        let entries = input.indices[a..b]
+        let entries = input.indices[entry_range(input, rows)]
             .iter()
             .map(|&i| u64::from(self.fpk_div.div(i)));
         let bias = std::iter::once(self.key_of(self.bias_row()));
@@ -550,6 +531,7 @@ pub fn generate(p: &GenParams, out: &mut impl Write) -> std::io::Result<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::apps::tests::parse_error;
 
     /// Far-behind scores get probability 0, never a subnormal number;
     /// the others are the plain softmax.
@@ -736,23 +718,15 @@ mod tests {
     #[test]
     fn parse_errors_name_the_token_and_offset() {
         let a = app(3, 10);
-        let e = a.parse(b"0 1:1\n3 1:1\n").unwrap_err();
-        assert_eq!(e.offset, 6);
-        assert!(
-            e.message.contains("label 3 is out of range"),
-            "{}",
-            e.message
+        assert_eq!(
+            parse_error(&a, b"0 1:1\n3 1:1\n", "label 3 is out of range").offset,
+            6
         );
-        let e = a.parse(b"1 11:1\n").unwrap_err();
-        assert!(e.message.contains("feature index 11"), "{}", e.message);
-        let e = a.parse(b"1 x:1\n").unwrap_err();
-        assert!(e.message.contains("\"x:1\""), "{}", e.message);
-        let e = a.parse(b"1 1:nan\n").unwrap_err();
-        assert!(e.message.contains("finite"), "{}", e.message);
-        let e = a.parse(b"1 1\n").unwrap_err();
-        assert!(e.message.contains("index:value"), "{}", e.message);
-        let e = a.parse(b"-1 1:1\n").unwrap_err();
-        assert!(e.message.contains("out of range"), "{}", e.message);
+        parse_error(&a, b"1 11:1\n", "feature index 11");
+        parse_error(&a, b"1 x:1\n", "\"x:1\"");
+        parse_error(&a, b"1 1:nan\n", "finite");
+        parse_error(&a, b"1 1\n", "index:value");
+        parse_error(&a, b"-1 1:1\n", "out of range");
     }
 
     #[test]

@@ -14,6 +14,12 @@
 //!
 //! Each app also ships a seeded data generator with a known ground truth
 //! (used by `cruise datagen` and when a job has no input).
+//!
+//! What the apps share lives here: reading records one a line with sparse
+//! entries (`parse_records`, `entry_index`, `libsvm_features`), the keys
+//! and entries of a mini-batch's rows (`entry_keys`, `entry_range`), the
+//! step size schedule ([`Step::learning_rate`]), deltas shaped as the
+//! pulled values (`deltas_for`) and the additive model (`AdditiveModel`).
 
 mod keyindex;
 pub mod lasso;
@@ -57,6 +63,14 @@ pub enum AppError {
 pub struct Step {
     /// The worker's local epoch (0-based).
     pub clock: u32,
+}
+
+impl Step {
+    /// The step size of this epoch, `step_size / (1 + decay × epoch)`: the
+    /// schedule lives on the workers only, so servers just apply deltas.
+    pub fn learning_rate(self, step_size: f32, decay: f32) -> f32 {
+        step_size / (1.0 + decay * self.clock as f32)
+    }
 }
 
 /// An ML application.
@@ -174,6 +188,127 @@ pub(crate) fn for_each_line(
     Ok(())
 }
 
+/// Parses the text of an input split whose records are one a line: a
+/// first token (the label, a target or an id), then the record's sparse
+/// entries. `record` reads a line's first token and pushes the entries
+/// (into the emptied vector it is given) and returns the record's label.
+/// Blank lines are skipped.
+pub(crate) fn parse_records(
+    text: &[u8],
+    mut record: impl FnMut(
+        &str,
+        std::str::SplitAsciiWhitespace<'_>,
+        &mut Vec<(u32, f32)>,
+        &dyn Fn(String) -> ParseError,
+    ) -> Result<f32, ParseError>,
+) -> Result<InputBlock, ParseError> {
+    let mut block = InputBlock::new();
+    let mut entries: Vec<(u32, f32)> = Vec::new();
+    for_each_line(text, |line, err| {
+        let mut tokens = line.split_ascii_whitespace();
+        let Some(first) = tokens.next() else {
+            return Ok(()); // blank line
+        };
+        entries.clear();
+        let label = record(first, tokens, &mut entries, err)?;
+        block.push(label, entries.iter().copied());
+        Ok(())
+    })?;
+    Ok(block)
+}
+
+/// How a sparse entry token of an app's input is written, for
+/// [`entry_index`] and the messages it gives.
+pub(crate) struct EntryForm<'a> {
+    /// Between the index and the value (`:` in `index:value`).
+    pub(crate) sep: char,
+    /// The token's form, as a message quotes it (`index:value`).
+    pub(crate) form: &'a str,
+    /// The index's name when it does not parse (`index`).
+    pub(crate) index: &'a str,
+    /// The index's name when it is out of range (`feature index`).
+    pub(crate) named: &'a str,
+    /// The configuration key that bounds the index.
+    pub(crate) key: &'a str,
+    /// The key's value.
+    pub(crate) setting: u32,
+    /// Indices allowed are below this.
+    pub(crate) end: u64,
+}
+
+/// Splits a sparse entry token written as `form` into its index (a
+/// non-negative integer below `form.end`) and its value's text.
+pub(crate) fn entry_index<'t>(
+    tok: &'t str,
+    form: &EntryForm<'_>,
+    err: &dyn Fn(String) -> ParseError,
+) -> Result<(u32, &'t str), ParseError> {
+    let (i, v) = tok
+        .split_once(form.sep)
+        .ok_or_else(|| err(format!("token {tok:?} is not {}", form.form)))?;
+    let i: u32 = i.parse().map_err(|_| {
+        err(format!(
+            "{} in {tok:?} is not a non-negative integer",
+            form.index
+        ))
+    })?;
+    if u64::from(i) >= form.end {
+        return Err(err(format!(
+            "{} {i} in {tok:?} is out of range: {} = {} allows 0..={}",
+            form.named,
+            form.key,
+            form.setting,
+            form.end.saturating_sub(1)
+        )));
+    }
+    Ok((i, v))
+}
+
+/// A finite number: the value `v` of entry token `tok`.
+pub(crate) fn finite_value(
+    v: &str,
+    tok: &str,
+    err: &dyn Fn(String) -> ParseError,
+) -> Result<f32, ParseError> {
+    v.parse()
+        .ok()
+        .filter(|v: &f32| v.is_finite())
+        .ok_or_else(|| err(format!("value in {tok:?} is not a finite number")))
+}
+
+/// The positions in `input.indices` (and `input.values`) of the entries of
+/// records `rows`.
+pub(crate) fn entry_range(input: &InputBlock, rows: Range<usize>) -> Range<usize> {
+    input.offsets[rows.start] as usize..input.offsets[rows.end] as usize
+}
+
+/// The distinct keys of the entries of records `rows`, sorted, for apps
+/// keyed by entry index; `extra` is a key every mini-batch needs besides.
+pub(crate) fn entry_keys(
+    input: &InputBlock,
+    rows: Range<usize>,
+    extra: Option<Key>,
+    out: &mut Vec<Key>,
+) {
+    out.clear();
+    out.extend(
+        input.indices[entry_range(input, rows)]
+            .iter()
+            .map(|&i| Key::from(i)),
+    );
+    out.extend(extra);
+    out.sort_unstable();
+    out.dedup();
+}
+
+/// Deltas laid out as the pulled `values` they are for.
+pub(crate) fn deltas_for(values: &ValueBatch, data: Vec<f32>) -> ValueBatch {
+    ValueBatch {
+        lens: values.lens.clone(),
+        data,
+    }
+}
+
 /// A standard normal variate (Box-Muller: reproducible across platforms).
 pub(crate) fn normal(rng: &mut impl rand::Rng) -> f64 {
     let u1: f64 = rng.random::<f64>().max(1e-300);
@@ -202,25 +337,19 @@ pub(crate) fn libsvm_features<'a>(
     entries: &mut Vec<(u32, f32)>,
     err: &dyn Fn(String) -> ParseError,
 ) -> Result<(), ParseError> {
+    let form = EntryForm {
+        sep: ':',
+        form: "index:value",
+        index: "index",
+        named: "feature index",
+        key,
+        setting: features,
+        end: u64::from(features) + 1,
+    };
     entries.clear();
     for tok in tokens {
-        let (i, v) = tok
-            .split_once(':')
-            .ok_or_else(|| err(format!("token {tok:?} is not index:value")))?;
-        let i: u32 = i
-            .parse()
-            .map_err(|_| err(format!("index in {tok:?} is not a non-negative integer")))?;
-        if i > features {
-            return Err(err(format!(
-                "feature index {i} in {tok:?} is out of range: {key} = {features} allows 0..={features}"
-            )));
-        }
-        let v: f32 = v
-            .parse()
-            .ok()
-            .filter(|v: &f32| v.is_finite())
-            .ok_or_else(|| err(format!("value in {tok:?} is not a finite number")))?;
-        entries.push((i, v));
+        let (i, v) = entry_index(tok, &form, err)?;
+        entries.push((i, finite_value(v, tok, err)?));
     }
     Ok(())
 }
@@ -230,6 +359,13 @@ pub(crate) fn libsvm_features<'a>(
 pub(crate) struct AdditiveModel {
     /// Floats per key.
     pub(crate) value_len: usize,
+}
+
+impl AdditiveModel {
+    /// The functions of an additive model of `value_len` floats per key.
+    pub(crate) fn shared(value_len: usize) -> Arc<dyn ModelFunctions> {
+        Arc::new(AdditiveModel { value_len })
+    }
 }
 
 impl ModelFunctions for AdditiveModel {
@@ -333,6 +469,14 @@ pub(crate) mod tests {
         app.keys(input, all.clone(), &mut keys);
         let values = pull(app, model, &keys);
         app.evaluate(input, all, &keys, &values, state)
+    }
+
+    /// Parses `text`, which must fail with a message containing `needle`;
+    /// returns the error.
+    pub fn parse_error(app: &dyn App, text: &[u8], needle: &str) -> ParseError {
+        let e = app.parse(text).unwrap_err();
+        assert!(e.message.contains(needle), "{}", e.message);
+        e
     }
 
     /// Evaluates a stateless app over the whole block.

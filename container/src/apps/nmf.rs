@@ -50,7 +50,10 @@ use rand_chacha::ChaCha8Rng;
 
 use cruise_conf::{AppKind, NmfConfig};
 
-use super::{App, AppError, ParseError, Step, for_each_line, mix, normal};
+use super::{
+    App, AppError, EntryForm, ParseError, Step, deltas_for, entry_index, entry_keys, finite_value,
+    for_each_line, mix, normal, parse_records,
+};
 use crate::protocol::{AppParams, BlockId, Key, Stats, ValueBatch};
 use crate::store::{InputBlock, ModelFunctions, StateBlock};
 
@@ -175,14 +178,17 @@ impl App for Nmf {
     }
 
     fn parse(&self, text: &[u8]) -> Result<InputBlock, ParseError> {
-        let mut block = InputBlock::new();
-        let mut entries: Vec<(u32, f32)> = Vec::new();
         let mut seen: HashSet<u32> = HashSet::new();
-        for_each_line(text, |line, err| {
-            let mut tokens = line.split_ascii_whitespace();
-            let Some(row_tok) = tokens.next() else {
-                return Ok(());
-            };
+        let form = EntryForm {
+            sep: ',',
+            form: "column,value",
+            index: "column",
+            named: "column",
+            key: "nmf.columns",
+            setting: self.columns,
+            end: u64::from(self.columns),
+        };
+        parse_records(text, |row_tok, tokens, entries, err| {
             let row: u32 = row_tok
                 .strip_suffix(':')
                 .and_then(|r| r.parse().ok())
@@ -201,32 +207,12 @@ impl App for Nmf {
                     "row {row} appears twice; each row must be on one line"
                 )));
             }
-            entries.clear();
             for tok in tokens {
-                let (c, v) = tok
-                    .split_once(',')
-                    .ok_or_else(|| err(format!("token {tok:?} is not column,value")))?;
-                let c: u32 = c
-                    .parse()
-                    .map_err(|_| err(format!("column in {tok:?} is not a non-negative integer")))?;
-                if c >= self.columns {
-                    return Err(err(format!(
-                        "column {c} in {tok:?} is out of range: nmf.columns = {} allows 0..={}",
-                        self.columns,
-                        self.columns - 1
-                    )));
-                }
-                let v: f32 = v
-                    .parse()
-                    .ok()
-                    .filter(|v: &f32| v.is_finite())
-                    .ok_or_else(|| err(format!("value in {tok:?} is not a finite number")))?;
-                entries.push((c, v));
+                let (c, v) = entry_index(tok, &form, err)?;
+                entries.push((c, finite_value(v, tok, err)?));
             }
-            block.push(row as f32, entries.iter().copied());
-            Ok(())
-        })?;
-        Ok(block)
+            Ok(row as f32)
+        })
     }
 
     fn has_state(&self) -> bool {
@@ -245,14 +231,7 @@ impl App for Nmf {
     }
 
     fn keys(&self, input: &InputBlock, rows: Range<usize>, out: &mut Vec<Key>) {
-        out.clear();
-        let (a, b) = (
-            input.offsets[rows.start] as usize,
-            input.offsets[rows.end] as usize,
-        );
-        out.extend(input.indices[a..b].iter().map(|&c| Key::from(c)));
-        out.sort_unstable();
-        out.dedup();
+        entry_keys(input, rows, None, out);
     }
 
     fn compute(
@@ -272,7 +251,7 @@ impl App for Nmf {
             return (ValueBatch::default(), stats);
         }
         let k = self.rank;
-        let lr = self.step_size / (1.0 + self.decay * step.clock as f32);
+        let lr = step.learning_rate(self.step_size, self.decay);
         let l2 = self.l2;
         let mut r_local = values.data.clone();
         for r in rows {
@@ -297,11 +276,7 @@ impl App for Nmf {
         for (d, v) in r_local.iter_mut().zip(&values.data) {
             *d -= v;
         }
-        let deltas = ValueBatch {
-            lens: values.lens.clone(),
-            data: r_local,
-        };
-        (deltas, stats)
+        (deltas_for(values, r_local), stats)
     }
 
     fn evaluate(
@@ -464,7 +439,7 @@ pub fn triplets_to_rows(text: &[u8]) -> Result<String, ParseError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::apps::tests::{Model, eval_with_state, train_with_state};
+    use crate::apps::tests::{Model, eval_with_state, parse_error, train_with_state};
 
     fn config(columns: u32, rank: u32) -> NmfConfig {
         NmfConfig {
@@ -491,20 +466,18 @@ mod tests {
     #[test]
     fn parse_errors_name_the_token_and_offset() {
         let a = app(&config(10, 2));
-        let e = a.parse(b"1: 0,1\n2 0,1\n").unwrap_err();
-        assert_eq!(e.offset, 7);
-        assert!(e.message.contains("\"2\" is not a row id"), "{}", e.message);
-        let e = a.parse(b"1: 10,1\n").unwrap_err();
-        assert!(e.message.contains("column 10"), "{}", e.message);
-        let e = a.parse(b"1: 3:1\n").unwrap_err();
-        assert!(e.message.contains("column,value"), "{}", e.message);
-        let e = a.parse(b"1: 3,x\n").unwrap_err();
-        assert!(e.message.contains("finite"), "{}", e.message);
-        let e = a.parse(b"1: 3,1\n1: 4,1\n").unwrap_err();
-        assert_eq!(e.offset, 7);
-        assert!(e.message.contains("appears twice"), "{}", e.message);
-        let e = a.parse(b"16777216: 3,1\n").unwrap_err();
-        assert!(e.message.contains("too large"), "{}", e.message);
+        assert_eq!(
+            parse_error(&a, b"1: 0,1\n2 0,1\n", "\"2\" is not a row id").offset,
+            7
+        );
+        parse_error(&a, b"1: 10,1\n", "column 10");
+        parse_error(&a, b"1: 3:1\n", "column,value");
+        parse_error(&a, b"1: 3,x\n", "finite");
+        assert_eq!(
+            parse_error(&a, b"1: 3,1\n1: 4,1\n", "appears twice").offset,
+            7
+        );
+        parse_error(&a, b"16777216: 3,1\n", "too large");
     }
 
     #[test]

@@ -246,53 +246,38 @@ impl Drop for TeardownGuard {
         };
         let masters = self.masters.clone();
         let mut subscribe = self.subscribe.clone();
-        let t = std::thread::spawn(move || {
-            let Ok(rt) = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            else {
+        crate::actor::clean_up_blocking(move |opts| async move {
+            let Ok(c) = SchedulerClient::new(&masters, opts) else {
                 return;
             };
-            rt.block_on(async move {
-                let opts = HttpOptions {
-                    retry: crate::http::RetryPolicy {
-                        attempts: 3,
-                        initial_backoff: Duration::from_millis(100),
-                        max_backoff: Duration::from_millis(500),
-                    },
-                    connect_timeout: Duration::from_secs(2),
-                    request_timeout: Duration::from_secs(5),
-                    ..HttpOptions::default()
-                };
-                let Ok(c) = SchedulerClient::new(&masters, opts) else {
-                    return;
-                };
-                let teardown = json!({"type": "TEARDOWN", "framework_id": {"value": fid}});
-                let first = match &ids.stream_id {
-                    Some(s) => c.call(s, &teardown).await,
-                    None => Err(RmError::Other("no stream".into())),
-                };
-                let result = match first {
-                    Ok(()) => Ok(()),
-                    Err(_) => {
-                        subscribe["framework_id"] = json!({"value": fid});
-                        subscribe["subscribe"]["framework_info"]["id"] = json!({"value": fid});
-                        match tokio::time::timeout(Duration::from_secs(5), c.subscribe(&subscribe))
-                            .await
-                        {
-                            Ok(Ok(sub)) => c.call(&sub.stream_id, &teardown).await,
-                            Ok(Err(e)) => Err(e),
-                            Err(_) => Err(RmError::Other("SUBSCRIBE timed out".into())),
-                        }
+            let teardown = json!({"type": "TEARDOWN", "framework_id": {"value": fid}});
+            let first = match &ids.stream_id {
+                Some(s) => c.call(s, &teardown).await,
+                None => Err(RmError::Other("no stream".into())),
+            };
+            let result = match first {
+                Ok(()) => Ok(()),
+                Err(_) => {
+                    subscribe["framework_id"] = json!({"value": fid});
+                    subscribe["subscribe"]["framework_info"]["id"] = json!({"value": fid});
+                    match tokio::time::timeout(Duration::from_secs(5), c.subscribe(&subscribe))
+                        .await
+                    {
+                        Ok(Ok(sub)) => c.call(&sub.stream_id, &teardown).await,
+                        Ok(Err(e)) => Err(e),
+                        Err(_) => Err(RmError::Other("SUBSCRIBE timed out".into())),
                     }
-                };
-                match result {
-                    Ok(()) => tracing::warn!(framework = %fid, "Mesos framework torn down by its guard (the resource manager was dropped without shutdown)"),
-                    Err(e) => tracing::error!(framework = %fid, "could not tear the Mesos framework down: {e}"),
                 }
-            });
+            };
+            match result {
+                Ok(()) => {
+                    tracing::warn!(framework = %fid, "Mesos framework torn down by its guard (the resource manager was dropped without shutdown)")
+                }
+                Err(e) => {
+                    tracing::error!(framework = %fid, "could not tear the Mesos framework down: {e}")
+                }
+            }
         });
-        let _ = t.join();
     }
 }
 

@@ -143,34 +143,19 @@ impl ServiceGuard {
         let addresses = self.addresses.clone();
         let user = self.user.clone();
         let name = self.name.clone();
-        let t = std::thread::spawn(move || {
-            let Ok(rt) = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            else {
+        crate::actor::clean_up_blocking(move |opts| async move {
+            let Ok(c) = ServicesClient::new(&addresses, user, opts) else {
                 return;
             };
-            rt.block_on(async {
-                let opts = HttpOptions {
-                    retry: crate::http::RetryPolicy {
-                        attempts: 3,
-                        initial_backoff: Duration::from_millis(100),
-                        max_backoff: Duration::from_millis(500),
-                    },
-                    connect_timeout: Duration::from_secs(2),
-                    request_timeout: Duration::from_secs(5),
-                    ..HttpOptions::default()
-                };
-                let Ok(c) = ServicesClient::new(&addresses, user, opts) else {
-                    return;
-                };
-                match c.destroy(&name).await {
-                    Ok(_) => tracing::warn!(service = %name, "YARN service destroyed by its guard (the resource manager was dropped without shutdown)"),
-                    Err(e) => tracing::error!(service = %name, "could not destroy the YARN service: {e}"),
+            match c.destroy(&name).await {
+                Ok(_) => {
+                    tracing::warn!(service = %name, "YARN service destroyed by its guard (the resource manager was dropped without shutdown)")
                 }
-            });
+                Err(e) => {
+                    tracing::error!(service = %name, "could not destroy the YARN service: {e}")
+                }
+            }
         });
-        let _ = t.join();
     }
 }
 

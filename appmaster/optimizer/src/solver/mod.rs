@@ -387,25 +387,8 @@ mod tests {
     use super::search::align_counts;
     use super::*;
     use crate::snapshot::Job;
+    use crate::snapshot::test_job as job;
     use crate::snapshot::{ContainerMetrics, Snapshot};
-
-    fn job(d: u64, b: u64, m: f64, k: u32, l: u32) -> Job {
-        Job {
-            total_records: d,
-            mini_batch_size: b,
-            bytes_per_mini_batch: m,
-            link_bytes_per_mini_batch: None,
-            input_blocks: k,
-            model_blocks: l,
-            remaining_epochs: 10.0,
-            input_bytes: 0,
-            model_bytes: 0,
-            serial_fraction: 1.0,
-            latency_secs_per_mini_batch: 0.0,
-            measured_epoch_secs: None,
-            asynchronous: false,
-        }
-    }
 
     fn uniform_snapshot(n: usize, job: Job, u: &Uniform) -> Snapshot {
         let containers = (0..n)

@@ -601,7 +601,7 @@ pub(super) fn spread(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::snapshot::{ContainerMetrics, Job, Link, Role, Snapshot};
+    use crate::snapshot::{ContainerMetrics, Job, Link, Role, Snapshot, test_job};
     use proptest::prelude::*;
 
     /// A random model of 2 to 6 containers (some links measured, half with a cost per
@@ -644,19 +644,8 @@ mod tests {
                         let snapshot = Snapshot {
                             policy: None,
                             job: Job {
-                                total_records: per_block * u64::from(k),
-                                mini_batch_size: batch,
-                                bytes_per_mini_batch: 1e6,
-                                link_bytes_per_mini_batch: None,
-                                input_blocks: k,
-                                model_blocks: l,
                                 remaining_epochs: 1.0,
-                                input_bytes: 0,
-                                model_bytes: 0,
-                                serial_fraction: 1.0,
-                                latency_secs_per_mini_batch: 0.0,
-                                measured_epoch_secs: None,
-                                asynchronous: false,
+                                ..test_job(per_block * u64::from(k), batch, 1e6, k, l)
                             },
                             containers,
                             links: links

@@ -599,6 +599,13 @@ impl Driver {
     }
 }
 
+/// Removes and returns the first item of `list` that `matches`; the last
+/// item takes its place.
+fn take_first<T>(list: &mut Vec<T>, matches: impl FnMut(&T) -> bool) -> Option<T> {
+    let i = list.iter().position(matches)?;
+    Some(list.swap_remove(i))
+}
+
 /// Container ids in the order they were started: by the text before their
 /// trailing number, then by that number (`c_9` before `c_10`).
 fn start_order(a: &str, b: &str) -> std::cmp::Ordering {

@@ -9,7 +9,7 @@ use cruise_container::protocol::{AmToEval, BlockId, EvaluatorId, INPUT_TABLE, Ta
 use cruise_optimizer::{OpError, OpReport, Operation, Table};
 
 use super::{MoveOp, OpIndex, ReloadOp, measures_capacity, reload_or_move, table_of};
-use crate::am::job::Driver;
+use crate::am::job::{Driver, take_first};
 
 impl Driver {
     pub(super) async fn start_move(
@@ -157,15 +157,11 @@ impl Driver {
         loaded: &[(BlockId, u64, u64)],
     ) -> bool {
         let blocks: Vec<BlockId> = loaded.iter().map(|l| l.0).collect();
-        let Some(i) = self
-            .rc
-            .reloads
-            .iter()
-            .position(|r| r.to == id && r.loading_since.is_some() && r.blocks == blocks)
-        else {
+        let Some(r) = take_first(&mut self.rc.reloads, |r| {
+            r.to == id && r.loading_since.is_some() && r.blocks == blocks
+        }) else {
             return false;
         };
-        let r = self.rc.reloads.swap_remove(i);
         let bytes: u64 = loaded.iter().map(|l| l.2).sum();
         if let Some(since) = r.loading_since {
             self.rc.metrics.load(bytes, since.elapsed().as_secs_f64());

@@ -35,7 +35,7 @@ use cruise_conf::{AppKind, SyncMode};
 use cruise_container::checkpoint;
 use cruise_container::protocol::{AmToEval, BlockId, EvaluatorId, INPUT_TABLE, MODEL_TABLE};
 
-use crate::am::job::{Driver, Phase, plural};
+use crate::am::job::{Driver, Phase, plural, take_first};
 use crate::am::{AmError, Role};
 
 /// Input blocks of a lost worker that a survivor is re-reading.
@@ -304,15 +304,11 @@ impl Driver {
         blocks: Vec<BlockId>,
         result: Result<(), String>,
     ) -> Result<(), AmError> {
-        let Some(i) = self
-            .rc
-            .restores
-            .iter()
-            .position(|r| r.to == id && r.folder == folder && r.blocks == blocks)
-        else {
+        let Some(r) = take_first(&mut self.rc.restores, |r| {
+            r.to == id && r.folder == folder && r.blocks == blocks
+        }) else {
             return Ok(());
         };
-        let r = self.rc.restores.swap_remove(i);
         let error = match result {
             Ok(()) => {
                 tracing::info!(
@@ -355,15 +351,11 @@ impl Driver {
         loaded: &[(BlockId, u64, u64)],
     ) -> bool {
         let blocks: Vec<BlockId> = loaded.iter().map(|l| l.0).collect();
-        let Some(i) = self
-            .rc
-            .recoveries
-            .iter()
-            .position(|r| r.to == id && r.blocks == blocks)
-        else {
+        let Some(r) = take_first(&mut self.rc.recoveries, |r| {
+            r.to == id && r.blocks == blocks
+        }) else {
             return false;
         };
-        let r = self.rc.recoveries.swap_remove(i);
         self.input_loaded_by(id, &blocks).await;
         tracing::info!(
             to = %id,
