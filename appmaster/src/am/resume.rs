@@ -31,10 +31,6 @@ use super::{AmError, EpochSummary};
 /// configurations jobs were started with.
 pub const CONFIG_DIR: &str = "config";
 
-/// Records an epoch carried over from the history stands for (its loss and
-/// accuracy are kept as means over them).
-const CARRIED_RECORDS: u64 = 1_000_000;
-
 /// Errors of preparing a resume; each names the directory or file.
 #[derive(Debug, thiserror::Error)]
 pub enum ResumeError {
@@ -280,7 +276,10 @@ pub async fn prepare(work_dir: &Path) -> Result<Prepared, ResumeError> {
             ),
         });
     }
-    let epochs = carried_epochs(&records, manifest.epoch);
+    // Every epoch evaluates the whole data set once (exact when the
+    // checkpoint was taken at an epoch's end; a little above it otherwise).
+    let per_epoch = manifest.records_done / u64::from(manifest.epoch.max(1));
+    let epochs = carried_epochs(&records, manifest.epoch, per_epoch);
     let attempt = |n: u32| history_dir.join(format!("{job_id}.resume-{n}.jsonl"));
     let history_file = (1..)
         .map(attempt)
@@ -299,8 +298,9 @@ pub async fn prepare(work_dir: &Path) -> Result<Prepared, ResumeError> {
 }
 
 /// Epochs 1..=`upto` as the history `records` tell them (a later record of
-/// an epoch wins: each attempt's history repeats those carried over).
-fn carried_epochs(records: &[Record], upto: u32) -> Vec<EpochSummary> {
+/// an epoch wins: each attempt's history repeats those carried over), each
+/// of `per_epoch` records with the history's mean loss and accuracy.
+fn carried_epochs(records: &[Record], upto: u32, per_epoch: u64) -> Vec<EpochSummary> {
     let mut by_epoch: BTreeMap<u32, EpochSummary> = BTreeMap::new();
     for r in records {
         if let Record::Epoch {
@@ -314,7 +314,7 @@ fn carried_epochs(records: &[Record], upto: u32) -> Vec<EpochSummary> {
             ..
         } = r
         {
-            let n = CARRIED_RECORDS;
+            let n = per_epoch;
             let stats = Stats {
                 records: n,
                 loss_sum: loss * n as f64,
@@ -368,12 +368,13 @@ mod tests {
     #[test]
     fn epochs_are_carried_up_to_the_checkpoint_and_the_later_record_wins() {
         let records = vec![epoch(1, 3.0), epoch(2, 2.0), epoch(3, 1.0), epoch(2, 1.5)];
-        let e = carried_epochs(&records, 2);
+        let e = carried_epochs(&records, 2, 1000);
+        assert_eq!(e[1].stats.records, 1000);
         assert_eq!(e.len(), 2);
         assert!((e[0].stats.mean_loss() - 3.0).abs() < 1e-9);
         assert!((e[1].stats.mean_loss() - 1.5).abs() < 1e-9);
         assert!((e[1].stats.accuracy() - 0.5).abs() < 1e-9);
-        let missing = carried_epochs(&[], 1);
+        let missing = carried_epochs(&[], 1, 1000);
         assert_eq!(missing[0].epoch, 1);
     }
 
