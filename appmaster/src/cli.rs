@@ -228,6 +228,23 @@ pub struct RunArgs {
     /// Configuration.
     #[command(flatten)]
     pub conf: ConfFlags,
+    /// Continue the job of this work directory (the --work-dir it ran
+    /// with; its newest job) from its newest usable checkpoint, after its
+    /// AM died: the job runs again with the configuration it was started
+    /// with (`<WORK_DIR>/jobs/config/<job id>.toml`; configuration flags
+    /// and CRUISE_* variables are not applied), its model loaded from the
+    /// checkpoint and only its remaining epochs trained. Fails, naming the
+    /// directory, when the job took no checkpoint; a job that had finished
+    /// is not run again (it says so and exits 0).
+    #[arg(
+        long,
+        value_name = "WORK_DIR",
+        conflicts_with_all = [
+            "config", "app", "input", "eval_input", "model_out", "containers", "workers",
+            "epochs", "mini_batch", "sync", "staleness", "work_dir", "runtime", "master", "set",
+        ]
+    )]
+    pub resume: Option<PathBuf>,
     /// Print the final summary as JSON on stdout instead of text.
     #[arg(long)]
     pub json: bool,
@@ -560,8 +577,52 @@ pub async fn run(args: RunArgs, cancel: CancellationToken) -> anyhow::Result<Job
     let work = datagen::work_dir(&config);
     let input = datagen::prepare_input(&config, &work)?;
     let factory = runtime::foreground_factory(&mut config)?;
-    let summary = run_with(config, input, work, cancel, !args.quiet, factory).await?;
+    let summary = run_with(config, input, work, cancel, !args.quiet, factory, None).await?;
     Ok(summary)
+}
+
+/// What `cruise run --resume` did.
+pub enum Resumed {
+    /// The job ran to its end from its checkpoint; the configuration it
+    /// ran with.
+    Ran(Box<JobSummary>, Box<CruiseConfig>),
+    /// The job had finished before; nothing was run. The text says which
+    /// job and where that is recorded.
+    AlreadyFinished(String),
+}
+
+/// Runs `cruise run --resume WORK_DIR` (see [`RunArgs::resume`]).
+pub async fn resume(
+    work_dir: &std::path::Path,
+    show_progress: bool,
+    cancel: CancellationToken,
+) -> anyhow::Result<Resumed> {
+    let work_dir = &std::path::absolute(work_dir)
+        .map_err(|e| anyhow::anyhow!("cannot resolve {}: {e}", work_dir.display()))?;
+    let (mut config, resume) = match am::resume::prepare(work_dir).await? {
+        am::resume::Prepared::Finished { job_id, history } => {
+            return Ok(Resumed::AlreadyFinished(format!(
+                "job {job_id} in {} had already finished (its history {} says so); \
+                 nothing to resume",
+                work_dir.display(),
+                history.display()
+            )));
+        }
+        am::resume::Prepared::Resume { config, resume } => (*config, resume),
+    };
+    let input = config.job.input.clone();
+    let factory = runtime::foreground_factory(&mut config)?;
+    let summary = run_with(
+        config.clone(),
+        input,
+        work_dir.to_path_buf(),
+        cancel,
+        show_progress,
+        factory,
+        Some(*resume),
+    )
+    .await?;
+    Ok(Resumed::Ran(Box::new(summary), Box::new(config)))
 }
 
 /// A relative local path made absolute against the current directory; URIs
@@ -584,11 +645,11 @@ pub async fn run_local(
     show_progress: bool,
 ) -> Result<JobSummary, AmError> {
     let factory = runtime::local_factory(&mut config)?;
-    run_with(config, input, work, cancel, show_progress, factory).await
+    run_with(config, input, work, cancel, show_progress, factory, None).await
 }
 
 /// Runs a job with the resource manager `rm` builds, progress drawn on
-/// stderr.
+/// stderr; resumes it from `resume` when given (else a new job).
 pub async fn run_with(
     config: CruiseConfig,
     input: String,
@@ -596,6 +657,7 @@ pub async fn run_with(
     cancel: CancellationToken,
     show_progress: bool,
     rm: RmFactory,
+    resume: Option<am::resume::Resume>,
 ) -> Result<JobSummary, AmError> {
     let (ptx, prx) = mpsc::unbounded_channel();
     let (status_tx, _) = watch::channel(Status::default());
@@ -611,6 +673,7 @@ pub async fn run_with(
         cancel,
         work_dir: job_work,
         evaluator_command,
+        resume,
     };
     let result = am::run_job(opts).await;
     let _ = renderer.await;
@@ -801,6 +864,12 @@ pub fn summary_text(s: &JobSummary, config: &CruiseConfig) -> String {
     }
     for l in &s.lost {
         line("survived", format!("{l}; its input re-read by the others"));
+    }
+    if let Some(r) = &s.resumed_from {
+        line(
+            "resumed",
+            format!("from checkpoint {} (epoch {})", r.folder, r.epoch),
+        );
     }
     format!("cruise: job {} finished\n{out}", s.job_id)
 }

@@ -125,14 +125,13 @@ fn evaluator_command(verbose: u8) -> ExitCode {
     })
 }
 
-/// `cruise run`: a whole job, the AM in this process.
+/// `cruise run`: a whole job, the AM in this process. With `--resume`, the
+/// job of a work directory continued from its checkpoint; a job that had
+/// finished is not run again: that is said on stderr and the exit status
+/// is 0 (its work is done).
 fn run_command(args: cli::RunArgs, verbose: u8) -> ExitCode {
     init_logging(verbose, "warn");
     let json = args.json;
-    let config = match args.conf.load() {
-        Ok(c) => c,
-        Err(e) => return fail(e),
-    };
     let rt = match runtime(2) {
         Ok(r) => r,
         Err(code) => return code,
@@ -140,21 +139,42 @@ fn run_command(args: cli::RunArgs, verbose: u8) -> ExitCode {
     rt.block_on(async {
         let token = CancellationToken::new();
         on_signal(token.clone());
-        match cli::run(args, token).await {
-            Ok(summary) => {
-                if json {
-                    match serde_json::to_string_pretty(&summary) {
-                        Ok(s) => println!("{s}"),
-                        Err(e) => return fail(e),
-                    }
-                } else {
-                    print!("{}", cli::summary_text(&summary, &config));
+        if let Some(dir) = &args.resume {
+            return match cli::resume(dir, !args.quiet, token).await {
+                Ok(cli::Resumed::Ran(summary, config)) => print_summary(&summary, &config, json),
+                Ok(cli::Resumed::AlreadyFinished(text)) => {
+                    eprintln!("cruise: {text}");
+                    ExitCode::SUCCESS
                 }
-                ExitCode::SUCCESS
-            }
+                Err(e) => fail(format!("{e:#}")),
+            };
+        }
+        let config = match args.conf.load() {
+            Ok(c) => c,
+            Err(e) => return fail(e),
+        };
+        match cli::run(args, token).await {
+            Ok(summary) => print_summary(&summary, &config, json),
             Err(e) => fail(format!("{e:#}")),
         }
     })
+}
+
+/// Prints a finished job's summary on stdout: JSON, or text for people.
+fn print_summary(
+    summary: &cruise_appmaster::am::JobSummary,
+    config: &cruise_conf::CruiseConfig,
+    json: bool,
+) -> ExitCode {
+    if json {
+        match serde_json::to_string_pretty(summary) {
+            Ok(s) => println!("{s}"),
+            Err(e) => return fail(e),
+        }
+    } else {
+        print!("{}", cli::summary_text(summary, config));
+    }
+    ExitCode::SUCCESS
 }
 
 /// `cruise submit`: the job to YARN, the AM in a container.
@@ -372,7 +392,16 @@ async fn appmaster(args: AppmasterArgs) -> ExitCode {
     tracing::info!(application = %setup.application_id, service = %setup.service, am_bind = %setup.config.runtime.am_bind, "cruise AM starting");
     let config = setup.config.clone();
     let input = config.job.input.clone();
-    let result = cli::run_with(setup.config, input, setup.work, token, true, setup.factory).await;
+    let result = cli::run_with(
+        setup.config,
+        input,
+        setup.work,
+        token,
+        true,
+        setup.factory,
+        None,
+    )
+    .await;
     match result {
         Ok(summary) => {
             print!("{}", cli::summary_text(&summary, &config));

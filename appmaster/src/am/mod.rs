@@ -13,6 +13,7 @@ pub mod history;
 mod job;
 pub mod metrics;
 mod outputs;
+pub mod resume;
 pub mod snapshot;
 
 pub(crate) use job::role_name;
@@ -162,6 +163,10 @@ pub struct JobSummary {
     /// Checkpoints published.
     #[serde(default)]
     pub checkpoints: u64,
+    /// The checkpoint the job was resumed from (`cruise run --resume`), if
+    /// it was.
+    #[serde(default)]
+    pub resumed_from: Option<CheckpointInfo>,
 }
 
 /// Progress of a job, for the command line.
@@ -358,6 +363,9 @@ pub struct JobOptions {
     pub work_dir: PathBuf,
     /// The evaluator command; empty: this executable with `evaluator`.
     pub evaluator_command: Vec<String>,
+    /// Resume this job from its checkpoint (`cruise run --resume`);
+    /// `None`: a new job.
+    pub resume: Option<resume::Resume>,
 }
 
 /// A fresh job id.
@@ -462,10 +470,17 @@ fn evaluator_launch(
 /// Runs a job to its end.
 pub async fn run_job(opts: JobOptions) -> Result<JobSummary, AmError> {
     let mut config = opts.config;
-    let job_id = new_job_id();
+    let job_id = opts
+        .resume
+        .as_ref()
+        .map_or_else(new_job_id, |r| r.job_id.clone());
     place_checkpoints(&mut config, &opts.work_dir, &job_id);
     let secret = Secret::generate();
     let (splits, outputs) = plan_or_cancel(&config, &opts.input, &opts.cancel).await?;
+    if opts.resume.is_none() {
+        // What `cruise run --resume` reads back if this AM dies.
+        resume::persist_config(&opts.work_dir, &job_id, &config, &opts.input)?;
+    }
     let (listener, am_addr) = bind_control(&config).await?;
 
     let tracker = TaskTracker::new();
@@ -481,7 +496,10 @@ pub async fn run_job(opts: JobOptions) -> Result<JobSummary, AmError> {
 
     let started = std::time::Instant::now();
     let (history_tx, history_rx) = watch::channel(history::Published::default());
-    let history_file = history::path(&opts.work_dir, &job_id);
+    let history_file = match &opts.resume {
+        Some(r) => r.history_file.clone(),
+        None => history::path(&opts.work_dir, &job_id),
+    };
     let history = history::spawn_writer(&history_file, started, history_tx, &tracker)?;
     let status_addr = if config.status.bind.is_empty() {
         None
@@ -523,6 +541,7 @@ pub async fn run_job(opts: JobOptions) -> Result<JobSummary, AmError> {
         cancel.clone(),
         outputs,
         history,
+        opts.resume,
     );
     let result = driver.run(ev_rx, rm_rx).await;
 

@@ -54,13 +54,15 @@ struct Taking {
 }
 
 impl Checkpoints {
-    pub(super) fn new(fs: FileSystem) -> Self {
+    /// A new job's checkpoints; a resumed job's start after the one it
+    /// resumes from, `resumed`, which is the newest published.
+    pub(super) fn new(fs: FileSystem, resumed: Option<Manifest>) -> Self {
         Checkpoints {
             fs,
-            next_id: 1,
+            next_id: resumed.as_ref().map_or(1, |m| m.id + 1),
             taking: None,
-            published: Vec::new(),
-            last_epoch: 0,
+            last_epoch: resumed.as_ref().map_or(0, |m| m.epoch),
+            published: resumed.into_iter().collect(),
             last_at: None,
             published_total: 0,
         }

@@ -1,8 +1,8 @@
 //! The job's event loop: the one owner of job state.
 //!
 //! Phases: `allocating` (wait for the initial containers to register) →
-//! `loading` (assign roles and blocks; servers create model blocks, workers
-//! load input splits) → `training` (workers run; the AM counts records into
+//! `loading` (assign roles and blocks; servers create model blocks — a
+//! resumed job's load them from its checkpoint — workers load input splits) → `training` (workers run; the AM counts records into
 //! epochs and, under SSP, releases clocks) → `stopping` (workers finish their
 //! mini-batch) → `evaluating` (the objective with the final model) →
 //! `evaluating held-out` (only with `job.eval_input`) → `saving model` (only
@@ -22,6 +22,7 @@
 //! | `training.rs` | the phases: loading, epochs and clocks, stopping, evaluating, saving the model |
 //! | `status.rs` | the live status and the summary |
 //! | `checkpoints.rs` | taking checkpoints: when, who writes, publishing the manifest; the published ones |
+//! | `resume.rs` | a resumed job (`cruise run --resume`): model blocks loaded from its checkpoint, its progress carried over |
 //! | `reconfigure/` | live reconfiguration: the trigger, the running plan and its operations, surviving a lost worker or server |
 
 use std::collections::{BTreeMap, HashMap};
@@ -47,6 +48,7 @@ use super::{AmError, EpochSummary, Event, JobSummary, Progress, Role, Status};
 mod checkpoints;
 mod members;
 mod reconfigure;
+mod resume;
 mod status;
 mod training;
 
@@ -230,6 +232,8 @@ pub(super) struct Driver {
     app: Option<Arc<dyn apps::App>>,
     /// Checkpoints taken and published.
     ck: checkpoints::Checkpoints,
+    /// Where a resumed job resumes from (`None`: a new job).
+    resume: Option<crate::am::resume::Resume>,
 }
 
 impl Driver {
@@ -247,6 +251,7 @@ impl Driver {
         cancel: CancellationToken,
         outputs: Outputs,
         history: HistoryLog,
+        resume: Option<crate::am::resume::Resume>,
     ) -> Self {
         let now = history.started();
         let initial_split = config.job.initial_split();
@@ -298,9 +303,11 @@ impl Driver {
             history,
             recorded_members: Vec::new(),
             app: None,
-            ck: checkpoints::Checkpoints::new(cruise_container::input_fs::file_system(
-                &config_for_rc.hdfs,
-            )),
+            ck: checkpoints::Checkpoints::new(
+                cruise_container::input_fs::file_system(&config_for_rc.hdfs),
+                resume.as_ref().map(|r| r.manifest.clone()),
+            ),
+            resume,
         }
     }
 
@@ -587,6 +594,9 @@ impl Driver {
             EvalToAm::ProbeFailed { to, error } => self.on_probe_failed(id, to, &error).await?,
             EvalToAm::CheckpointWritten { id: ck, result } => {
                 self.on_checkpoint_written(id, ck, result)
+            }
+            EvalToAm::BlocksRestored { folder, result, .. } if self.phase == Phase::Loading => {
+                self.on_checkpoint_loaded(id, &folder, result).await?
             }
             EvalToAm::BlocksRestored {
                 folder,

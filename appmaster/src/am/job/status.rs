@@ -159,6 +159,7 @@ impl Driver {
             emulation: self.emulation.clone(),
             lost: self.losses().to_vec(),
             checkpoints: self.ck.count(),
+            resumed_from: self.resumed_from(),
             job_id: self.job_id.clone(),
             app: self.config.job.app,
             loss_name: self.loss_name.to_string(),

@@ -108,6 +108,10 @@ impl Driver {
                 .filter(|&b| model[b] == id)
                 .map(|b| BlockId(b as u32))
                 .collect();
+            if self.resume.is_some() {
+                self.load_from_checkpoint(id, &blocks).await;
+                continue;
+            }
             self.ask(
                 id,
                 AmToEval::CreateBlocks {
@@ -143,6 +147,7 @@ impl Driver {
             return Ok(());
         }
         self.learn_capacity().await;
+        self.carry_progress_over().await;
         let (w, s) = self.role_counts();
         self.phase(
             Phase::Training,

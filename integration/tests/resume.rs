@@ -1,0 +1,224 @@
+//! AM restart: `cruise run --resume WORK_DIR` after the AM was killed.
+//!
+//! An MLR job on the local runtime, a checkpoint every epoch: once a
+//! checkpoint's manifest is on disk the AM is `SIGKILL`ed; every evaluator
+//! it started must exit within a bounded wait (an evaluator never outlives
+//! its AM), and `cruise run --resume` must finish the job from that
+//! checkpoint — not from epoch 0 — with its accuracy within the chaos
+//! test's tolerance for MLR of the same job run undisturbed. Resuming a
+//! finished job runs nothing and succeeds; a work directory without a
+//! checkpoint is refused, naming it.
+//!
+//! Multi-process: `cruise run` and its evaluators are OS processes.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde_json::Value;
+use tokio::process::Command;
+
+use cruise_integration::{
+    Spawned, await_status, binary, finished_evaluating_all, pid_alive, status_address, wait_for,
+};
+
+const WAIT: Duration = Duration::from_secs(180);
+/// How long the evaluators of a killed AM may take to exit.
+const EVALUATORS_EXIT_WITHIN: Duration = Duration::from_secs(15);
+const EPOCHS: u32 = 30;
+/// The AM is killed once a checkpoint of at least this epoch is published.
+const KILL_AFTER_EPOCH: u64 = 3;
+/// Training accuracy, absolute difference (as `chaos.rs` for MLR).
+const ACCURACY_TOLERANCE: f64 = 0.03;
+
+fn cruise() -> Command {
+    let mut c = Command::new(binary("cruise").expect("cruise is built"));
+    c.env_remove("RUST_LOG");
+    c
+}
+
+fn job(work: &Path) -> Command {
+    let mut c = cruise();
+    c.args(["run", "--json", "--work-dir"]).arg(work);
+    c.args(["--containers", "4", "--workers", "2"])
+        .args(["--epochs", &EPOCHS.to_string()])
+        .args(["--set", "job.app=mlr"])
+        .args(["--set", "optimizer.enabled=false"])
+        .args(["--set", "checkpoint.every_epochs=1"])
+        .args(["--set", "checkpoint.every_secs=0"]);
+    c
+}
+
+fn resume(work: &Path) -> Command {
+    let mut c = cruise();
+    c.args(["run", "--json", "--resume"]).arg(work);
+    c
+}
+
+fn accuracy(s: &Value) -> f64 {
+    let f = &s["final_stats"];
+    f["correct"].as_f64().unwrap() / f["records"].as_f64().unwrap()
+}
+
+/// The published checkpoints' manifests under `work` (`<work>/jobs/checkpoints/<job>/ckpt-*/MANIFEST.json`).
+fn manifests(work: &Path) -> Vec<PathBuf> {
+    let Ok(jobs) = std::fs::read_dir(work.join("jobs").join("checkpoints")) else {
+        return Vec::new();
+    };
+    jobs.filter_map(Result::ok)
+        .filter_map(|j| std::fs::read_dir(j.path()).ok())
+        .flatten()
+        .filter_map(Result::ok)
+        .map(|c| c.path().join("MANIFEST.json"))
+        .filter(|m| m.is_file())
+        .collect()
+}
+
+/// The newest epoch among the manifests under `work`.
+fn newest_checkpoint_epoch(work: &Path) -> Option<u64> {
+    manifests(work)
+        .iter()
+        .filter_map(|m| std::fs::read(m).ok())
+        .filter_map(|b| serde_json::from_slice::<Value>(&b).ok())
+        .filter_map(|v| v["epoch"].as_u64())
+        .max()
+}
+
+fn sigkill(pid: u32) {
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+}
+
+/// One job at a time: each runs four evaluator processes.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_am_is_resumed_from_its_checkpoint() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let calm = {
+        let dir = tempfile::tempdir().unwrap();
+        let mut j = Spawned::spawn(job(dir.path())).unwrap();
+        finished_evaluating_all(&mut j, WAIT).await.unwrap()
+    };
+
+    let dir = tempfile::tempdir().unwrap();
+    let work = dir.path();
+    let mut am = Spawned::spawn(job(work)).unwrap();
+    let addr = status_address(&am, WAIT).await.unwrap();
+    let st = await_status(&addr, WAIT, |s| {
+        s["phase"] == "training" && s["evaluators"].as_array().is_some_and(|e| e.len() == 4)
+    })
+    .await
+    .unwrap();
+    let evaluators: Vec<u32> = st["evaluators"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["pid"].as_u64().unwrap() as u32)
+        .collect();
+    let epoch = wait_for("a checkpoint manifest on disk", WAIT, || async {
+        newest_checkpoint_epoch(work).filter(|&e| e >= KILL_AFTER_EPOCH)
+    })
+    .await
+    .unwrap();
+    let am_pid = am.child.id().unwrap();
+    eprintln!("killing the AM (pid {am_pid}) after checkpoint of epoch {epoch}");
+    sigkill(am_pid);
+    am.wait(WAIT).await.unwrap();
+    wait_for(
+        "every evaluator of the killed AM to exit",
+        EVALUATORS_EXIT_WITHIN,
+        || {
+            let alive: Vec<u32> = evaluators
+                .iter()
+                .copied()
+                .filter(|&p| pid_alive(p))
+                .collect();
+            async move { alive.is_empty().then_some(()) }
+        },
+    )
+    .await
+    .unwrap_or_else(|e| {
+        let alive: Vec<u32> = evaluators
+            .iter()
+            .copied()
+            .filter(|&p| pid_alive(p))
+            .collect();
+        panic!("{e}: still alive {alive:?}")
+    });
+
+    let mut resumed = Spawned::spawn(resume(work)).unwrap();
+    let s = finished_evaluating_all(&mut resumed, WAIT).await.unwrap();
+    let from = s["resumed_from"]["epoch"].as_u64().unwrap_or(0);
+    assert!(
+        from >= epoch,
+        "resumed from epoch {from}, the checkpoint seen before the kill was of epoch {epoch}: {s}"
+    );
+    assert!(
+        resumed.stderr().contains(&format!(
+            "from checkpoint {} (epoch {from} of {EPOCHS}",
+            s["resumed_from"]["folder"].as_str().unwrap()
+        )),
+        "{}",
+        resumed.stderr()
+    );
+    let folder = s["resumed_from"]["folder"].as_str().unwrap();
+    assert!(
+        folder.contains(s["job_id"].as_str().unwrap()),
+        "the job id is kept: {s}"
+    );
+    assert_eq!(s["epochs"].as_array().unwrap().len(), EPOCHS as usize);
+    let (q, q0) = (accuracy(&s), accuracy(&calm));
+    eprintln!("accuracy {q} resumed from epoch {from}, {q0} undisturbed");
+    assert!(
+        (q - q0).abs() <= ACCURACY_TOLERANCE,
+        "accuracy {q} resumed, {q0} undisturbed"
+    );
+
+    // Finished: nothing to resume, and that is not an error.
+    let mut again = Spawned::spawn(resume(work)).unwrap();
+    let status = again.wait(WAIT).await.unwrap();
+    assert!(status.success(), "{}", again.stderr());
+    assert!(
+        again.stderr().contains("had already finished"),
+        "{}",
+        again.stderr()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_work_dir_without_a_checkpoint_is_refused_naming_it() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    // No job at all.
+    let dir = tempfile::tempdir().unwrap();
+    let mut p = Spawned::spawn(resume(dir.path())).unwrap();
+    let status = p.wait(WAIT).await.unwrap();
+    assert!(!status.success());
+    let err = p.stderr();
+    assert!(err.contains(&dir.path().display().to_string()), "{err}");
+    assert!(err.contains("no job configuration"), "{err}");
+
+    // A job killed before its first checkpoint: its checkpoint directory
+    // is named, and what was looked for in it.
+    let mut am = Spawned::spawn(job(dir.path())).unwrap();
+    let addr = status_address(&am, WAIT).await.unwrap();
+    await_status(&addr, WAIT, |s| s["phase"] == "training")
+        .await
+        .unwrap();
+    sigkill(am.child.id().unwrap());
+    am.wait(WAIT).await.unwrap();
+    // The AM may have published one between the check and the kill.
+    for m in manifests(dir.path()) {
+        std::fs::remove_file(m).unwrap();
+    }
+    let mut p = Spawned::spawn(resume(dir.path())).unwrap();
+    let status = p.wait(WAIT).await.unwrap();
+    assert!(!status.success());
+    let err = p.stderr();
+    assert!(err.contains("cannot be resumed"), "{err}");
+    assert!(err.contains("no usable checkpoint in"), "{err}");
+    assert!(err.contains("MANIFEST.json"), "{err}");
+    assert!(err.contains(&dir.path().display().to_string()), "{err}");
+}
