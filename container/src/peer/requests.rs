@@ -29,6 +29,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use futures::future::BoxFuture;
 use futures::{FutureExt, Sink, SinkExt, StreamExt};
 use tokio::sync::{mpsc, oneshot};
@@ -36,7 +37,7 @@ use tokio_util::codec::Framed;
 
 use crate::protocol::frames::Placer;
 use crate::protocol::{
-    EvaluatorId, FrameCodec, LinkSample, PeerRequest, PeerResponse, Placement, Purpose,
+    EvaluatorId, FrameCodec, LinkSample, Outgoing, PeerRequest, PeerResponse, Placement, Purpose,
     RemoteError, ToClient, ToOwner, ValueBatch,
 };
 use crate::store::{self, OpKind, PartResult, Pending, StoreOp};
@@ -182,7 +183,7 @@ impl DataPlane {
         // applied between routing (by the older table) and sending must
         // still wait for it (see `requests_done_before`).
         let routing = self.inner.inflight.begin();
-        let sub = match self.inner.store.submit(&op) {
+        let sub = match self.inner.store.submit_ranges(&op) {
             Ok(s) => s,
             Err(e) => {
                 return futures::future::ready((
@@ -196,7 +197,7 @@ impl DataPlane {
         let keys = sub.keys;
         let answer = self.answer_buffer(kind, keys, sub.parts.len());
         let sent = Instant::now();
-        let waits = self.forward(sub.parts, answer.as_ref(), &routing);
+        let waits = self.forward(&op, sub.parts, answer.as_ref(), &routing);
         let this = self.clone();
         async move {
             let answers = wait_for_parts(waits, sent).await;
@@ -261,26 +262,42 @@ impl DataPlane {
     /// to wait for, part by part.
     fn forward(
         &self,
+        op: &Arc<StoreOp>,
         parts: Vec<store::Part>,
         answer: Option<&Answer>,
         routing: &InflightGuard,
     ) -> Vec<(Vec<usize>, Wait)> {
         let forward_start = crate::os::thread_cpu_secs();
         let mut waits = Vec::with_capacity(parts.len());
+        // The operation's values as bytes, shared by the parts sent from
+        // where they lie.
+        let mut shared: Option<Bytes> = None;
         for part in parts {
             let w: Wait = match part.pending {
                 Pending::Ready(r) => Wait::Ready(r),
                 Pending::Queued(rx) => Wait::Queued(rx),
-                Pending::Forward { to, op } => {
-                    let out_bytes = if op.kind == OpKind::Get {
-                        0
-                    } else {
-                        op.values.byte_len() as u64
+                Pending::Forward {
+                    to,
+                    op: sub,
+                    values,
+                } => {
+                    let values = values.map(|r| {
+                        shared
+                            .get_or_insert_with(|| Bytes::from_owner(OpValues(Arc::clone(op))))
+                            .slice(r.start * 4..r.end * 4)
+                    });
+                    let out_bytes = match (&values, sub.kind) {
+                        (Some(v), _) => v.len() as u64,
+                        (None, OpKind::Get) => 0,
+                        (None, _) => sub.values.byte_len() as u64,
                     };
                     let place = answer.and_then(|a| a.place(&part.positions));
-                    let rx =
-                        self.conn(to)
-                            .request_as(op.into_request(), routing.share(), place.clone());
+                    let rx = self.conn(to).request_as(
+                        sub.into_request(),
+                        values,
+                        routing.share(),
+                        place.clone(),
+                    );
                     Wait::Remote(to, out_bytes, rx, place)
                 }
             };
@@ -388,14 +405,14 @@ impl DataPlane {
     async fn run_outbound(
         &self,
         conn: Arc<OutConn>,
-        mut rx: mpsc::UnboundedReceiver<ToOwner>,
+        mut rx: mpsc::UnboundedReceiver<Outgoing>,
         progress: &AtomicU64,
     ) {
         let Some(framed) = self.connect_outbound(&conn, &mut rx).await else {
             return;
         };
         let (mut sink, stream) =
-            super::split_requests::<ToOwner, ToClient, _>(framed, self.inner.settings.frames);
+            super::split_requests::<Outgoing, ToClient, _>(framed, self.inner.settings.frames);
         let mut stream = stream.with_placement(placer(&conn));
         let mut said_goodbye = false;
         let timeout = self.inner.settings.request_timeout;
@@ -448,7 +465,7 @@ impl DataPlane {
     async fn connect_outbound(
         &self,
         conn: &Arc<OutConn>,
-        rx: &mut mpsc::UnboundedReceiver<ToOwner>,
+        rx: &mut mpsc::UnboundedReceiver<Outgoing>,
     ) -> Option<Framed<super::Stream, FrameCodec<ToOwner, ToClient>>> {
         let peer = conn.peer;
         let framed = match self.addr_of(peer) {
@@ -475,11 +492,11 @@ impl DataPlane {
     async fn go_away<S>(
         &self,
         conn: &Arc<OutConn>,
-        rx: &mut mpsc::UnboundedReceiver<ToOwner>,
+        rx: &mut mpsc::UnboundedReceiver<Outgoing>,
         sink: &mut S,
     ) -> bool
     where
-        S: Sink<ToOwner> + Unpin,
+        S: Sink<Outgoing> + Unpin,
     {
         conn.closed.store(true, Ordering::SeqCst);
         lock(&self.inner.conns).retain(|_, c| !Arc::ptr_eq(c, conn));
@@ -489,7 +506,7 @@ impl DataPlane {
                 return false;
             }
         }
-        sink.send(ToOwner::GoAwayAck).await.is_ok()
+        sink.send(ToOwner::GoAwayAck.into()).await.is_ok()
     }
 
     /// `conn`'s connection is lost (`reason`): requests still queued on
@@ -498,13 +515,13 @@ impl DataPlane {
     fn lose_outbound(
         &self,
         conn: &Arc<OutConn>,
-        rx: &mut mpsc::UnboundedReceiver<ToOwner>,
+        rx: &mut mpsc::UnboundedReceiver<Outgoing>,
         reason: &str,
     ) {
         let peer = conn.peer;
         rx.close();
         while let Ok(m) = rx.try_recv() {
-            if let ToOwner::Request { id, .. } = m {
+            if let ToOwner::Request { id, .. } = m.msg {
                 conn.complete(
                     id,
                     Err(RemoteError::retry(format!(
@@ -522,6 +539,16 @@ impl DataPlane {
                 ),
             ),
         );
+    }
+}
+
+/// A submitted operation's values as bytes (native `f32`s), for parts of
+/// it sent from where they lie ([`store::Store::submit_ranges`]).
+struct OpValues(Arc<StoreOp>);
+
+impl AsRef<[u8]> for OpValues {
+    fn as_ref(&self) -> &[u8] {
+        bytemuck::cast_slice(&self.0.values.data)
     }
 }
 
@@ -559,11 +586,11 @@ fn overdue(conn: &OutConn, timeout: Duration) -> Option<String> {
 /// Writes `m` and whatever else is queued on `rx`, then flushes.
 async fn write_queued<S>(
     sink: &mut S,
-    rx: &mut mpsc::UnboundedReceiver<ToOwner>,
-    m: ToOwner,
+    rx: &mut mpsc::UnboundedReceiver<Outgoing>,
+    m: Outgoing,
 ) -> Result<(), S::Error>
 where
-    S: Sink<ToOwner> + Unpin,
+    S: Sink<Outgoing> + Unpin,
 {
     let mut r = sink.feed(m).await;
     while r.is_ok() {
@@ -781,7 +808,7 @@ struct Unanswered {
 
 pub(super) struct OutConn {
     peer: EvaluatorId,
-    tx: mpsc::UnboundedSender<ToOwner>,
+    tx: mpsc::UnboundedSender<Outgoing>,
     pending: Mutex<HashMap<u64, Unanswered>>,
     inflight: Arc<Inflight>,
     next_id: AtomicU64,
@@ -791,15 +818,17 @@ pub(super) struct OutConn {
 impl OutConn {
     /// Queues a request; synchronous, so requests go out in call order.
     fn request(&self, req: PeerRequest) -> oneshot::Receiver<Arrived> {
-        self.request_as(req, self.inflight.begin(), None)
+        self.request_as(req, None, self.inflight.begin(), None)
     }
 
-    /// [`OutConn::request`], counted in flight as `guard` (taken before the
-    /// request was routed), its answer's values read into `place` if they
-    /// come as a tail.
+    /// [`OutConn::request`], with the values of a write held apart (see
+    /// [`Outgoing`]) if `values` is set, counted in flight as `guard` (taken
+    /// before the request was routed), its answer's values read into
+    /// `place` if they come as a tail.
     fn request_as(
         &self,
         req: PeerRequest,
+        values: Option<Bytes>,
         guard: InflightGuard,
         place: Option<Placement>,
     ) -> oneshot::Receiver<Arrived> {
@@ -823,7 +852,11 @@ impl OutConn {
             kind: request_kind(&req),
         };
         lock(&self.pending).insert(id, pending);
-        if self.tx.send(ToOwner::Request { id, req }).is_err()
+        let out = Outgoing {
+            msg: ToOwner::Request { id, req },
+            values,
+        };
+        if self.tx.send(out).is_err()
             && let Some(p) = lock(&self.pending).remove(&id)
         {
             let _ = p.answer.send((
@@ -1154,7 +1187,7 @@ mod answer_tests {
                 encode_tail_frame(&mut FrameCodec::<ToClient, ()>::new(opts), msg, &mut head)
                     .unwrap()
                     .expect("a tail frame");
-            assert_eq!(tail.len(), 32 * 1024);
+            assert_eq!(tail.len(), 32 * 1024 * 4);
             let meta_len = u32::from_le_bytes([head[5], head[6], head[7], head[8]]) as usize;
             assert_eq!(values_response_id(&head[9..9 + meta_len]), Some(id));
         }

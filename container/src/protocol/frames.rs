@@ -57,22 +57,23 @@ const TAIL_HEADER: usize = 9;
 
 /// Encodes `item`, as a tail frame if its values are large and do not
 /// compress: returns the frame's leading bytes (appended to `head`) and the
-/// values, or `None` with the whole frame in `head`.
+/// values' bytes, or `None` with the whole frame in `head` (values held
+/// apart from the message put into it first, [`ValueTail::inline_tail`]).
 pub fn encode_tail_frame<Out: Serialize + ValueTail>(
     codec: &mut FrameCodec<Out, impl Sized>,
     mut item: Out,
     head: &mut BytesMut,
-) -> Result<Option<Vec<f32>>, ProtocolError> {
+) -> Result<Option<Bytes>, ProtocolError> {
     let opts = codec.options();
-    let tail_bytes = item.tail().map_or(0, |t| t.len() * 4);
+    let tail_bytes = item.tail().map_or(0, <[u8]>::len);
     let worth = tail_bytes >= TAIL_MIN_BYTES && {
-        let t = item.tail().unwrap_or_default();
-        let bytes: &[u8] = bytemuck::cast_slice(t);
+        let bytes = item.tail().unwrap_or_default();
         let from = (bytes.len() / 2).saturating_sub(COMPRESSION_SAMPLE / 2);
         let to = (from + COMPRESSION_SAMPLE).min(bytes.len());
         !compresses(&opts, &bytes[from..to], bytes.len())
     };
     if !worth || cfg!(target_endian = "big") {
+        item.inline_tail();
         codec.encode(item, head)?;
         return Ok(None);
     }
@@ -92,15 +93,6 @@ pub fn encode_tail_frame<Out: Serialize + ValueTail>(
     head[start + 4] = FLAG_TAIL;
     head[start + 5..start + 9].copy_from_slice(&(meta.len() as u32).to_le_bytes());
     Ok(Some(values))
-}
-
-/// `f32` values as the bytes of a [`Bytes`], without a copy.
-struct F32Owner(Vec<f32>);
-
-impl AsRef<[u8]> for F32Owner {
-    fn as_ref(&self) -> &[u8] {
-        bytemuck::cast_slice(&self.0)
-    }
 }
 
 /// The send half of a request connection: a [`Sink`] of `Out` that writes
@@ -194,9 +186,8 @@ impl<W: AsyncWrite + Unpin, Out: Serialize + ValueTail> Sink<Out> for FrameWrite
             let h = this.head.split().freeze();
             this.queued += h.len();
             this.queue.push_back(h);
-            let v = Bytes::from_owner(F32Owner(values));
-            this.queued += v.len();
-            this.queue.push_back(v);
+            this.queued += values.len();
+            this.queue.push_back(values);
         }
         Ok(())
     }
@@ -498,6 +489,7 @@ impl<R: AsyncRead + Unpin, In: DeserializeOwned> Stream for FrameReader<R, In> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::protocol::messages::ValueTail;
     use crate::protocol::{PeerRequest, PeerResponse, ToClient, ToOwner, ValueBatch};
     use futures::{SinkExt, StreamExt};
     use rand::{Rng, SeedableRng};
@@ -597,7 +589,7 @@ mod tests {
         .unwrap()
         .expect("sent as a tail frame");
         let mut wire = head.to_vec();
-        wire.extend_from_slice(bytemuck::cast_slice(&values));
+        wire.extend_from_slice(&values);
         let mut r = FrameReader::<_, ToOwner>::new(&wire[..], opts, BytesMut::new());
         assert_eq!(r.next().await.unwrap().unwrap(), push);
         assert!(r.next().await.is_none());
@@ -621,6 +613,62 @@ mod tests {
         ));
     }
 
+    /// A write whose values are held apart ([`Outgoing`]) arrives as the
+    /// same request with its values in it, sent as a tail (large) or inside
+    /// it (small, or compressible).
+    #[tokio::test]
+    async fn values_held_apart_arrive_in_their_request() {
+        use crate::protocol::Outgoing;
+        let opts = FrameOptions::default();
+        let whole = |id: u64, deltas: ValueBatch| ToOwner::Request {
+            id,
+            req: PeerRequest::Update {
+                table: 0,
+                keys: (0..deltas.len() as u64).collect(),
+                deltas,
+            },
+        };
+        let apart = |m: &ToOwner| {
+            let mut msg = m.clone();
+            let values = msg.take_tail();
+            Outgoing {
+                msg,
+                values: Some(values),
+            }
+        };
+        let compressible = ValueBatch {
+            lens: vec![65_536],
+            data: vec![0.5; 65_536],
+        };
+        let sent = vec![
+            whole(1, values(64, 7)),
+            whole(2, values(1, 8)),
+            whole(3, compressible),
+            ToOwner::GoAwayAck,
+        ];
+        let mut wire = Vec::new();
+        let mut w = FrameWriter::<_, Outgoing>::new(&mut wire, opts);
+        for m in &sent {
+            let out = match m {
+                ToOwner::Request { .. } => apart(m),
+                other => Outgoing::from(other.clone()),
+            };
+            w.feed(out).await.unwrap();
+        }
+        w.flush().await.unwrap();
+        drop(w);
+        let got: Vec<ToOwner> = FrameReader::<_, ToOwner>::new(&wire[..], opts, BytesMut::new())
+            .map(|m| m.unwrap())
+            .collect()
+            .await;
+        assert_eq!(got, sent);
+        // Encoded whole, an outgoing request is the request.
+        assert_eq!(
+            postcard::to_allocvec(&apart(&sent[1])).unwrap(),
+            postcard::to_allocvec(&sent[1]).unwrap()
+        );
+    }
+
     /// With a placer, a tail's values go where it says and the message it
     /// gave is delivered; tails it declines, or whose size does not match,
     /// come in their message as before.
@@ -633,7 +681,7 @@ mod tests {
             let mut head = BytesMut::new();
             if let Some(tail) = encode_tail_frame(&mut codec, m, &mut head).unwrap() {
                 wire.extend_from_slice(&head);
-                wire.extend_from_slice(bytemuck::cast_slice(&tail));
+                wire.extend_from_slice(&tail);
             } else {
                 wire.extend_from_slice(&head);
             }

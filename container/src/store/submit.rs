@@ -3,6 +3,7 @@
 //! evaluators; [`assemble`] puts the parts' answers together.
 
 use std::collections::BTreeMap;
+use std::ops::Range;
 
 use tokio::sync::oneshot;
 
@@ -26,6 +27,10 @@ pub enum Pending {
         to: EvaluatorId,
         /// The part of the operation it must apply.
         op: StoreOp,
+        /// Set only by [`Store::submit_ranges`]: `op`'s values are these
+        /// of the submitted operation's `values.data`, not copied into `op`
+        /// (whose `values.data` is empty; its `values.lens` are set).
+        values: Option<Range<usize>>,
     },
 }
 
@@ -183,6 +188,10 @@ fn check_values(op: &StoreOp) -> Result<(), StoreError> {
 /// owners the rest goes to.
 struct Placement<'a> {
     op: &'a StoreOp,
+    /// Forwarded parts whose keys are a run of the operation's positions
+    /// name their values as a range of `op.values.data` rather than carry
+    /// a copy ([`Store::submit_ranges`]).
+    by_range: bool,
     /// Floats per value in the table.
     want: usize,
     /// Where each key's value starts in `op.values` (writes only).
@@ -193,7 +202,10 @@ struct Placement<'a> {
     written: Vec<usize>,
     /// Reads of blocks held here go straight into one buffer laid out like
     /// the answer (a pull served wholly here is then answered without
-    /// reassembly); writes are applied from the operation as it is.
+    /// reassembly); writes are applied from the operation as it is. The
+    /// buffer is not cleared first: its capacity is written in place, the
+    /// `want` values at `p * want` for each position `p` in
+    /// `read_positions`, and its length stays 0 until [`Self::read_batch`].
     read: Option<Vec<f32>>,
     /// The positions read into `read`.
     read_positions: Vec<usize>,
@@ -203,7 +215,7 @@ struct Placement<'a> {
 }
 
 impl<'a> Placement<'a> {
-    fn new(op: &'a StoreOp, want: usize) -> Self {
+    fn new(op: &'a StoreOp, want: usize, by_range: bool) -> Self {
         let offsets = if op.kind == OpKind::Get {
             Vec::new()
         } else {
@@ -211,6 +223,7 @@ impl<'a> Placement<'a> {
         };
         Placement {
             op,
+            by_range,
             want,
             offsets,
             parts: Vec::new(),
@@ -233,7 +246,8 @@ impl<'a> Placement<'a> {
         let (op, want) = (self.op, self.want);
         let out = self
             .read
-            .get_or_insert_with(|| vec![0.0; op.keys.len() * want]);
+            .get_or_insert_with(|| Vec::with_capacity(op.keys.len() * want))
+            .spare_capacity_mut();
         for p in positions {
             let k = op.keys[p];
             let v = data.values.entry(k).or_insert_with(|| model.init(k));
@@ -247,7 +261,12 @@ impl<'a> Placement<'a> {
                     ),
                 });
             }
-            out[p * want..(p + 1) * want].copy_from_slice(v);
+            let Some(to) = out.get_mut(p * want..(p + 1) * want) else {
+                return Err(StoreError::BadOp(format!("key position {p} out of range")));
+            };
+            for (o, &x) in to.iter_mut().zip(v.iter()) {
+                o.write(x);
+            }
             self.read_positions.push(p);
         }
         Ok(())
@@ -307,12 +326,18 @@ impl<'a> Placement<'a> {
         self.parts
     }
 
-    /// The values read here, as an answer for the positions read: the
-    /// buffer as it is when every key was read here.
-    fn read_batch(&mut self, data: Vec<f32>, n: usize) -> (Vec<usize>, ValueBatch) {
+    /// The values read here (`data`, see [`Self::read`]), as an answer for
+    /// the positions read: the buffer as it is when every key was read here.
+    fn read_batch(&mut self, mut data: Vec<f32>, n: usize) -> (Vec<usize>, ValueBatch) {
         let want = self.want;
         let mut read_positions = std::mem::take(&mut self.read_positions);
         let batch = if read_positions.len() == n {
+            // SAFETY: `data`'s capacity is `n * want` and `read_here` wrote
+            // the `want` values at `p * want` for every position in
+            // `read_positions`; positions come from `group_by_block`, each
+            // of `0..n` at most once, so `n` of them are all of `0..n` and
+            // every value below `n * want` is initialised.
+            unsafe { data.set_len(n * want) };
             read_positions = (0..n).collect();
             ValueBatch {
                 lens: vec![want as u32; n],
@@ -320,12 +345,17 @@ impl<'a> Placement<'a> {
             }
         } else {
             read_positions.sort_unstable();
+            let written = data.spare_capacity_mut();
             let mut b = ValueBatch {
                 lens: Vec::with_capacity(read_positions.len()),
                 data: Vec::with_capacity(read_positions.len() * want),
             };
             for &p in &read_positions {
-                b.push(&data[p * want..(p + 1) * want]);
+                let v = &written[p * want..(p + 1) * want];
+                // SAFETY: `read_here` wrote these `want` values: `p` is in
+                // `read_positions` (a `MaybeUninit<f32>` has the layout of
+                // an `f32`).
+                b.push(unsafe { &*(std::ptr::from_ref(v) as *const [f32]) });
             }
             b
         };
@@ -345,13 +375,52 @@ impl<'a> Placement<'a> {
         }
         for (to, positions) in per {
             for piece in split_positions(op, positions, self.want) {
-                let op = sub_op(op, &piece, &self.offsets);
+                let (op, range) = match self.run_values(&piece) {
+                    Some((run, range)) => (keys_of(op, run), Some(range)),
+                    None => (sub_op(op, &piece, &self.offsets), None),
+                };
                 self.parts.push(Part {
                     positions: piece,
-                    pending: Pending::Forward { to, op },
+                    pending: Pending::Forward {
+                        to,
+                        op,
+                        values: range,
+                    },
                 });
             }
         }
+    }
+}
+
+impl Placement<'_> {
+    /// When parts are forwarded by range and `positions` is a run of
+    /// positions of a write: that run, and where their values lie in
+    /// `op.values.data` (one after the other).
+    fn run_values(&self, positions: &[usize]) -> Option<(Range<usize>, Range<usize>)> {
+        let (&first, &last) = (positions.first()?, positions.last()?);
+        let run = self.by_range
+            && self.op.kind != OpKind::Get
+            && last - first + 1 == positions.len()
+            && positions.windows(2).all(|w| w[1] == w[0] + 1);
+        run.then(|| {
+            let end = self.offsets[last] + self.op.values.lens[last] as usize;
+            (first..last + 1, self.offsets[first]..end)
+        })
+    }
+}
+
+/// The part of `op` at the run of positions `run` without its values'
+/// data (only their lengths): they are forwarded as a range of
+/// `op.values.data`.
+fn keys_of(op: &StoreOp, run: Range<usize>) -> StoreOp {
+    StoreOp {
+        kind: op.kind,
+        table: op.table,
+        keys: op.keys[run.clone()].to_vec(),
+        values: ValueBatch {
+            lens: op.values.lens[run].to_vec(),
+            data: Vec::new(),
+        },
     }
 }
 
@@ -390,6 +459,18 @@ impl Store {
     /// must be forwarded. Synchronous, so that operations submitted one after
     /// the other (e.g. from one connection) are applied or forwarded in order.
     pub fn submit(&self, op: &StoreOp) -> Result<Submission, StoreError> {
+        self.submit_as(op, false)
+    }
+
+    /// [`Store::submit`], except that a forwarded part of a write whose
+    /// keys are a run of the operation's positions carries no copy of its
+    /// values: [`Pending::Forward`] names them as a range of
+    /// `op.values.data`, for the caller to send from where they lie.
+    pub fn submit_ranges(&self, op: &StoreOp) -> Result<Submission, StoreError> {
+        self.submit_as(op, true)
+    }
+
+    fn submit_as(&self, op: &StoreOp, by_range: bool) -> Result<Submission, StoreError> {
         let t = self.table(op.table)?;
         if !t.keyed {
             return Err(StoreError::BadOp(format!(
@@ -403,12 +484,17 @@ impl Store {
         let nblocks = t.slots.len() as u32;
         let want = model.value_len();
         if let Some(to) = self.one_remote_owner(&t, op, want)? {
+            let (op, values) = if by_range && op.kind != OpKind::Get {
+                (keys_of(op, 0..n), Some(0..op.values.data.len()))
+            } else {
+                (op.clone(), None)
+            };
             return Ok(Submission {
                 kind: op.kind,
                 keys: n,
                 parts: vec![Part {
                     positions: (0..n).collect(),
-                    pending: Pending::Forward { to, op: op.clone() },
+                    pending: Pending::Forward { to, op, values },
                 }],
             });
         }
@@ -424,7 +510,7 @@ impl Store {
                     .map(|&p| p as usize),
             )
         });
-        let mut placed = Placement::new(op, want);
+        let mut placed = Placement::new(op, want, by_range);
         for (block, positions) in groups {
             self.place(&t, &*model, &mut placed, block, positions)?;
         }

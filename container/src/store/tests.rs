@@ -96,6 +96,53 @@ fn local_get_and_update_use_init_and_update_fn() {
     );
 }
 
+/// A read partly of blocks held here answers the keys read here, in the
+/// operation's order, and forwards the rest; one wholly here answers all.
+#[test]
+fn a_read_partly_here_answers_the_keys_held_here() {
+    let s = store(EvaluatorId(1));
+    s.create_blocks(MODEL_TABLE, &[BlockId(0), BlockId(2)])
+        .unwrap();
+    s.apply_ownership(&OwnershipUpdate {
+        version: 1,
+        owners: vec![
+            (MODEL_TABLE, BlockId(0), EvaluatorId(1)),
+            (MODEL_TABLE, BlockId(1), EvaluatorId(2)),
+            (MODEL_TABLE, BlockId(2), EvaluatorId(1)),
+            (MODEL_TABLE, BlockId(3), EvaluatorId(2)),
+        ],
+    });
+    // Interleaved: blocks 2, 1, 0, 3, 2, 0, 1.
+    let keys: Vec<Key> = [2, 1, 0, 3, 2, 0, 1]
+        .iter()
+        .enumerate()
+        .map(|(i, &b)| keys_in_block(BlockId(b), 3)[i % 3])
+        .collect();
+    let here: Vec<usize> = vec![0, 2, 4, 5];
+    let sub = s.submit(&get(&keys)).unwrap();
+    let mut seen = 0;
+    for p in sub.parts {
+        match p.pending {
+            Pending::Ready(Ok(PeerResponse::Values(v))) => {
+                assert_eq!(p.positions, here);
+                let want: Vec<Vec<f32>> = here.iter().map(|&i| vec![keys[i] as f32, 0.0]).collect();
+                assert_eq!(v.iter().map(<[f32]>::to_vec).collect::<Vec<_>>(), want);
+                seen += p.positions.len();
+            }
+            Pending::Forward { to, .. } => {
+                assert_eq!(to, EvaluatorId(2));
+                seen += p.positions.len();
+            }
+            _ => panic!("read here or forwarded"),
+        }
+    }
+    assert_eq!(seen, keys.len());
+    let local: Vec<Key> = here.iter().map(|&i| keys[i]).collect();
+    let v = values(ready(s.submit(&get(&local)).unwrap()));
+    let want: Vec<Vec<f32>> = local.iter().map(|&k| vec![k as f32, 0.0]).collect();
+    assert_eq!(v, want);
+}
+
 #[test]
 fn absent_blocks_are_forwarded_to_their_owner_grouped() {
     let s = store(EvaluatorId(1));
@@ -122,7 +169,7 @@ fn absent_blocks_are_forwarded_to_their_owner_grouped() {
                 r.unwrap();
                 local += p.positions.len();
             }
-            Pending::Forward { to, op } => {
+            Pending::Forward { to, op, .. } => {
                 assert_eq!(op.keys.len(), op.values.len());
                 for (i, &pos) in p.positions.iter().enumerate() {
                     assert_eq!(op.keys[i], keys[pos], "forwarded keys match positions");
@@ -173,6 +220,7 @@ async fn one_remote_owner_gets_the_operation_whole() {
             Pending::Forward {
                 to: EvaluatorId(2),
                 op: sent,
+                values: None,
             } => assert_eq!(*sent, op, "sent as given"),
             _ => panic!("expected a forward to evaluator 2"),
         }
@@ -248,7 +296,7 @@ async fn incoming_block_queues_then_applies_in_order() {
         .unwrap();
     // The source now forwards.
     let sub = src.submit(&update(&k, 10.0)).unwrap();
-    let Pending::Forward { to, op } = sub.parts.into_iter().next().unwrap().pending else {
+    let Pending::Forward { to, op, .. } = sub.parts.into_iter().next().unwrap().pending else {
         panic!("expected forward")
     };
     assert_eq!(to, EvaluatorId(2));
@@ -583,6 +631,7 @@ async fn recall_after_a_lost_answer_hands_the_queue_to_the_destination() {
     let Pending::Forward {
         to: EvaluatorId(2),
         op,
+        values: None,
     } = sub.parts.into_iter().next().unwrap().pending
     else {
         panic!("expected a forward to the destination")
@@ -671,6 +720,7 @@ fn large_reads_are_split_in_key_order_and_reassembled() {
         let Pending::Forward {
             to: EvaluatorId(2),
             op,
+            values: None,
         } = p.pending
         else {
             panic!("expected forwards to evaluator 2")
@@ -710,18 +760,8 @@ fn large_writes_split_and_local_reads_come_back_in_order() {
             .map(|b| (MODEL_TABLE, b, EvaluatorId(2)))
             .collect(),
     });
-    let n = 2100usize;
-    let keys: Vec<Key> = (0..n as u64).collect();
-    let mut deltas = ValueBatch::default();
-    for &k in &keys {
-        deltas.push(&[k as f32; 1024]);
-    }
-    let op = StoreOp {
-        kind: OpKind::Update,
-        table: MODEL_TABLE,
-        keys: keys.clone(),
-        values: deltas,
-    };
+    let op = wide_update(2100);
+    let keys = op.keys.clone();
     let sub = s.submit(&op).unwrap();
     assert_eq!(sub.parts.len(), 3);
     // The owner applies them.
@@ -739,6 +779,83 @@ fn large_writes_split_and_local_reads_come_back_in_order() {
     let v = values(ready(owner.submit(&get(&keys)).unwrap()));
     for (i, row) in v.iter().enumerate() {
         assert_eq!(row[1023], 2.0 * i as f32, "init + delta of key {i}");
+    }
+}
+
+/// An update of keys `0..n`, each by 1024 floats of its own number.
+fn wide_update(n: usize) -> StoreOp {
+    let keys: Vec<Key> = (0..n as u64).collect();
+    let mut deltas = ValueBatch::default();
+    for &k in &keys {
+        deltas.push(&[k as f32; 1024]);
+    }
+    StoreOp {
+        kind: OpKind::Update,
+        table: MODEL_TABLE,
+        keys,
+        values: deltas,
+    }
+}
+
+/// `submit_ranges` splits as `submit` does, but its forwarded parts of a
+/// write name their values as ranges of the operation's instead of copies;
+/// a read, and a write whose parts are not runs, are as from `submit`.
+#[test]
+fn forwarded_writes_name_their_values_by_range() {
+    let s = Store::new(EvaluatorId(1));
+    s.configure(&[(MODEL_TABLE, BLOCKS)], Arc::new(Wide));
+    // Every block elsewhere: all with one owner, or two by parity.
+    for (version, (n, one_owner)) in [(2100usize, true), (30, true), (2100, false)]
+        .into_iter()
+        .enumerate()
+    {
+        s.apply_ownership(&OwnershipUpdate {
+            version: version as u64 + 1,
+            owners: BlockId::all(BLOCKS)
+                .map(|b| {
+                    let to = if one_owner { 2 } else { 2 + b.0 % 2 };
+                    (MODEL_TABLE, b, EvaluatorId(to))
+                })
+                .collect(),
+        });
+        let op = wide_update(n);
+        let copied = s.submit(&op).unwrap();
+        let ranged = s.submit_ranges(&op).unwrap();
+        assert_eq!(copied.parts.len(), ranged.parts.len());
+        for (c, r) in copied.parts.into_iter().zip(ranged.parts) {
+            assert_eq!(c.positions, r.positions);
+            let (
+                Pending::Forward {
+                    to: ct,
+                    op: cop,
+                    values: None,
+                },
+                Pending::Forward {
+                    to: rt,
+                    op: mut rop,
+                    values,
+                },
+            ) = (c.pending, r.pending)
+            else {
+                panic!("expected forwards");
+            };
+            assert_eq!(ct, rt);
+            match values {
+                Some(range) => {
+                    assert!(one_owner, "parts to two owners are not runs");
+                    assert!(rop.values.data.is_empty());
+                    rop.values.data = op.values.data[range].to_vec();
+                }
+                None => assert!(!one_owner, "a run is forwarded by range"),
+            }
+            assert_eq!(cop, rop);
+        }
+        let read = s.submit_ranges(&get(&op.keys)).unwrap();
+        assert!(
+            read.parts
+                .iter()
+                .all(|p| matches!(p.pending, Pending::Forward { values: None, .. }))
+        );
     }
 }
 

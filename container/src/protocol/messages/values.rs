@@ -2,6 +2,7 @@
 //! the values a frame carries apart from the rest of its message
 //! ([`ValueTail`], `protocol::frames`).
 
+use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
 use super::{PeerRequest, PeerResponse, ToClient, ToOwner};
@@ -146,51 +147,132 @@ pub(crate) fn decode_with_tail<T>(
 /// Messages whose large values may travel apart, after the rest of the
 /// message (a frame's tail): the values are the message's last field.
 pub trait ValueTail {
-    /// The values, if the message carries any.
-    fn tail(&self) -> Option<&[f32]>;
-    /// Takes the values out, leaving none.
-    fn take_tail(&mut self) -> Vec<f32>;
+    /// The values' bytes (native `f32`s), if the message carries any.
+    fn tail(&self) -> Option<&[u8]>;
+    /// Takes the values out as bytes, leaving none in the message.
+    fn take_tail(&mut self) -> Bytes;
+    /// Puts values held apart from the message into it, to be sent inside
+    /// it; nothing for a message that holds its own.
+    fn inline_tail(&mut self) {}
+}
+
+/// `f32` values as the bytes of a [`Bytes`], without a copy.
+pub(crate) struct F32Owner(pub(crate) Vec<f32>);
+
+impl AsRef<[u8]> for F32Owner {
+    fn as_ref(&self) -> &[u8] {
+        bytemuck::cast_slice(&self.0)
+    }
+}
+
+/// The values of a response, if it carries some.
+fn response_values(m: &mut ToClient) -> Option<&mut ValueBatch> {
+    match m {
+        ToClient::Response {
+            result: Ok(PeerResponse::Values(v)),
+            ..
+        } => Some(v),
+        _ => None,
+    }
+}
+
+/// The values of a write request, if it carries some.
+fn request_values(m: &mut ToOwner) -> Option<&mut ValueBatch> {
+    match m {
+        ToOwner::Request {
+            req: PeerRequest::Put { values: v, .. } | PeerRequest::Update { deltas: v, .. },
+            ..
+        } => Some(v),
+        _ => None,
+    }
 }
 
 impl ValueTail for ToClient {
-    fn tail(&self) -> Option<&[f32]> {
+    fn tail(&self) -> Option<&[u8]> {
         match self {
             ToClient::Response {
                 result: Ok(PeerResponse::Values(v)),
                 ..
-            } => Some(&v.data),
+            } => Some(bytemuck::cast_slice(&v.data)),
             _ => None,
         }
     }
-    fn take_tail(&mut self) -> Vec<f32> {
-        match self {
-            ToClient::Response {
-                result: Ok(PeerResponse::Values(v)),
-                ..
-            } => std::mem::take(&mut v.data),
-            _ => Vec::new(),
-        }
+    fn take_tail(&mut self) -> Bytes {
+        response_values(self).map_or_else(Bytes::new, |v| {
+            Bytes::from_owner(F32Owner(std::mem::take(&mut v.data)))
+        })
     }
 }
 
 impl ValueTail for ToOwner {
-    fn tail(&self) -> Option<&[f32]> {
+    fn tail(&self) -> Option<&[u8]> {
         match self {
             ToOwner::Request {
                 req: PeerRequest::Put { values: v, .. } | PeerRequest::Update { deltas: v, .. },
                 ..
-            } => Some(&v.data),
+            } => Some(bytemuck::cast_slice(&v.data)),
             _ => None,
         }
     }
-    fn take_tail(&mut self) -> Vec<f32> {
-        match self {
-            ToOwner::Request {
-                req: PeerRequest::Put { values: v, .. } | PeerRequest::Update { deltas: v, .. },
-                ..
-            } => std::mem::take(&mut v.data),
-            _ => Vec::new(),
+    fn take_tail(&mut self) -> Bytes {
+        request_values(self).map_or_else(Bytes::new, |v| {
+            Bytes::from_owner(F32Owner(std::mem::take(&mut v.data)))
+        })
+    }
+}
+
+/// A request to write whose values are held apart from it, shared with
+/// whoever submitted them: `values`, when set, are the bytes (native `f32`s)
+/// of the request's value batch, whose own `data` is empty meanwhile (its
+/// `lens` are set). A frame writer sends them as the frame's tail straight
+/// from where they lie, or puts them into the request
+/// ([`ValueTail::inline_tail`]) to send it whole.
+#[derive(Debug, Clone)]
+pub struct Outgoing {
+    /// The message.
+    pub msg: ToOwner,
+    /// Its values, if held apart.
+    pub values: Option<Bytes>,
+}
+
+impl From<ToOwner> for Outgoing {
+    fn from(msg: ToOwner) -> Self {
+        Outgoing { msg, values: None }
+    }
+}
+
+impl ValueTail for Outgoing {
+    fn tail(&self) -> Option<&[u8]> {
+        match &self.values {
+            Some(b) => Some(b),
+            None => self.msg.tail(),
         }
+    }
+    fn take_tail(&mut self) -> Bytes {
+        match self.values.take() {
+            Some(b) => b,
+            None => self.msg.take_tail(),
+        }
+    }
+    fn inline_tail(&mut self) {
+        if let Some(b) = self.values.take()
+            && let Some(v) = request_values(&mut self.msg)
+        {
+            v.data = bytemuck::pod_collect_to_vec(&b);
+        }
+    }
+}
+
+impl Serialize for Outgoing {
+    /// The message with its values in it (copied in if they are held apart;
+    /// a frame writer puts them in first or sends them as a tail).
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        if self.values.is_none() {
+            return self.msg.serialize(s);
+        }
+        let mut whole = self.clone();
+        whole.inline_tail();
+        whole.msg.serialize(s)
     }
 }
 
