@@ -419,8 +419,9 @@ pub struct OptimizerConfig {
     /// `prior_move_link_share` of its links' probed speed.
     pub prior_move_secs: f64,
     /// Before any plan ran: the share of its links' probed speed a block
-    /// move reaches (links shared with the plan's other moves and with
-    /// training). Above 1 if the probes read low.
+    /// move reaches (its links shared with the plan's other moves at their
+    /// probed speeds). 1: the probes' speed is the best guess until a plan
+    /// measures its own; above 1 if the probes read low.
     pub prior_move_link_share: f64,
     /// Bytes of each bulk transfer that measures link capacity when training
     /// starts and when a container joins. 0: do not probe.
@@ -469,7 +470,7 @@ impl Default for OptimizerConfig {
             prior_delete_secs: 1.0,
             prior_switch_secs: 0.1,
             prior_move_secs: 0.05,
-            prior_move_link_share: 0.5,
+            prior_move_link_share: 1.0,
             probe_bytes: 4 << 20,
             probe_wait_ms: 10_000,
             snapshot_file: String::new(),

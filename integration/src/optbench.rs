@@ -118,12 +118,22 @@ pub fn reversed(cluster: &str) -> String {
     items.join(", ")
 }
 
+/// One reconfiguration of a run.
+pub struct RunPlan {
+    /// When it ended, seconds after the job started.
+    pub at_secs: f64,
+    /// How long it took, seconds.
+    pub secs: f64,
+    /// What it did and what it predicted, in words.
+    pub summary: String,
+}
+
 /// One `cruise run`'s summary.
 pub struct Run {
     /// `(secs, end_secs, workers, servers)` per epoch.
     pub epochs: Vec<(f64, f64, u64, u64)>,
-    /// `(at_secs, summary)` per reconfiguration.
-    pub plans: Vec<(f64, String)>,
+    /// The reconfigurations, in order.
+    pub plans: Vec<RunPlan>,
     /// How the cluster was emulated.
     pub emulation: String,
     /// The optimizer's names of the evaluators (`e<id>`) in container start
@@ -206,11 +216,10 @@ pub fn run(s: &Settings, r: &RunSpec<'_>) -> anyhow::Result<Run> {
         .as_array()
         .map(|a| {
             a.iter()
-                .map(|p| {
-                    (
-                        p["at_secs"].as_f64().unwrap_or(f64::NAN),
-                        p["summary"].as_str().unwrap_or("").to_string(),
-                    )
+                .map(|p| RunPlan {
+                    at_secs: p["at_secs"].as_f64().unwrap_or(f64::NAN),
+                    secs: p["secs"].as_f64().unwrap_or(f64::NAN),
+                    summary: p["summary"].as_str().unwrap_or("").to_string(),
                 })
                 .collect()
         })
@@ -266,7 +275,7 @@ pub fn last_epochs(r: &Run, n: usize) -> f64 {
 /// wholly after it), and over how many epochs.
 pub fn reached(r: &Run) -> ((u64, u64), Option<f64>, usize) {
     let last = r.epochs.last().map_or((0, 0), |e| (e.2, e.3));
-    let settled = r.plans.iter().map(|p| p.0).fold(0.0, f64::max);
+    let settled = r.plans.iter().map(|p| p.at_secs).fold(0.0, f64::max);
     let after: Vec<f64> = r
         .epochs
         .iter()

@@ -377,8 +377,11 @@ fn bench(s: &Settings, a: &Args, n: u32) -> anyhow::Result<()> {
                     split(end.0, end.1),
                     t.map_or("unsettled".to_string(), |t| format!("{t:.3} s"))
                 );
-                for (at, summary) in &r.plans {
-                    println!("    ended at {at:.1} s: {summary}");
+                for p in &r.plans {
+                    println!(
+                        "    ended at {:.1} s after {:.2} s: {}",
+                        p.at_secs, p.secs, p.summary
+                    );
                 }
                 if let Some(t) = t {
                     times.push(t);
