@@ -665,9 +665,11 @@ impl DataPlane {
         }
         let mut left = payload;
         while left > 0 {
-            let k = left.min(BULK_IO_BYTES);
-            let read = std::future::poll_fn(|cx| d.poll_read_from(cx, rd, k));
-            left -= self.read_with(read, idle).await?;
+            let w = d.window();
+            let k = w.len().min(left).min(BULK_IO_BYTES);
+            let got = self.read_some(rd, &mut w[..k], idle).await?;
+            d.advance(got).map_err(|e| Stop::Failed(e.to_string()))?;
+            left -= got;
         }
         Ok(())
     }
@@ -692,20 +694,10 @@ impl DataPlane {
         buf: &mut [u8],
         idle: Option<Duration>,
     ) -> Result<usize, Stop> {
-        self.read_with(rd.read(buf), idle).await
-    }
-
-    /// Waits for `read` (a read of at least one byte), for at most `idle`,
-    /// and for as long as the connection and the data plane last.
-    async fn read_with(
-        &self,
-        read: impl Future<Output = std::io::Result<usize>>,
-        idle: Option<Duration>,
-    ) -> Result<usize, Stop> {
         let read = async {
             match idle {
-                Some(d) => tokio::time::timeout(d, read).await.ok(),
-                None => Some(read.await),
+                Some(d) => tokio::time::timeout(d, rd.read(buf)).await.ok(),
+                None => Some(rd.read(buf).await),
             }
         };
         tokio::select! {

@@ -15,12 +15,7 @@
 
 use std::borrow::Cow;
 use std::collections::HashMap;
-use std::mem::MaybeUninit;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll, ready};
-
-use tokio::io::{AsyncRead, ReadBuf};
 
 use crate::protocol::Key;
 
@@ -315,11 +310,10 @@ fn check_input(b: &InputBlock) -> Result<(), StoreError> {
 }
 
 /// Decodes a block as its bytes arrive, into place: the receiving end of a
-/// move reads the socket straight into place
-/// ([`BlockDecoder::poll_read_from`]: the next bytes the block needs, an
-/// array's length or the rest of the array being filled), so an input or
-/// state block's arrays are written once, by the kernel, into capacity that
-/// is not cleared first. Model blocks (a map of small values) are gathered and
+/// move reads the socket straight into [`BlockDecoder::window`] (the next
+/// bytes the block needs: an array's length, or the rest of the array
+/// being filled), so an input or state block's arrays are written once, by
+/// the kernel. Model blocks (a map of small values) are gathered and
 /// decoded whole at the end.
 ///
 /// An array's length is checked against the bytes the block announced
@@ -355,11 +349,8 @@ enum Decoding {
 
 #[derive(Debug)]
 enum ArrayAt {
-    /// The length's bytes, and how many have come.
     Len([u8; 8], usize),
-    /// The array (its length 0 until it is complete: the elements are read
-    /// into its capacity), its length, and the bytes that have come.
-    Elems(Vec<u32>, usize, usize),
+    Elems(Vec<u32>, usize),
 }
 
 impl BlockDecoder {
@@ -377,13 +368,10 @@ impl BlockDecoder {
         self.total - self.got
     }
 
-    /// Where the next bytes go, at most `max` of them: never empty while
-    /// bytes are expected (and `max` > 0); at most the bytes still
-    /// expected. An array's elements are read into its capacity, not
-    /// cleared first; [`BlockDecoder::took`] counts what was put in.
-    fn next_buf(&mut self, max: usize) -> ReadBuf<'_> {
+    /// Where the next bytes go: never empty while bytes are expected; at
+    /// most the bytes still expected.
+    pub fn window(&mut self) -> &mut [u8] {
         let left = usize::try_from(self.total - self.got).unwrap_or(usize::MAX);
-        let max = max.min(left);
         let w: &mut [u8] = match &mut self.state {
             Decoding::Kind(k) => &mut k[..],
             Decoding::Whole(buf) => {
@@ -396,45 +384,16 @@ impl BlockDecoder {
             }
             Decoding::Arrays { at, .. } => match at {
                 ArrayAt::Len(b, n) => &mut b[*n..],
-                ArrayAt::Elems(v, len, n) => {
-                    let spare = v.spare_capacity_mut();
-                    // SAFETY: a `MaybeUninit<u32>` is four `MaybeUninit<u8>`
-                    // (no padding, any bytes allowed); the view covers the
-                    // spare capacity exactly and borrows it mutably.
-                    let bytes = unsafe {
-                        std::slice::from_raw_parts_mut(
-                            spare.as_mut_ptr().cast::<MaybeUninit<u8>>(),
-                            spare.len() * 4,
-                        )
-                    };
-                    let end = (*len * 4).min(*n + max);
-                    return ReadBuf::uninit(&mut bytes[*n..end]);
-                }
+                ArrayAt::Elems(v, n) => &mut bytemuck::cast_slice_mut::<u32, u8>(v)[*n..],
             },
         };
-        let n = w.len().min(max);
-        ReadBuf::new(&mut w[..n])
+        let n = w.len().min(left);
+        &mut w[..n]
     }
 
-    /// Reads the block's next bytes from `rd`, at most `max` of them, into
-    /// place; how many (0: `rd` is at its end).
-    pub fn poll_read_from<R: AsyncRead + Unpin>(
-        &mut self,
-        cx: &mut Context<'_>,
-        rd: &mut R,
-        max: usize,
-    ) -> Poll<std::io::Result<usize>> {
-        let mut rb = self.next_buf(max);
-        ready!(Pin::new(rd).poll_read(cx, &mut rb))?;
-        let n = rb.filled().len();
-        self.took(n)
-            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
-        Poll::Ready(Ok(n))
-    }
-
-    /// Takes the first `n` bytes of the last [`BlockDecoder::next_buf`],
-    /// filled by its `ReadBuf`.
-    fn took(&mut self, n: usize) -> Result<(), StoreError> {
+    /// Takes the first `n` bytes of the last [`BlockDecoder::window`] as
+    /// written.
+    pub fn advance(&mut self, n: usize) -> Result<(), StoreError> {
         if n == 0 {
             return Ok(());
         }
@@ -481,13 +440,13 @@ impl BlockDecoder {
                             None
                         }
                     }
-                    ArrayAt::Elems(_, _, got) => {
+                    ArrayAt::Elems(_, got) => {
                         *got += n;
                         None
                     }
                 };
                 if let Some(len) = array_len {
-                    *at = ArrayAt::Elems(Vec::with_capacity(len), len, 0);
+                    *at = ArrayAt::Elems(vec![0; len], 0);
                 }
             }
         }
@@ -495,15 +454,10 @@ impl BlockDecoder {
         if let Decoding::Arrays {
             done, count, at, ..
         } = &mut self.state
-            && let ArrayAt::Elems(v, len, got) = at
-            && *got == *len * 4
+            && let ArrayAt::Elems(v, got) = at
+            && *got == v.len() * 4
             && done.len() < *count
         {
-            // SAFETY: the capacity holds `len` elements, and its first
-            // `len * 4` bytes were filled: `got` counts the bytes that the
-            // `ReadBuf`s of `next_buf`, each starting at `got`, reported
-            // filled (so initialised).
-            unsafe { v.set_len(*len) };
             done.push(std::mem::take(v));
             *at = ArrayAt::Len([0; 8], 0);
         }
@@ -513,15 +467,15 @@ impl BlockDecoder {
     /// Takes `bytes` (a chunk that arrived compressed, then inflated).
     pub fn feed(&mut self, mut bytes: &[u8]) -> Result<(), StoreError> {
         while !bytes.is_empty() {
-            let mut w = self.next_buf(bytes.len());
-            if w.remaining() == 0 {
+            let w = self.window();
+            if w.is_empty() {
                 return Err(StoreError::Decode(
                     "more bytes than the block announced".into(),
                 ));
             }
-            let n = w.remaining();
-            w.put_slice(&bytes[..n]);
-            self.took(n)?;
+            let n = w.len().min(bytes.len());
+            w[..n].copy_from_slice(&bytes[..n]);
+            self.advance(n)?;
             bytes = &bytes[n..];
         }
         Ok(())
@@ -797,14 +751,13 @@ mod tests {
                     d.feed(&whole[at..at + n]).unwrap();
                     at += n;
                 } else {
-                    // As the socket would: read into place.
-                    let mut src = &whole[at..at + n];
-                    let got = futures::executor::block_on(std::future::poll_fn(|cx| {
-                        d.poll_read_from(cx, &mut src, n)
-                    }))
-                    .unwrap();
-                    prop_assert!(got > 0);
-                    at += got;
+                    // As the socket would: into the window.
+                    let w = d.window();
+                    prop_assert!(!w.is_empty());
+                    let n = n.min(w.len());
+                    w[..n].copy_from_slice(&whole[at..at + n]);
+                    d.advance(n).unwrap();
+                    at += n;
                 }
             }
             prop_assert_eq!(d.remaining(), 0);
