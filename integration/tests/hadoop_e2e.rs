@@ -117,6 +117,52 @@ fn ready_containers(svc: &Value) -> usize {
         .unwrap_or(0)
 }
 
+/// How many instances a service's component has had: one more than the
+/// highest instance number among its containers and decommissioned
+/// instances (`evaluator-N`).
+fn instances_made(svc: &Value) -> usize {
+    let number = |name: &str| {
+        name.rsplit('-')
+            .next()
+            .and_then(|n| n.parse::<usize>().ok())
+            .map(|n| n + 1)
+    };
+    svc["components"]
+        .as_array()
+        .map(|cs| {
+            cs.iter()
+                .flat_map(|c| {
+                    let running = c["containers"].as_array().cloned().unwrap_or_default();
+                    let gone = c["decommissioned_instances"]
+                        .as_array()
+                        .cloned()
+                        .unwrap_or_default();
+                    running
+                        .into_iter()
+                        .filter_map(|x| x["component_instance_name"].as_str().and_then(number))
+                        .chain(gone.into_iter().filter_map(|x| x.as_str().and_then(number)))
+                        .collect::<Vec<_>>()
+                })
+                .max()
+                .unwrap_or(0)
+        })
+        .unwrap_or(0)
+}
+
+#[test]
+fn instances_made_counts_running_and_decommissioned_instances() {
+    let svc = serde_json::json!({"components": [{
+        "containers": [
+            {"component_instance_name": "evaluator-1", "state": "READY"},
+            {"component_instance_name": "evaluator-0", "state": "READY"}
+        ],
+        "decommissioned_instances": ["evaluator-3", "evaluator-2", "evaluator-5"]
+    }]});
+    assert_eq!(instances_made(&svc), 6);
+    assert_eq!(ready_containers(&svc), 2);
+    assert_eq!(instances_made(&serde_json::json!({"components": []})), 0);
+}
+
 fn service_name(app_id: &str) -> String {
     format!(
         "cruise-{}",
@@ -559,7 +605,7 @@ async fn optimizer_flexes_the_evaluator_service_on_real_yarn() {
     // Scale out: 4 active evaluators after a reconfiguration that added
     // some. (The optimizer may also take one away again on a noisy
     // machine: it then scales in, which is reported, not required.)
-    let grown = await_status(&addr, JOB_TIMEOUT, |s| {
+    await_status(&addr, JOB_TIMEOUT, |s| {
         let active = s["evaluators"]
             .as_array()
             .map(|e| e.iter().filter(|e| e["role"] != "idle").count())
@@ -598,16 +644,30 @@ async fn optimizer_flexes_the_evaluator_service_on_real_yarn() {
         .collect();
     assert_eq!(services.len(), 1, "one running cruise service: {apps}");
     let (name, service_app) = services[0].clone();
+    // The service follows the job: as many containers asked for and READY
+    // as the job has active evaluators, and at least 4 instances made
+    // over its life. The optimizer keeps deciding meanwhile (this job's
+    // epochs take milliseconds, so noise can send it back to 2 and up
+    // again); the job's count is read again at every poll.
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let svc = service(&h, &name).await.expect("the service exists");
-        if svc["components"][0]["number_of_containers"] == 4 && ready_containers(&svc) == 4 {
+        let now = cruise_integration::status(&addr).await.unwrap_or_default();
+        let active = now["evaluators"]
+            .as_array()
+            .map(|e| e.iter().filter(|e| e["role"] != "idle").count())
+            .unwrap_or(0);
+        let asked = svc["components"][0]["number_of_containers"].as_u64();
+        if instances_made(&svc) >= 4
+            && asked == Some(active as u64)
+            && ready_containers(&svc) == active
+        {
             break;
         }
         assert!(
             Instant::now() < deadline,
-            "service {name} not at 4 READY containers while the job has 4 evaluators: {svc}\njob: {}",
-            job_view(&grown)
+            "service {name} does not follow the job ({active} active evaluators, 4 instances made): {svc}\njob: {}",
+            job_view(&now)
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
