@@ -67,22 +67,37 @@ fn cruise_command(h: &RealHadoop) -> tokio::process::Command {
 
 /// `GET` a JSON document from the RM; `None` for a 404.
 async fn rm_get(h: &RealHadoop, path: &str) -> Option<Value> {
+    rm_get_retrying(h, path, Duration::ZERO).await
+}
+
+/// [`rm_get`], asking again every 500 ms while the RM answers with a
+/// server error, for up to `patience`: the Services API answers 500 while
+/// a service's own AM cannot be reached (starting, or replacing a
+/// container).
+async fn rm_get_retrying(h: &RealHadoop, path: &str, patience: Duration) -> Option<Value> {
     let url = format!("{}{path}", h.rm_url());
-    let r = reqwest::Client::new()
-        .get(&url)
-        .header("Accept", "application/json")
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("GET {url}: {e}"));
-    if r.status() == 404 {
-        return None;
-    }
-    assert!(r.status().is_success(), "GET {url}: HTTP {}", r.status());
-    Some(
-        r.json()
+    let deadline = Instant::now() + patience;
+    loop {
+        let r = reqwest::Client::new()
+            .get(&url)
+            .header("Accept", "application/json")
+            .send()
             .await
-            .unwrap_or_else(|e| panic!("GET {url}: not JSON: {e}")),
-    )
+            .unwrap_or_else(|e| panic!("GET {url}: {e}"));
+        if r.status() == 404 {
+            return None;
+        }
+        if r.status().is_server_error() && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            continue;
+        }
+        assert!(r.status().is_success(), "GET {url}: HTTP {}", r.status());
+        return Some(
+            r.json()
+                .await
+                .unwrap_or_else(|e| panic!("GET {url}: not JSON: {e}")),
+        );
+    }
 }
 
 /// YARN's own record of an application: (state, final status).
@@ -101,7 +116,12 @@ async fn yarn_app(h: &RealHadoop, app_id: &str) -> (String, String) {
 
 /// The service's definition from the Services API, `None` once destroyed.
 async fn service(h: &RealHadoop, name: &str) -> Option<Value> {
-    rm_get(h, &format!("/app/v1/services/{name}?user.name={USER}")).await
+    rm_get_retrying(
+        h,
+        &format!("/app/v1/services/{name}?user.name={USER}"),
+        Duration::from_secs(30),
+    )
+    .await
 }
 
 /// Containers of a service in state READY.
