@@ -304,12 +304,8 @@ impl MoveWire {
                 .filter(|&b| usable(b))
                 .fold(f64::INFINITY, f64::min)
         };
-        let ends = |op: &Operation| match op {
-            Operation::Move { from, to, .. } => Some((from.clone(), to.clone())),
-            _ => None,
-        };
-        let mut sent: BTreeMap<String, f64> = BTreeMap::new();
-        let mut received: BTreeMap<String, f64> = BTreeMap::new();
+        let mut sent: BTreeMap<&str, f64> = BTreeMap::new();
+        let mut received: BTreeMap<&str, f64> = BTreeMap::new();
         for (p, &b) in plan.ops.iter().zip(bytes) {
             if let Some((from, to)) = ends(&p.op) {
                 *sent.entry(from).or_default() += b.max(0.0);
@@ -325,13 +321,21 @@ impl MoveWire {
             if !usable(b) {
                 continue;
             }
-            let (sa, sb) = (speed(&from), speed(&to));
-            own[i] = b / sa.min(sb).min(link(&from, &to));
-            let out = sent.get(&from).copied().unwrap_or(0.0) / sa;
-            let inn = received.get(&to).copied().unwrap_or(0.0) / sb;
+            let (sa, sb) = (speed(from), speed(to));
+            own[i] = b / sa.min(sb).min(link(from, to));
+            let out = sent.get(from).copied().unwrap_or(0.0) / sa;
+            let inn = received.get(to).copied().unwrap_or(0.0) / sb;
             shared[i] = own[i].max(out).max(inn);
         }
         MoveWire { own, shared }
+    }
+}
+
+/// A move's source and destination.
+fn ends(op: &Operation) -> Option<(&str, &str)> {
+    match op {
+        Operation::Move { from, to, .. } => Some((from.as_str(), to.as_str())),
+        _ => None,
     }
 }
 

@@ -46,9 +46,9 @@ use super::outputs::Outputs;
 use super::{AmError, EpochSummary, Event, JobSummary, Progress, Role, Status};
 
 mod checkpoints;
+mod from_checkpoint;
 mod members;
 mod reconfigure;
-mod resume;
 mod status;
 mod training;
 
