@@ -457,7 +457,8 @@ async fn finish(cluster: Cluster) {
 
 /// The links are measured before the workers start, while they are idle:
 /// the first status of the training phase already holds a capacity for
-/// every link of the probe ring. With every data-plane frame delayed, a
+/// every link of the probe ring, and a fan-out rate for every evaluator the
+/// ring left open. With every data-plane frame delayed, a
 /// probe takes at least six such delays (three tries, each a request and
 /// its answer), so probes sent as training starts could not have answered
 /// by then.
@@ -473,6 +474,15 @@ async fn training_starts_once_the_links_are_measured() {
         .collect();
     links.sort_unstable();
     assert_eq!(links, [(1, 2), (2, 3), (3, 1)], "every ring link measured");
+    // On one host every pair runs at one speed, so no evaluator's partner
+    // shows itself faster: each one's link is measured by fan-out too.
+    let mut fan_out: Vec<u32> = s.metrics.fan_out.iter().map(|f| f.id.0).collect();
+    fan_out.sort_unstable();
+    assert_eq!(
+        fan_out,
+        [1, 2, 3],
+        "every link the pairs left open measured"
+    );
     finish(cluster).await;
 }
 

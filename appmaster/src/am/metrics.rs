@@ -167,6 +167,9 @@ pub struct Metrics {
     links: BTreeMap<(EvaluatorId, EvaluatorId), Window>,
     /// Capacity per ordered pair from bulk transfers (probes and block moves).
     bulk: BTreeMap<(EvaluatorId, EvaluatorId), Window>,
+    /// Capacity per evaluator from fan-out probes: it sends to every other
+    /// member at once ([`Metrics::fan_out`]).
+    fan_out: BTreeMap<EvaluatorId, Window>,
     /// Bytes and seconds of input loads (for the reload-or-move choice).
     load_bytes_per_sec: Window,
     /// Mini-batches all workers have reported, warm-up included.
@@ -182,6 +185,9 @@ pub struct MetricsView {
     pub links: Vec<LinkView>,
     /// Per link measured by bulk transfers (probes and block moves).
     pub capacity: Vec<LinkView>,
+    /// Per evaluator measured by fan-out probes (it sends to every other
+    /// member at once).
+    pub fan_out: Vec<FanOutView>,
     /// Running totals per evaluator (also of those that left).
     pub totals: Vec<EvalTotals>,
 }
@@ -211,6 +217,15 @@ pub struct EvalMetricsView {
     pub cpu_speed: Option<f64>,
 }
 
+/// One evaluator's fan-out rate.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct FanOutView {
+    /// The sending evaluator.
+    pub id: EvaluatorId,
+    /// Bytes per second, to all members together.
+    pub bytes_per_sec: f64,
+}
+
 /// One link's measured bandwidth.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct LinkView {
@@ -232,6 +247,7 @@ impl Metrics {
             evals: BTreeMap::new(),
             links: BTreeMap::new(),
             bulk: BTreeMap::new(),
+            fan_out: BTreeMap::new(),
             load_bytes_per_sec: Window::new(window),
             worker_batches: 0,
         }
@@ -347,13 +363,69 @@ impl Metrics {
             .push(bytes as f64 / secs);
     }
 
-    /// An evaluator's capacity: the fastest bulk transfer it took part in.
+    /// Records a fan-out probe: `from` sent `bytes` in all to every other
+    /// member at once, in `secs`. The rate is at most its own link's and
+    /// at most the others' links together, which is as much as its link can
+    /// ever be asked to carry.
+    pub fn fan_out(&mut self, from: EvaluatorId, bytes: u64, secs: f64) {
+        if bytes < 64 * 1024 || secs <= 0.0 {
+            return;
+        }
+        let w = self.window;
+        self.fan_out
+            .entry(from)
+            .or_insert_with(|| Window::new(w))
+            .push(bytes as f64 / secs);
+    }
+
+    /// An evaluator's capacity: the fastest bulk transfer it took part in,
+    /// or its fan-out rate if faster.
     pub fn capacity(&self, id: EvaluatorId) -> Option<f64> {
+        self.pair_capacity(id)
+            .into_iter()
+            .chain(self.fan_out.get(&id).and_then(Window::mean))
+            .reduce(f64::max)
+    }
+
+    /// The fastest bulk transfer between two evaluators `id` took part in.
+    fn pair_capacity(&self, id: EvaluatorId) -> Option<f64> {
         self.bulk
             .iter()
             .filter(|((a, b), _)| *a == id || *b == id)
             .filter_map(|(_, w)| w.mean())
             .reduce(f64::max)
+    }
+
+    /// Of `members`, those whose link the transfers between pairs leave
+    /// open, fastest-looking first. A transfer between two evaluators runs
+    /// at the slower one's speed, so it tells an evaluator's own speed only
+    /// when its partner has shown itself faster (by more than `tolerance`,
+    /// a fraction) in another transfer; otherwise the evaluator may be
+    /// faster than everything it was paired with: the fastest of a cluster
+    /// always, and a fast one whose partners were all slow. These are what
+    /// a fan-out probe ([`Metrics::fan_out`]) measures. Members no pair
+    /// measured are open too; those with a fan-out rate already are not.
+    pub fn open_capacities(&self, members: &[EvaluatorId], tolerance: f64) -> Vec<EvaluatorId> {
+        let mut open: Vec<(EvaluatorId, f64)> = members
+            .iter()
+            .filter(|id| !self.fan_out.contains_key(id))
+            .filter_map(|&id| {
+                let own = self.pair_capacity(id).unwrap_or(0.0);
+                let shown_faster = self
+                    .bulk
+                    .keys()
+                    .filter_map(|&(a, b)| match (a == id, b == id) {
+                        (true, false) => Some(b),
+                        (false, true) => Some(a),
+                        _ => None,
+                    })
+                    .filter_map(|partner| self.pair_capacity(partner))
+                    .any(|partner| own > 0.0 && partner > own * (1.0 + tolerance));
+                (!shown_faster).then_some((id, own))
+            })
+            .collect();
+        open.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        open.into_iter().map(|(id, _)| id).collect()
     }
 
     /// Mean capacity over every bulk-measured link.
@@ -517,6 +589,14 @@ impl Metrics {
                     })
                 })
                 .collect(),
+            fan_out: self
+                .fan_out
+                .iter()
+                .filter_map(|(&id, w)| {
+                    w.mean()
+                        .map(|bytes_per_sec| FanOutView { id, bytes_per_sec })
+                })
+                .collect(),
             totals: self.totals.values().cloned().collect(),
         }
     }
@@ -670,6 +750,65 @@ mod tests {
         );
         close(w(&m, EvaluatorId(2), |e| &e.server_secs_per_byte), 1e-7);
         assert!(w(&m, EvaluatorId(2), |e| &e.server_secs_per_mini_batch).is_none());
+    }
+
+    /// A ring of probes over three fast (18 MB/s) and five slow (10 MB/s)
+    /// links, in an order that puts one fast evaluator (5) between two slow
+    /// ones: every pair runs at its slower end.
+    fn ring_of_pairs(m: &mut Metrics, fast: &[u32]) {
+        let speed = |id: u32| if fast.contains(&id) { 18e6_f64 } else { 10e6 };
+        for a in 1..=8u32 {
+            let b = a % 8 + 1;
+            let rate = speed(a).min(speed(b));
+            let bytes = 4u64 << 20;
+            m.bulk(EvaluatorId(a), EvaluatorId(b), bytes, bytes as f64 / rate);
+        }
+    }
+
+    #[test]
+    fn pairs_leave_open_the_fastest_and_those_with_only_slower_partners() {
+        let members: Vec<EvaluatorId> = (1..=8).map(EvaluatorId).collect();
+        let mut m = Metrics::new(4, 0);
+        ring_of_pairs(&mut m, &[1, 2, 5]);
+        // 1 and 2 are the fastest (nothing shown faster); 5 reads 10 MB/s
+        // with both its partners (4 and 6), as do 4, 6 and 7 with theirs; 3
+        // and 8 each have a partner shown faster (2 and 1), so their 10 MB/s
+        // is their own.
+        let open = m.open_capacities(&members, 0.25);
+        assert_eq!(
+            open,
+            [1, 2, 4, 5, 6, 7].map(EvaluatorId).to_vec(),
+            "fastest-looking first, then by id"
+        );
+        assert!((m.capacity(EvaluatorId(5)).unwrap() - 10e6).abs() < 1.0);
+        // 5 sending 4 MiB to the others at once in 0.233 s reads its own 18 MB/s.
+        m.fan_out(EvaluatorId(5), 4 << 20, (4u64 << 20) as f64 / 18e6);
+        assert!((m.capacity(EvaluatorId(5)).unwrap() - 18e6).abs() < 1.0);
+        assert!(!m.open_capacities(&members, 0.25).contains(&EvaluatorId(5)));
+        // A fan-out slower than a pair does not lower the capacity.
+        m.fan_out(EvaluatorId(1), 4 << 20, (4u64 << 20) as f64 / 5e6);
+        assert!((m.capacity(EvaluatorId(1)).unwrap() - 18e6).abs() < 1.0);
+        // Within the tolerance a partner is not shown faster: 11 MB/s
+        // beside 10 MB/s leaves both open.
+        let mut m = Metrics::new(4, 0);
+        m.bulk(
+            EvaluatorId(1),
+            EvaluatorId(2),
+            1 << 20,
+            (1u64 << 20) as f64 / 11e6,
+        );
+        m.bulk(
+            EvaluatorId(2),
+            EvaluatorId(3),
+            1 << 20,
+            (1u64 << 20) as f64 / 10e6,
+        );
+        let three: Vec<EvaluatorId> = (1..=4).map(EvaluatorId).collect();
+        assert_eq!(
+            m.open_capacities(&three, 0.25),
+            [1, 2, 3, 4].map(EvaluatorId).to_vec(),
+            "4 has no measurement at all"
+        );
     }
 
     #[test]

@@ -363,14 +363,16 @@ fn apply_ownership(u: &OwnershipUpdate, job: &Job, links: &Links) {
 fn probe_bandwidth(to: EvaluatorId, bytes: u64, job: &Job, links: &Links) {
     let dp = job.dp.clone();
     links.answer_later("probing bandwidth", async move {
-        Ok::<_, EvaluatorError>(Some(match dp.probe(to, bytes, 3).await {
-            Ok(secs) => EvalToAm::BandwidthProbe { to, bytes, secs },
-            Err(e) => {
-                tracing::warn!("bandwidth probe to evaluator {to}: {e}");
-                let error = e.to_string();
-                EvalToAm::ProbeFailed { to, error }
-            }
-        }))
+        Ok::<_, EvaluatorError>(Some(
+            match dp.probe(to, bytes, crate::protocol::PROBE_TRIES).await {
+                Ok(secs) => EvalToAm::BandwidthProbe { to, bytes, secs },
+                Err(e) => {
+                    tracing::warn!("bandwidth probe to evaluator {to}: {e}");
+                    let error = e.to_string();
+                    EvalToAm::ProbeFailed { to, error }
+                }
+            },
+        ))
     });
 }
 

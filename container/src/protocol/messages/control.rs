@@ -10,6 +10,10 @@ use cruise_hdfs::Split;
 
 use super::{BlockId, EvaluatorId, Key, MiniBatchReport, ServerReport, Stats, TableId, ValueBatch};
 
+/// Transfers an evaluator makes for one [`AmToEval::ProbeBandwidth`]; it
+/// answers with the fastest.
+pub const PROBE_TRIES: u32 = 3;
+
 /// Messages from the AM to an evaluator.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum AmToEval {
@@ -65,7 +69,8 @@ pub enum AmToEval {
     },
     /// Compute the objective over all local input with the current model (no updates).
     Evaluate,
-    /// Measure the bandwidth to another evaluator with a bulk transfer.
+    /// Measure the bandwidth to another evaluator with bulk transfers:
+    /// [`PROBE_TRIES`] of `bytes` each, one after the other, sent by `to`.
     ProbeBandwidth {
         /// The other evaluator.
         to: EvaluatorId,

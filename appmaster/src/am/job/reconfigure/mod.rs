@@ -162,6 +162,14 @@ pub(super) enum StartProbes {
         links: BTreeSet<(EvaluatorId, EvaluatorId)>,
         deadline: Instant,
     },
+    /// The ring has answered; the links it left open are measured by
+    /// fan-out, `round` now, then those in `queue` (from the back).
+    /// Training starts after the last, or at `deadline` without the rest.
+    FanOut {
+        round: FanRound,
+        queue: Vec<EvaluatorId>,
+        deadline: Instant,
+    },
     /// Not waited for (`optimizer.probe_wait_ms = 0`): the links are probed
     /// once training has started.
     WhileTraining,
@@ -169,10 +177,28 @@ pub(super) enum StartProbes {
     Done,
 }
 
+/// One fan-out probe: `to` sends to every other member at once.
+#[derive(Debug)]
+pub(super) struct FanRound {
+    pub(super) to: EvaluatorId,
+    /// The members that have not answered yet.
+    pub(super) pending: BTreeSet<EvaluatorId>,
+    /// Bytes sent to the members that answered, every try.
+    pub(super) bytes: u64,
+    /// When the round was asked for: it is timed whole, from here to the
+    /// last answer. Each member's fastest try would not do: the transfers
+    /// share the link unevenly and finish at different times, and a try
+    /// that ran while others had finished read more than its share.
+    pub(super) started: Instant,
+}
+
 pub(super) struct Reconfig {
     pub(super) metrics: Metrics,
     /// The probes that measure the links before training starts.
     pub(super) start_probes: StartProbes,
+    /// Fan-in probes whose round was given up (`(from, to)`): their answers
+    /// are not counted.
+    pub(super) late_fan_out: BTreeSet<(EvaluatorId, EvaluatorId)>,
     policy: TriggerPolicy,
     enabled: bool,
     interval: Duration,
@@ -223,6 +249,7 @@ impl Reconfig {
         Reconfig {
             metrics: Metrics::new(o.window as usize, o.warmup_mini_batches),
             start_probes: StartProbes::NotYet,
+            late_fan_out: BTreeSet::new(),
             policy: TriggerPolicy {
                 config: TriggerConfig {
                     min_mini_batches: o.min_mini_batches,

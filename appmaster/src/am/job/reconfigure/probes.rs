@@ -1,12 +1,21 @@
-//! Bandwidth probes between evaluators: a ring before training and on
-//! the trigger's request, so the cost model knows the links.
+//! Bandwidth probes between evaluators, so the cost model knows the
+//! links: a ring before training and on the trigger's request, and before
+//! training, fan-out probes of the links the ring leaves open.
+//!
+//! A transfer between two evaluators runs at the slower end's speed. The
+//! ring therefore tells an evaluator's own link only where its partner has
+//! shown itself faster; the fastest evaluators, and a fast one between two
+//! slow ones, look as fast as their partners. Each of those then sends to
+//! every other member at once: that rate is its own link's, or, when
+//! its link is faster than the others' together, more than it will ever be
+//! asked to carry.
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use cruise_container::protocol::{AmToEval, EvaluatorId};
+use cruise_container::protocol::{AmToEval, EvaluatorId, PROBE_TRIES};
 
-use super::StartProbes;
+use super::{FanRound, StartProbes};
 use crate::am::AmError;
 use crate::am::job::{Driver, Phase, plural};
 
@@ -43,7 +52,7 @@ impl Driver {
     pub(in crate::am::job) async fn probe_before_training(&mut self) -> bool {
         match self.rc.start_probes {
             StartProbes::NotYet => {}
-            StartProbes::Waiting { .. } => return true,
+            StartProbes::Waiting { .. } | StartProbes::FanOut { .. } => return true,
             StartProbes::WhileTraining | StartProbes::Done => return false,
         }
         let wait = Duration::from_millis(self.config.optimizer.probe_wait_ms);
@@ -72,7 +81,7 @@ impl Driver {
     }
 
     /// A probe from `from` to `to` measured `bytes` in `secs`: the link's
-    /// bandwidth is counted.
+    /// bandwidth is counted (a fan-out probe's, once its round is complete).
     pub(in crate::am::job) async fn on_probe_measured(
         &mut self,
         from: EvaluatorId,
@@ -81,6 +90,12 @@ impl Driver {
         secs: f64,
     ) -> Result<(), AmError> {
         tracing::debug!(from = %from, %to, bytes, secs, "bandwidth probe");
+        if self.rc.late_fan_out.remove(&(from, to)) {
+            return Ok(());
+        }
+        if self.fan_out_answered(from, to, Some(bytes)) {
+            return self.after_fan_out_answer().await;
+        }
         self.rc.metrics.bulk(from, to, bytes, secs);
         self.on_start_probe(from, to).await
     }
@@ -93,7 +108,113 @@ impl Driver {
         error: &str,
     ) -> Result<(), AmError> {
         tracing::warn!(from = %from, %to, "bandwidth probe failed: {error}");
+        if self.fan_out_answered(from, to, None) {
+            return self.after_fan_out_answer().await;
+        }
         self.on_start_probe(from, to).await
+    }
+
+    /// Counts an answer (the bytes of each try; `None`: a failure) to the
+    /// running fan-out round, if it is one. Returns whether it was.
+    fn fan_out_answered(
+        &mut self,
+        from: EvaluatorId,
+        to: EvaluatorId,
+        answer: Option<u64>,
+    ) -> bool {
+        let StartProbes::FanOut { round, .. } = &mut self.rc.start_probes else {
+            return false;
+        };
+        if round.to != to || !round.pending.remove(&from) {
+            return false;
+        }
+        if let Some(bytes) = answer {
+            round.bytes += bytes * u64::from(PROBE_TRIES);
+        }
+        true
+    }
+
+    /// After an answer to a fan-out round: when it was the round's last,
+    /// counts the round and starts the next (or training, after the last).
+    async fn after_fan_out_answer(&mut self) -> Result<(), AmError> {
+        let StartProbes::FanOut { round, queue, .. } = &mut self.rc.start_probes else {
+            return Ok(());
+        };
+        if !round.pending.is_empty() {
+            return Ok(());
+        }
+        let (to, bytes, secs) = (round.to, round.bytes, round.started.elapsed().as_secs_f64());
+        let next = queue.pop();
+        tracing::debug!(%to, bytes, secs, "fan-out probe");
+        self.rc.metrics.fan_out(to, bytes, secs);
+        match next {
+            Some(next) => {
+                self.start_fan_out_round(next).await;
+                Ok(())
+            }
+            None => {
+                self.rc.start_probes = StartProbes::Done;
+                self.maybe_start_training().await
+            }
+        }
+    }
+
+    /// The ring has answered: the links it left open get a fan-out round
+    /// each (see the module's documentation), one at a time, within
+    /// `optimizer.probe_wait_ms` of their own; then training starts.
+    async fn start_fan_out(&mut self) -> Result<(), AmError> {
+        let members: Vec<EvaluatorId> = self.members().collect();
+        let tolerance = self.config.optimizer.bandwidth_noise_tolerance;
+        let mut open = self.rc.metrics.open_capacities(&members, tolerance);
+        if members.len() < 3 || open.is_empty() {
+            self.rc.start_probes = StartProbes::Done;
+            return self.maybe_start_training().await;
+        }
+        self.phase(
+            Phase::Loading,
+            format!(
+                "measuring the links of {} that the pairs left open, each sending to the \
+                 others at once",
+                plural(open.len() as u32, "evaluator")
+            ),
+        );
+        // Popped from the back: the fastest-looking first.
+        open.reverse();
+        let Some(first) = open.pop() else {
+            return Ok(());
+        };
+        self.rc.start_probes = StartProbes::FanOut {
+            round: FanRound {
+                to: first,
+                pending: BTreeSet::new(),
+                bytes: 0,
+                started: Instant::now(),
+            },
+            queue: open,
+            deadline: Instant::now() + Duration::from_millis(self.config.optimizer.probe_wait_ms),
+        };
+        self.start_fan_out_round(first).await;
+        Ok(())
+    }
+
+    /// `to` sends every other member its share of `optimizer.probe_bytes`
+    /// at once (at least 256 KiB each; a probe asks the other end to send).
+    async fn start_fan_out_round(&mut self, to: EvaluatorId) {
+        let others: Vec<EvaluatorId> = self.members().filter(|&id| id != to).collect();
+        let each =
+            (self.config.optimizer.probe_bytes / others.len().max(1) as u64).max(FAN_OUT_MIN_BYTES);
+        if let StartProbes::FanOut { round, .. } = &mut self.rc.start_probes {
+            *round = FanRound {
+                to,
+                pending: others.iter().copied().collect(),
+                bytes: 0,
+                started: Instant::now(),
+            };
+        }
+        for from in others {
+            self.send(from, AmToEval::ProbeBandwidth { to, bytes: each })
+                .await;
+        }
     }
 
     /// A probe answered or failed: training starts after the last one.
@@ -105,8 +226,7 @@ impl Driver {
         if let StartProbes::Waiting { links, .. } = &mut self.rc.start_probes {
             links.remove(&(from, to));
             if links.is_empty() {
-                self.rc.start_probes = StartProbes::Done;
-                self.maybe_start_training().await?;
+                self.start_fan_out().await?;
             }
         }
         Ok(())
@@ -116,20 +236,42 @@ impl Driver {
     /// have not answered by their deadline (the optimizer then prices those
     /// links by what it measures later).
     pub(in crate::am::job) async fn expire_start_probes(&mut self) -> Result<(), AmError> {
-        let StartProbes::Waiting { links, deadline } = &self.rc.start_probes else {
-            return Ok(());
-        };
-        if Instant::now() < *deadline {
-            return Ok(());
+        let wait = self.config.optimizer.probe_wait_ms;
+        match &self.rc.start_probes {
+            StartProbes::Waiting { links, deadline } if Instant::now() >= *deadline => {
+                let missing: Vec<String> = links.iter().map(|(a, b)| format!("{a}→{b}")).collect();
+                tracing::warn!(
+                    "training starts without {} that did not answer within {wait} ms \
+                     (evaluators {})",
+                    plural(missing.len() as u32, "link measurement"),
+                    missing.join(", ")
+                );
+            }
+            StartProbes::FanOut {
+                round,
+                queue,
+                deadline,
+            } if Instant::now() >= *deadline => {
+                let unmeasured: Vec<String> = std::iter::once(round.to)
+                    .chain(queue.iter().rev().copied())
+                    .map(|id| id.to_string())
+                    .collect();
+                tracing::warn!(
+                    "training starts without the fan-out probes of evaluators {} (not done \
+                     within {wait} ms); their links are priced by their pairs",
+                    unmeasured.join(", ")
+                );
+                // Answers of the unfinished round that come in while training
+                // read the link shared with it: they are not counted.
+                self.rc.late_fan_out = round.pending.iter().map(|&from| (from, round.to)).collect();
+            }
+            _ => return Ok(()),
         }
-        let missing: Vec<String> = links.iter().map(|(a, b)| format!("{a}→{b}")).collect();
-        tracing::warn!(
-            "training starts without {} that did not answer within {} ms (evaluators {})",
-            plural(missing.len() as u32, "link measurement"),
-            self.config.optimizer.probe_wait_ms,
-            missing.join(", ")
-        );
         self.rc.start_probes = StartProbes::Done;
         self.maybe_start_training().await
     }
 }
+
+/// The least a fan-out probe sends each member: fewer bytes than this say
+/// more about a connection's start than about the link.
+const FAN_OUT_MIN_BYTES: u64 = 256 * 1024;
