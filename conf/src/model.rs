@@ -424,14 +424,17 @@ pub struct OptimizerConfig {
     /// measures its own; above 1 if the probes read low.
     pub prior_move_link_share: f64,
     /// Bytes of each bulk transfer that measures link capacity when training
-    /// starts and when a container joins. 0: do not probe.
+    /// starts and when a container joins; a fan-out probe (one container
+    /// sending to all the others at once) sends this many in all, at least
+    /// 256 KiB to each. 0: do not probe.
     pub probe_bytes: u64,
     /// How long training waits for the links to be measured before it
     /// starts, milliseconds: the first probes run on idle links (probes run
     /// while training share the links with it and read low). Training
-    /// starts when every probe has answered or this has passed. 0: do not
-    /// wait (probe while training). A container that joins later is probed
-    /// while training goes on.
+    /// starts when every probe has answered or this has passed; the
+    /// fan-out probes of the links the pairs leave open then get as long
+    /// again. 0: do not wait (probe while training, pairs only). A
+    /// container that joins later is probed while training goes on.
     pub probe_wait_ms: u64,
     /// Write the optimizer's input (a snapshot for `cruise plan`) to this file
     /// at every look, and the one each plan was decided from beside it
