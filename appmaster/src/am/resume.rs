@@ -77,7 +77,7 @@ pub enum ResumeError {
     /// Checkpoints were off for the job.
     #[error(
         "job {job_id} in {work_dir} cannot be resumed: it took no checkpoints \
-         (checkpoint.enabled = false in {config})"
+         (checkpoint.enabled = false, or no checkpoint.dir, in {config})"
     )]
     CheckpointsOff {
         /// The job.
@@ -215,12 +215,50 @@ fn newest_config(work_dir: &Path, jobs_dir: &Path) -> Result<(PathBuf, String), 
 pub async fn prepare(work_dir: &Path) -> Result<Prepared, ResumeError> {
     let jobs_dir = work_dir.join("jobs");
     let (config_file, job_id) = newest_config(work_dir, &jobs_dir)?;
-    let mut config = cruise_conf::load_file(&config_file).map_err(|e| ResumeError::Unreadable {
+    let mut config = load_config(&config_file)?;
+    config.job.work_dir = work_dir.display().to_string();
+    prepare_job(work_dir, &config_file, config, job_id).await
+}
+
+/// Finds what a later attempt of a YARN application resumes: job
+/// `job_id` (every attempt of an application runs the same job) run with
+/// `config`, read from `config_file` (the application's `job.toml`, which
+/// every attempt is given, so the attempts' configurations agree), whose
+/// history is in `work_dir` when an earlier attempt ran on this node (the
+/// attempts of an application share its local directory there). Errors as
+/// [`prepare`]'s: [`ResumeError::NoCheckpoint`] and
+/// [`ResumeError::CheckpointsOff`] say there is nothing to resume from.
+pub async fn prepare_attempt(
+    work_dir: &Path,
+    config_file: &Path,
+    job_id: &str,
+    mut config: CruiseConfig,
+) -> Result<Prepared, ResumeError> {
+    // As the first attempt's job did: without a directory every evaluator
+    // reaches, it took no checkpoints.
+    if config.checkpoint.dir.is_empty() {
+        config.checkpoint.enabled = false;
+    }
+    prepare_job(work_dir, config_file, config, job_id.to_string()).await
+}
+
+fn load_config(config_file: &Path) -> Result<CruiseConfig, ResumeError> {
+    cruise_conf::load_file(config_file).map_err(|e| ResumeError::Unreadable {
         path: config_file.display().to_string(),
         message: e.to_string(),
-    })?;
-    config.job.work_dir = work_dir.display().to_string();
+    })
+}
 
+/// What job `job_id` (of `work_dir`, run with `config`, which
+/// `config_file` holds) resumes from: nothing if its history says it
+/// finished, else its newest usable checkpoint and its epochs up to it.
+async fn prepare_job(
+    work_dir: &Path,
+    config_file: &Path,
+    config: CruiseConfig,
+    job_id: String,
+) -> Result<Prepared, ResumeError> {
+    let jobs_dir = work_dir.join("jobs");
     let history_dir = jobs_dir.join(HISTORY_DIR);
     let files = history_files(&history_dir, &job_id);
     let mut records = Vec::new();
