@@ -87,6 +87,20 @@ pub enum ResumeError {
         /// Its configuration file.
         config: String,
     },
+    /// An earlier attempt of a YARN application ended the job itself (it
+    /// failed or was cancelled): a later attempt does not run it again, as
+    /// YARN starts none after an AM that unregistered.
+    #[error("job {job_id} ended {outcome} in an earlier attempt ({history}): {error}")]
+    Ended {
+        /// The job.
+        job_id: String,
+        /// `failed` or `cancelled`.
+        outcome: String,
+        /// Why, as recorded.
+        error: String,
+        /// The history that says so.
+        history: String,
+    },
     /// The checkpoint does not fit the job's configuration.
     #[error("job {job_id}: checkpoint {folder} does not fit its configuration: {message}")]
     Mismatch {
@@ -227,13 +241,36 @@ pub async fn prepare(work_dir: &Path) -> Result<Prepared, ResumeError> {
 /// history is in `work_dir` when an earlier attempt ran on this node (the
 /// attempts of an application share its local directory there). Errors as
 /// [`prepare`]'s: [`ResumeError::NoCheckpoint`] and
-/// [`ResumeError::CheckpointsOff`] say there is nothing to resume from.
+/// [`ResumeError::CheckpointsOff`] say there is nothing to resume from;
+/// and [`ResumeError::Ended`] when an earlier attempt's history ends with
+/// the job failed or cancelled (an AM that ends its job unregisters, so
+/// YARN would start no later attempt; the simulator, which has no
+/// unregistering, does).
 pub async fn prepare_attempt(
     work_dir: &Path,
     config_file: &Path,
     job_id: &str,
     mut config: CruiseConfig,
 ) -> Result<Prepared, ResumeError> {
+    let history_dir = work_dir.join("jobs").join(HISTORY_DIR);
+    for f in history_files(&history_dir, job_id) {
+        let records = history::read(&f).map_err(|e| ResumeError::Unreadable {
+            path: f.display().to_string(),
+            message: e.to_string(),
+        })?;
+        for r in records {
+            if let Record::End { outcome, error, .. } = r
+                && outcome != "finished"
+            {
+                return Err(ResumeError::Ended {
+                    job_id: job_id.to_string(),
+                    outcome,
+                    error: error.unwrap_or_default(),
+                    history: f.display().to_string(),
+                });
+            }
+        }
+    }
     // As the first attempt's job did: without a directory every evaluator
     // reaches, it took no checkpoints.
     if config.checkpoint.dir.is_empty() {
@@ -470,6 +507,40 @@ mod tests {
         .unwrap();
         assert!(matches!(
             prepare(dir.path()).await.unwrap(),
+            Prepared::Finished { .. }
+        ));
+    }
+
+    #[tokio::test]
+    async fn a_later_attempt_resumes_unless_the_job_ended_or_has_no_checkpoint() {
+        let dir = tempfile::tempdir().unwrap();
+        let job_toml = dir.path().join("job.toml");
+        let mut config = CruiseConfig::default();
+        let attempt = |config: &CruiseConfig| {
+            prepare_attempt(dir.path(), &job_toml, "job_1_0001", config.clone())
+        };
+        // No checkpoint directory: nothing was checkpointed.
+        let e = attempt(&config).await.unwrap_err();
+        assert!(matches!(e, ResumeError::CheckpointsOff { .. }), "{e}");
+        config.checkpoint.dir = dir.path().join("ckpt").display().to_string();
+        let e = attempt(&config).await.unwrap_err();
+        assert!(matches!(e, ResumeError::NoCheckpoint { .. }), "{e}");
+
+        let history = dir.path().join("jobs").join(HISTORY_DIR);
+        std::fs::create_dir_all(&history).unwrap();
+        let end = |outcome: &str| {
+            format!(
+                "{{\"event\":\"end\",\"at_secs\":1.0,\"outcome\":\"{outcome}\",\
+                 \"error\":\"evaluator 2 lost\",\"final_loss\":null,\"final_accuracy\":null}}\n"
+            )
+        };
+        std::fs::write(history.join("job_1_0001.jsonl"), end("failed")).unwrap();
+        let e = attempt(&config).await.unwrap_err().to_string();
+        assert!(e.contains("ended failed in an earlier attempt"), "{e}");
+        assert!(e.contains("evaluator 2 lost"), "{e}");
+        std::fs::write(history.join("job_1_0001.jsonl"), end("finished")).unwrap();
+        assert!(matches!(
+            attempt(&config).await.unwrap(),
             Prepared::Finished { .. }
         ));
     }
