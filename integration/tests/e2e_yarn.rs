@@ -411,6 +411,13 @@ async fn failed_job_is_recorded_and_its_service_destroyed() {
     );
     assert!(logs.contains("exit code 127"), "{logs}");
     assert!(logs.contains("/nonexistent/cruise"), "{logs}");
+    // The simulator starts a second attempt after the failed AM (it has no
+    // unregistering, which ends the application on real YARN); that attempt
+    // does not run the failed job again.
+    assert!(
+        logs.contains("ended failed in an earlier attempt"),
+        "{logs}"
+    );
     let service = format!(
         "cruise-{}",
         app_id.trim_start_matches("application_").replace('_', "-")
