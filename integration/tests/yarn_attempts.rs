@@ -9,7 +9,9 @@
 //! summary's `resumed_from`, the epochs before it carried over with their
 //! figures from the first attempt's history) and finishes it: the
 //! application ends FINISHED/SUCCEEDED after two attempts. With one attempt
-//! the application fails, its diagnostics naming the lost AM container.
+//! the application fails, its diagnostics naming the lost AM container. An
+//! AM killed before any checkpoint is followed by an attempt that starts
+//! the job afresh, saying so.
 //!
 //! Multi-process: the simulators, the `cruise` client, the AM in a simulated
 //! YARN container and its evaluators in the containers of a YARN service.
@@ -56,10 +58,17 @@ impl Cluster {
         }
     }
 
-    /// Submits the MLR job with `max_app_attempts`; returns the application.
-    async fn submit(&self, max_app_attempts: u32, work: &Path) -> String {
+    /// Submits the MLR job with `max_app_attempts`, a checkpoint every
+    /// epoch or (`checkpoints` false) none while it runs; returns the
+    /// application.
+    async fn submit(&self, max_app_attempts: u32, checkpoints: bool, work: &Path) -> String {
         let attempts = format!("yarn.max_app_attempts={max_app_attempts}");
         let epochs = EPOCHS.to_string();
+        let (every_epochs, every_secs) = if checkpoints {
+            ("checkpoint.every_epochs=1", "checkpoint.every_secs=0")
+        } else {
+            ("checkpoint.every_epochs=0", "checkpoint.every_secs=3600")
+        };
         let o = cruise_on_hadoop(
             &[
                 "submit",
@@ -74,9 +83,9 @@ impl Cluster {
                 "--set",
                 "optimizer.enabled=false",
                 "--set",
-                "checkpoint.every_epochs=1",
+                every_epochs,
                 "--set",
-                "checkpoint.every_secs=0",
+                every_secs,
                 "--set",
                 &attempts,
                 "--set",
@@ -178,21 +187,31 @@ impl Cluster {
     /// A file of the AM container of `app`'s attempt `attempt`, through
     /// `cruise logs`.
     async fn am_file(&self, app: &str, attempt: u32, file: &str) -> String {
+        self.try_am_file(app, attempt, file)
+            .await
+            .unwrap_or_else(|e| panic!("{file} of attempt {attempt} of {app}: {e}"))
+    }
+
+    /// [`Cluster::am_file`], or why `cruise logs` could not read it (the
+    /// attempt has no AM container yet).
+    async fn try_am_file(&self, app: &str, attempt: u32, file: &str) -> Result<String, String> {
         let attempt = attempt.to_string();
         let o = cruise_on_hadoop(
             &["logs", app, "--attempt", &attempt, "--file", file],
             &self.conf,
         )
         .await;
-        assert!(o.status.success(), "{}", text(&o.stderr));
-        text(&o.stdout)
+        if o.status.success() {
+            Ok(text(&o.stdout))
+        } else {
+            Err(text(&o.stderr))
+        }
     }
 }
 
-/// Waits for a checkpoint of epoch `KILL_AFTER_EPOCH` or later, then
-/// `SIGKILL`s the processes of the AM container of attempt 1 (its process
-/// group: the shell YARN launched and the AM under it). Returns the
-/// checkpoint's epoch and the evaluators' process ids at the kill.
+/// Waits for a checkpoint of epoch `KILL_AFTER_EPOCH` or later, then kills
+/// the first AM ([`kill_first_am`]). Returns the checkpoint's epoch and the
+/// evaluators' process ids at the kill.
 async fn kill_first_am_after_a_checkpoint(c: &Cluster, app: &str) -> (u32, Vec<u32>) {
     let epoch = wait_for("a checkpoint on HDFS", WAIT, || async {
         c.newest_checkpoint_epoch(app)
@@ -201,18 +220,26 @@ async fn kill_first_am_after_a_checkpoint(c: &Cluster, app: &str) -> (u32, Vec<u
     })
     .await
     .unwrap_or_else(|e| panic!("{e}\n{}", c.yarn.log()));
+    eprintln!("the checkpoint of epoch {epoch} is on HDFS");
+    (epoch, kill_first_am(c, app).await)
+}
+
+/// `SIGKILL`s the processes of the AM container of `app`'s attempt 1 (its
+/// process group: the shell YARN launched and the AM under it), which
+/// runs four evaluators. Returns the evaluators' process ids.
+async fn kill_first_am(c: &Cluster, app: &str) -> Vec<u32> {
     let (am, evaluators) = c.running_pids(app, 1).await;
     let Some(am) = am else {
         panic!("no running AM of {app}: {:?}", c.containers().await)
     };
     assert_eq!(evaluators.len(), 4, "{:?}", c.containers().await);
-    eprintln!("killing the AM of {app} (process group {am}) after the checkpoint of epoch {epoch}");
+    eprintln!("killing the AM of {app} (process group {am})");
     nix::sys::signal::killpg(
         nix::unistd::Pid::from_raw(am as i32),
         nix::sys::signal::Signal::SIGKILL,
     )
     .unwrap();
-    (epoch, evaluators)
+    evaluators
 }
 
 /// Waits until none of `pids` runs.
@@ -226,6 +253,21 @@ async fn all_exit(pids: &[u32], within: Duration) {
         let alive: Vec<u32> = pids.iter().copied().filter(|&p| pid_alive(p)).collect();
         panic!("{e}: still alive {alive:?}")
     });
+}
+
+/// Checks that `app` (its final `report`) succeeded in its second attempt
+/// after the first failed; returns the second AM's stderr.
+async fn succeeded_in_the_second_attempt(c: &Cluster, app: &str, report: &Value) -> String {
+    let attempts = c.attempts(app).await;
+    let second = c.am_file(app, 2, "stderr").await;
+    assert_eq!(
+        (report["state"].as_str(), report["finalStatus"].as_str()),
+        (Some("FINISHED"), Some("SUCCEEDED")),
+        "{report}\nattempt 2:\n{second}"
+    );
+    assert_eq!(attempts.len(), 2, "{attempts:?}");
+    assert_eq!(attempts[0]["appAttemptState"], "FAILED", "{attempts:?}");
+    second
 }
 
 /// A job whose first AM was killed, once the application ended.
@@ -245,7 +287,7 @@ struct Killed {
 async fn killed_after_a_checkpoint(max_app_attempts: u32) -> Killed {
     let c = Cluster::start();
     let work = tempfile::tempdir().unwrap();
-    let app = c.submit(max_app_attempts, work.path()).await;
+    let app = c.submit(max_app_attempts, true, work.path()).await;
     let (epoch, evaluators) = kill_first_am_after_a_checkpoint(&c, &app).await;
     all_exit(&evaluators, EVALUATORS_EXIT_WITHIN).await;
     let report = c.ended(&app).await;
@@ -268,15 +310,7 @@ async fn the_second_attempt_resumes_from_the_checkpoint() {
         report,
         _work,
     } = killed_after_a_checkpoint(2).await;
-    let attempts = c.attempts(&app).await;
-    let second = c.am_file(&app, 2, "stderr").await;
-    assert_eq!(
-        (report["state"].as_str(), report["finalStatus"].as_str()),
-        (Some("FINISHED"), Some("SUCCEEDED")),
-        "{report}\nattempt 2:\n{second}"
-    );
-    assert_eq!(attempts.len(), 2, "{attempts:?}");
-    assert_eq!(attempts[0]["appAttemptState"], "FAILED", "{attempts:?}");
+    let second = succeeded_in_the_second_attempt(&c, &app, &report).await;
 
     let job = job_of_application(&app).unwrap();
     let summary: Value = serde_json::from_str(&c.am_file(&app, 2, "summary.json").await).unwrap();
@@ -332,4 +366,42 @@ async fn with_one_attempt_the_application_fails_naming_the_lost_am() {
         "{diagnostics}"
     );
     assert!(diagnostics.contains(am_container), "{diagnostics}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_checkpoint_the_second_attempt_starts_afresh() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let c = Cluster::start();
+    let work = tempfile::tempdir().unwrap();
+    let app = c.submit(2, false, work.path()).await;
+    wait_for("attempt 1 to train", WAIT, || async {
+        c.try_am_file(&app, 1, "stderr")
+            .await
+            .is_ok_and(|e| e.contains("cruise: training:"))
+            .then_some(())
+    })
+    .await
+    .unwrap();
+    assert_eq!(c.newest_checkpoint_epoch(&app).await, None);
+    let evaluators = kill_first_am(&c, &app).await;
+    all_exit(&evaluators, EVALUATORS_EXIT_WITHIN).await;
+
+    let report = c.ended(&app).await;
+    let second = succeeded_in_the_second_attempt(&c, &app, &report).await;
+    let job = job_of_application(&app).unwrap();
+    let said = format!("attempt 2 of {app}: starting job {job} afresh");
+    let line = second
+        .lines()
+        .find(|l| l.contains(&said))
+        .unwrap_or_else(|| panic!("no {said:?} in:\n{second}"));
+    assert!(line.contains("no usable checkpoint"), "{line}");
+    let summary: Value = serde_json::from_str(&c.am_file(&app, 2, "summary.json").await).unwrap();
+    let s = &summary["summary"];
+    assert_eq!(s["job_id"], job.as_str(), "{s}");
+    assert!(s["resumed_from"].is_null(), "{s}");
+    assert_eq!(
+        s["epochs"].as_array().unwrap().len(),
+        EPOCHS as usize,
+        "{s}"
+    );
 }
