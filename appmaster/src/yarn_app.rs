@@ -675,14 +675,19 @@ async fn am_files(
     Ok(out)
 }
 
-/// Where the AM writes files `cruise logs` can fetch: the first of
-/// `$LOG_DIRS`, else the working directory.
-pub fn am_log_dir() -> PathBuf {
-    std::env::var("LOG_DIRS")
+/// The first directory of the comma-separated list in the NodeManager's
+/// environment variable `var` (`LOG_DIRS`, `LOCAL_DIRS`), if any.
+fn first_nm_dir(var: &str) -> Option<PathBuf> {
+    std::env::var(var)
         .ok()
         .and_then(|d| d.split(',').next().map(PathBuf::from))
         .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or_else(|| PathBuf::from("."))
+}
+
+/// Where the AM writes files `cruise logs` can fetch: the first of
+/// `$LOG_DIRS`, else the working directory.
+pub fn am_log_dir() -> PathBuf {
+    first_nm_dir("LOG_DIRS").unwrap_or_else(|| PathBuf::from("."))
 }
 
 /// The job a YARN application runs, in every attempt:
@@ -779,11 +784,7 @@ pub async fn appmaster_setup(config_file: &Path) -> anyhow::Result<AppmasterSetu
             ship_hadoop_conf: ship,
         },
     );
-    let work = match std::env::var("LOCAL_DIRS")
-        .ok()
-        .and_then(|d| d.split(',').next().map(PathBuf::from))
-        .filter(|p| !p.as_os_str().is_empty())
-    {
+    let work = match first_nm_dir("LOCAL_DIRS") {
         Some(app_dir) => app_dir.join(AM_WORK_DIR),
         None => std::env::current_dir()
             .context("reading the working directory")?
