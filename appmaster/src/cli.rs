@@ -577,7 +577,16 @@ pub async fn run(args: RunArgs, cancel: CancellationToken) -> anyhow::Result<Job
     let work = datagen::work_dir(&config);
     let input = datagen::prepare_input(&config, &work)?;
     let factory = runtime::foreground_factory(&mut config)?;
-    let summary = run_with(config, input, work, cancel, !args.quiet, factory, None).await?;
+    let summary = run_with(
+        config,
+        input,
+        work,
+        cancel,
+        !args.quiet,
+        factory,
+        am::JobStart::New,
+    )
+    .await?;
     Ok(summary)
 }
 
@@ -619,7 +628,7 @@ pub async fn resume(
         cancel,
         show_progress,
         factory,
-        Some(*resume),
+        am::JobStart::Resume(resume),
     )
     .await?;
     Ok(Resumed::Ran(Box::new(summary), Box::new(config)))
@@ -645,11 +654,20 @@ pub async fn run_local(
     show_progress: bool,
 ) -> Result<JobSummary, AmError> {
     let factory = runtime::local_factory(&mut config)?;
-    run_with(config, input, work, cancel, show_progress, factory, None).await
+    run_with(
+        config,
+        input,
+        work,
+        cancel,
+        show_progress,
+        factory,
+        am::JobStart::New,
+    )
+    .await
 }
 
 /// Runs a job with the resource manager `rm` builds, progress drawn on
-/// stderr; resumes it from `resume` when given (else a new job).
+/// stderr; `start` says whether it is a new job or resumed.
 pub async fn run_with(
     config: CruiseConfig,
     input: String,
@@ -657,7 +675,7 @@ pub async fn run_with(
     cancel: CancellationToken,
     show_progress: bool,
     rm: RmFactory,
-    resume: Option<am::resume::Resume>,
+    start: am::JobStart,
 ) -> Result<JobSummary, AmError> {
     let (ptx, prx) = mpsc::unbounded_channel();
     let (status_tx, _) = watch::channel(Status::default());
@@ -673,7 +691,7 @@ pub async fn run_with(
         cancel,
         work_dir: job_work,
         evaluator_command,
-        resume,
+        start,
     };
     let result = am::run_job(opts).await;
     let _ = renderer.await;

@@ -377,7 +377,7 @@ impl Cluster {
             cancel: cancel.clone(),
             work_dir,
             evaluator_command: vec!["(in-process)".into()],
-            resume: None,
+            start: am::JobStart::New,
         };
         let job = tokio::spawn(am::run_job(opts));
         Cluster {

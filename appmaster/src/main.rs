@@ -6,7 +6,7 @@ use clap::Parser;
 use tokio_util::sync::CancellationToken;
 
 use cruise_appmaster::cli::{self, AppmasterArgs, Cli, Command};
-use cruise_appmaster::yarn_app;
+use cruise_appmaster::{am, yarn_app};
 use cruise_container::evaluator::{self, EvaluatorEnv, EvaluatorOptions};
 
 fn init_logging(verbose: u8, default: &str) {
@@ -370,6 +370,58 @@ fn plan_command(args: cli::PlanArgs) -> ExitCode {
     }
 }
 
+/// How this attempt of a YARN application starts its job (`None`: an
+/// earlier attempt finished it, there is nothing to do). The first runs a
+/// new job; a later one resumes the job from its newest checkpoint as
+/// `cruise run --resume` does, or starts it afresh when there is none.
+async fn attempt_start(
+    config_file: &std::path::Path,
+    setup: &yarn_app::AppmasterSetup,
+) -> anyhow::Result<Option<am::JobStart>> {
+    use am::resume::{Prepared, ResumeError, prepare_attempt};
+    let fresh = am::JobStart::NewAs(setup.job_id.clone());
+    if setup.attempt <= 1 {
+        return Ok(Some(fresh));
+    }
+    let prepared = prepare_attempt(
+        &setup.work,
+        config_file,
+        &setup.job_id,
+        setup.config.clone(),
+    )
+    .await;
+    match prepared {
+        Ok(Prepared::Resume { resume, .. }) => {
+            eprintln!(
+                "cruise: attempt {} of {}: resuming job {} from checkpoint {} (epoch {})",
+                setup.attempt,
+                setup.application_id,
+                resume.job_id,
+                resume.folder,
+                resume.manifest.epoch
+            );
+            Ok(Some(am::JobStart::Resume(resume)))
+        }
+        Ok(Prepared::Finished { job_id, history }) => {
+            eprintln!(
+                "cruise: attempt {} of {}: job {job_id} had already finished ({} says so); nothing to do",
+                setup.attempt,
+                setup.application_id,
+                history.display()
+            );
+            Ok(None)
+        }
+        Err(e @ (ResumeError::NoCheckpoint { .. } | ResumeError::CheckpointsOff { .. })) => {
+            eprintln!(
+                "cruise: attempt {} of {}: starting job {} afresh: {e}",
+                setup.attempt, setup.application_id, setup.job_id
+            );
+            Ok(Some(fresh))
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// `cruise appmaster`: the AM inside its YARN container. The summary goes to
 /// stdout and `summary.json` in the container's log directory; a failure to
 /// stderr and `summary.json`, with a non-zero exit so that YARN records it.
@@ -389,7 +441,22 @@ async fn appmaster(args: AppmasterArgs) -> ExitCode {
             return fail(format!("{e:#}"));
         }
     };
-    tracing::info!(application = %setup.application_id, service = %setup.service, am_bind = %setup.config.runtime.am_bind, "cruise AM starting");
+    tracing::info!(application = %setup.application_id, attempt = setup.attempt, job = %setup.job_id, service = %setup.service, am_bind = %setup.config.runtime.am_bind, "cruise AM starting");
+    let start = match attempt_start(&args.config, &setup).await {
+        Ok(Some(start)) => start,
+        Ok(None) => {
+            write_summary(serde_json::json!({
+                "application": setup.application_id,
+                "service": setup.service,
+                "already_finished": setup.job_id,
+            }));
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            write_summary(serde_json::json!({"error": format!("{e:#}")}));
+            return fail(format!("{e:#}"));
+        }
+    };
     let config = setup.config.clone();
     let input = config.job.input.clone();
     let result = cli::run_with(
@@ -399,7 +466,7 @@ async fn appmaster(args: AppmasterArgs) -> ExitCode {
         token,
         true,
         setup.factory,
-        None,
+        start,
     )
     .await;
     match result {

@@ -36,7 +36,7 @@ use cruise_hdfs::{FileSystem, Location, is_hidden};
 use cruise_rm::yarn::ARTIFACT_DIR;
 use cruise_rm::yarn::rm::{
     AppReport, LocalResource, Resource, ResourceType, RmClient, Submission,
-    application_of_container,
+    application_of_container, attempt_of_container, parse_application_id,
 };
 use cruise_rm::yarn::services::{ServiceReport, ServicesClient};
 
@@ -53,6 +53,11 @@ pub const JOB_TOML: &str = "job.toml";
 /// Name of `yarn.am_register_jar` in the staging directory and the AM
 /// container.
 pub const AM_REGISTER_JAR: &str = "cruise-am-registrar.jar";
+/// The job's checkpoints in the staging directory, unless
+/// `checkpoint.dir` is set.
+pub const CHECKPOINT_DIR: &str = "checkpoints";
+/// The AM's work directory in the application's local directory.
+pub const AM_WORK_DIR: &str = "cruise-am";
 /// Name of the AM's summary file in its log directory.
 pub const SUMMARY_FILE: &str = "summary.json";
 
@@ -236,6 +241,11 @@ pub async fn submit(mut config: CruiseConfig, work: &Path) -> anyhow::Result<Sub
 
     config.runtime.kind = RuntimeKind::Yarn;
     config.job.input = input.clone();
+    // Checkpoints where every evaluator and every attempt of the AM reach
+    // them: a later attempt resumes from the newest.
+    if config.checkpoint.enabled && config.checkpoint.dir.is_empty() {
+        config.checkpoint.dir = join(&staging, CHECKPOINT_DIR);
+    }
     config.job.work_dir = String::new();
     config.yarn.evaluator_artifact = tar_uri.clone();
     config.yarn.rm_addresses = s.rm_addresses.clone();
@@ -665,14 +675,26 @@ async fn am_files(
     Ok(out)
 }
 
-/// Where the AM writes files `cruise logs` can fetch: the first of
-/// `$LOG_DIRS`, else the working directory.
-pub fn am_log_dir() -> PathBuf {
-    std::env::var("LOG_DIRS")
+/// The first directory of the comma-separated list in the NodeManager's
+/// environment variable `var` (`LOG_DIRS`, `LOCAL_DIRS`), if any.
+fn first_nm_dir(var: &str) -> Option<PathBuf> {
+    std::env::var(var)
         .ok()
         .and_then(|d| d.split(',').next().map(PathBuf::from))
         .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or_else(|| PathBuf::from("."))
+}
+
+/// Where the AM writes files `cruise logs` can fetch: the first of
+/// `$LOG_DIRS`, else the working directory.
+pub fn am_log_dir() -> PathBuf {
+    first_nm_dir("LOG_DIRS").unwrap_or_else(|| PathBuf::from("."))
+}
+
+/// The job a YARN application runs, in every attempt:
+/// `application_<ts>_<seq>` → `job_<ts>_<seq>`.
+pub fn job_of_application(application_id: &str) -> Option<String> {
+    let (ts, seq) = parse_application_id(application_id)?;
+    Some(format!("job_{ts}_{seq:04}"))
 }
 
 /// Settings of `cruise appmaster`, worked out from its container.
@@ -681,17 +703,22 @@ pub struct AppmasterSetup {
     pub config: CruiseConfig,
     /// The application.
     pub application_id: String,
+    /// Which attempt of the application this AM is (1 for the first),
+    /// from its container id.
+    pub attempt: u32,
+    /// The job every attempt runs: named after the application.
+    pub job_id: String,
     /// The evaluator service.
     pub service: String,
-    /// Work directory.
+    /// Work directory: in the application's local directory
+    /// (`$LOCAL_DIRS`), which YARN shares between the attempts of an
+    /// application on one node and deletes when the application ends;
+    /// else `work` in the container's working directory.
     pub work: PathBuf,
     /// The resource manager factory.
     pub factory: crate::am::RmFactory,
 }
 
-/// Prepares the AM inside its YARN container: loads `config_file`, finds its
-/// application from `$CONTAINER_ID`, binds the control port to the node's
-/// address, and builds the YARN runtime for the evaluator service.
 /// `addr` (the value of `key`) on this YARN node's address (`NM_HOST`)
 /// when it binds loopback or every address; `None` to keep it.
 async fn on_node(addr: &str, key: &str) -> anyhow::Result<Option<String>> {
@@ -710,12 +737,18 @@ async fn on_node(addr: &str, key: &str) -> anyhow::Result<Option<String>> {
     Ok(Some(ip.to_string()))
 }
 
+/// Prepares the AM inside its YARN container: loads `config_file`, finds its
+/// application and attempt from `$CONTAINER_ID`, binds the control port to
+/// the node's address, and builds the YARN runtime for the evaluator
+/// service.
 pub async fn appmaster_setup(config_file: &Path) -> anyhow::Result<AppmasterSetup> {
     let mut config = Layers::from_process_env(Some(config_file.to_path_buf())).load()?;
     let cid = std::env::var("CONTAINER_ID")
         .context("CONTAINER_ID is not set: `cruise appmaster` runs inside a YARN AM container (use `cruise submit`)")?;
-    let application_id = application_of_container(&cid)
-        .with_context(|| format!("CONTAINER_ID {cid:?} is not a YARN container id"))?;
+    let not_yarn = || format!("CONTAINER_ID {cid:?} is not a YARN container id");
+    let application_id = application_of_container(&cid).with_context(not_yarn)?;
+    let attempt = attempt_of_container(&cid).with_context(not_yarn)?;
+    let job_id = job_of_application(&application_id).with_context(not_yarn)?;
     if config.runtime.kind != RuntimeKind::Yarn {
         bail!(
             "{}: runtime.kind is {:?}; the AM in a YARN container runs the yarn runtime",
@@ -751,12 +784,17 @@ pub async fn appmaster_setup(config_file: &Path) -> anyhow::Result<AppmasterSetu
             ship_hadoop_conf: ship,
         },
     );
-    let work = std::env::current_dir()
-        .context("reading the working directory")?
-        .join("work");
+    let work = match first_nm_dir("LOCAL_DIRS") {
+        Some(app_dir) => app_dir.join(AM_WORK_DIR),
+        None => std::env::current_dir()
+            .context("reading the working directory")?
+            .join("work"),
+    };
     Ok(AppmasterSetup {
         config,
         application_id,
+        attempt,
+        job_id,
         service,
         work,
         factory,
@@ -777,6 +815,15 @@ mod tests {
     }
 
     use super::*;
+
+    #[test]
+    fn every_attempt_runs_the_job_named_after_the_application() {
+        assert_eq!(
+            job_of_application("application_1700000000000_0007").as_deref(),
+            Some("job_1700000000000_0007")
+        );
+        assert_eq!(job_of_application("job_1"), None);
+    }
 
     #[test]
     fn joins() {

@@ -508,7 +508,12 @@ pub struct YarnConfig {
     pub am_memory_mb: u32,
     /// Cores of the AM container.
     pub am_cores: u32,
-    /// Attempts YARN makes to run the AM.
+    /// Attempts YARN makes to run the AM (capped by the cluster's
+    /// `yarn.resourcemanager.am.max-attempts`, 2 by default). An attempt
+    /// after the first resumes the job from its newest checkpoint (which
+    /// `cruise submit` keeps in the staging directory unless
+    /// `checkpoint.dir` is set), or starts it afresh when there is none
+    /// yet; a job its AM failed or cancelled is not run again.
     pub max_app_attempts: u32,
     /// How often the evaluator service is polled for container changes,
     /// milliseconds.
@@ -548,7 +553,7 @@ impl Default for YarnConfig {
             service_name_prefix: "cruise".to_string(),
             am_memory_mb: 1024,
             am_cores: 1,
-            max_app_attempts: 1,
+            max_app_attempts: 2,
             poll_interval_ms: 500,
             capacity_poll_interval_ms: 5_000,
             min_allocation_mb: 0,
@@ -622,8 +627,10 @@ pub struct CheckpointConfig {
     /// Where: a local directory, `file://`, `hdfs://` or `webhdfs://` (every
     /// evaluator must reach it: on YARN or Mesos use HDFS). Each checkpoint
     /// is a folder `ckpt-<n>` in it; the last two are kept. Empty:
-    /// `<work dir>/checkpoints/<job id>` on the local runtime; on YARN and
-    /// Mesos no checkpoints are taken unless it is set.
+    /// `<work dir>/checkpoints/<job id>` on the local runtime,
+    /// `<staging dir>/<application id>/checkpoints` for a job of `cruise
+    /// submit`; with `cruise run` on YARN and Mesos no checkpoints are taken
+    /// unless it is set.
     pub dir: String,
     /// Take one every this many epochs (0: not by epochs).
     pub every_epochs: u32,

@@ -6,6 +6,7 @@
 //! - [`Sim`]: a running `cruise-sim` subcommand (ready file parsed; SIGTERM
 //!   and wait on drop, so no simulator outlives its test);
 //! - [`hadoop_conf_dir`]: a `HADOOP_CONF_DIR` pointing at the simulators;
+//!   [`cruise_on_hadoop`]: a `cruise` command run with it as user `alice`;
 //!   [`hadoop::RealHadoop`]: the real one-machine Hadoop of `integration/hadoop/`;
 //! - [`wait_for`] / [`wait_until`]: polling with a deadline;
 //! - [`Spawned`]: a child process with its output captured, [`status`] /
@@ -214,6 +215,30 @@ pub fn hadoop_conf_dir(dir: &Path, webhdfs: &Sim, yarn: Option<&Sim>) -> anyhow:
         )?;
     }
     Ok(dir.to_path_buf())
+}
+
+/// Runs `cruise <args>` with `HADOOP_CONF_DIR=conf_dir` as the Hadoop user
+/// `alice`, to its end (at most 120 s, else the test fails).
+pub async fn cruise_on_hadoop(args: &[&str], conf_dir: &Path) -> std::process::Output {
+    let cruise = binary("cruise").unwrap_or_else(|e| panic!("{e}"));
+    tokio::time::timeout(
+        Duration::from_secs(120),
+        tokio::process::Command::new(cruise)
+            .args(args)
+            .env("HADOOP_CONF_DIR", conf_dir)
+            .env("HADOOP_USER_NAME", "alice")
+            .env_remove("RUST_LOG")
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("cruise {args:?} did not finish in 120 s"))
+    .unwrap_or_else(|e| panic!("cruise {args:?}: {e}"))
+}
+
+/// A process's output as text.
+pub fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
 }
 
 /// Polls `f` until it yields `Some` or `timeout` passes.

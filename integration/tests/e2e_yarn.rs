@@ -8,36 +8,15 @@
 //!
 //! Needs `cargo build -p cruise-appmaster -p cruise-sim` first.
 
-use std::path::Path;
-use std::process::Output;
 use std::time::{Duration, Instant};
 
 use cruise_integration::{
-    DEFAULT_JOB_MIN_ACCURACY, Sim, binary, hadoop_conf_dir, summary_accuracy,
+    DEFAULT_JOB_MIN_ACCURACY, Sim, binary, cruise_on_hadoop as cruise, hadoop_conf_dir,
+    summary_accuracy, text,
 };
 use serde_json::Value;
 
 const JOB_TIMEOUT: Duration = Duration::from_secs(300);
-
-async fn cruise(args: &[&str], conf_dir: &Path) -> Output {
-    tokio::time::timeout(
-        Duration::from_secs(120),
-        tokio::process::Command::new(binary("cruise").unwrap())
-            .args(args)
-            .env("HADOOP_CONF_DIR", conf_dir)
-            .env("HADOOP_USER_NAME", "alice")
-            .env_remove("RUST_LOG")
-            .kill_on_drop(true)
-            .output(),
-    )
-    .await
-    .unwrap_or_else(|_| panic!("cruise {args:?} did not finish in 120 s"))
-    .unwrap()
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mlr_submitted_to_yarn_reaches_local_accuracy() {
@@ -432,6 +411,13 @@ async fn failed_job_is_recorded_and_its_service_destroyed() {
     );
     assert!(logs.contains("exit code 127"), "{logs}");
     assert!(logs.contains("/nonexistent/cruise"), "{logs}");
+    // The simulator starts a second attempt after the failed AM (it has no
+    // unregistering, which ends the application on real YARN); that attempt
+    // does not run the failed job again.
+    assert!(
+        logs.contains("ended failed in an earlier attempt"),
+        "{logs}"
+    );
     let service = format!(
         "cruise-{}",
         app_id.trim_start_matches("application_").replace('_', "-")

@@ -363,9 +363,21 @@ pub struct JobOptions {
     pub work_dir: PathBuf,
     /// The evaluator command; empty: this executable with `evaluator`.
     pub evaluator_command: Vec<String>,
-    /// Resume this job from its checkpoint (`cruise run --resume`);
-    /// `None`: a new job.
-    pub resume: Option<resume::Resume>,
+    /// A new job, or one resumed from its checkpoint.
+    pub start: JobStart,
+}
+
+/// How a job starts.
+#[derive(Debug)]
+pub enum JobStart {
+    /// A new job under a fresh id.
+    New,
+    /// A new job under this id: every attempt of a YARN application runs
+    /// the same job, named after the application.
+    NewAs(String),
+    /// The job resumed from its checkpoint (`cruise run --resume`, or a
+    /// later attempt of a YARN application).
+    Resume(Box<resume::Resume>),
 }
 
 /// A fresh job id.
@@ -470,14 +482,15 @@ fn evaluator_launch(
 /// Runs a job to its end.
 pub async fn run_job(opts: JobOptions) -> Result<JobSummary, AmError> {
     let mut config = opts.config;
-    let job_id = opts
-        .resume
-        .as_ref()
-        .map_or_else(new_job_id, |r| r.job_id.clone());
+    let (job_id, resumed) = match opts.start {
+        JobStart::New => (new_job_id(), None),
+        JobStart::NewAs(id) => (id, None),
+        JobStart::Resume(r) => (r.job_id.clone(), Some(*r)),
+    };
     place_checkpoints(&mut config, &opts.work_dir, &job_id);
     let secret = Secret::generate();
     let (splits, outputs) = plan_or_cancel(&config, &opts.input, &opts.cancel).await?;
-    if opts.resume.is_none() {
+    if resumed.is_none() {
         // What `cruise run --resume` reads back if this AM dies.
         resume::persist_config(&opts.work_dir, &job_id, &config, &opts.input)?;
     }
@@ -496,7 +509,7 @@ pub async fn run_job(opts: JobOptions) -> Result<JobSummary, AmError> {
 
     let started = std::time::Instant::now();
     let (history_tx, history_rx) = watch::channel(history::Published::default());
-    let history_file = match &opts.resume {
+    let history_file = match &resumed {
         Some(r) => r.history_file.clone(),
         None => history::path(&opts.work_dir, &job_id),
     };
@@ -541,7 +554,7 @@ pub async fn run_job(opts: JobOptions) -> Result<JobSummary, AmError> {
         cancel.clone(),
         outputs,
         history,
-        opts.resume,
+        resumed,
     );
     let result = driver.run(ev_rx, rm_rx).await;
 

@@ -77,7 +77,7 @@ pub enum ResumeError {
     /// Checkpoints were off for the job.
     #[error(
         "job {job_id} in {work_dir} cannot be resumed: it took no checkpoints \
-         (checkpoint.enabled = false in {config})"
+         (checkpoint.enabled = false, or no checkpoint.dir, in {config})"
     )]
     CheckpointsOff {
         /// The job.
@@ -86,6 +86,20 @@ pub enum ResumeError {
         work_dir: String,
         /// Its configuration file.
         config: String,
+    },
+    /// An earlier attempt of a YARN application ended the job itself (it
+    /// failed or was cancelled): a later attempt does not run it again, as
+    /// YARN starts none after an AM that unregistered.
+    #[error("job {job_id} ended {outcome} in an earlier attempt ({history}): {error}")]
+    Ended {
+        /// The job.
+        job_id: String,
+        /// `failed` or `cancelled`.
+        outcome: String,
+        /// Why, as recorded.
+        error: String,
+        /// The history that says so.
+        history: String,
     },
     /// The checkpoint does not fit the job's configuration.
     #[error("job {job_id}: checkpoint {folder} does not fit its configuration: {message}")]
@@ -215,12 +229,73 @@ fn newest_config(work_dir: &Path, jobs_dir: &Path) -> Result<(PathBuf, String), 
 pub async fn prepare(work_dir: &Path) -> Result<Prepared, ResumeError> {
     let jobs_dir = work_dir.join("jobs");
     let (config_file, job_id) = newest_config(work_dir, &jobs_dir)?;
-    let mut config = cruise_conf::load_file(&config_file).map_err(|e| ResumeError::Unreadable {
+    let mut config = load_config(&config_file)?;
+    config.job.work_dir = work_dir.display().to_string();
+    prepare_job(work_dir, &config_file, config, job_id).await
+}
+
+/// Finds what a later attempt of a YARN application resumes: job
+/// `job_id` (every attempt of an application runs the same job) run with
+/// `config`, read from `config_file` (the application's `job.toml`, which
+/// every attempt is given, so the attempts' configurations agree), whose
+/// history is in `work_dir` when an earlier attempt ran on this node (the
+/// attempts of an application share its local directory there). Errors as
+/// [`prepare`]'s: [`ResumeError::NoCheckpoint`] and
+/// [`ResumeError::CheckpointsOff`] say there is nothing to resume from;
+/// and [`ResumeError::Ended`] when an earlier attempt's history ends with
+/// the job failed or cancelled (an AM that ends its job unregisters, so
+/// YARN would start no later attempt; the simulator, which has no
+/// unregistering, does).
+pub async fn prepare_attempt(
+    work_dir: &Path,
+    config_file: &Path,
+    job_id: &str,
+    mut config: CruiseConfig,
+) -> Result<Prepared, ResumeError> {
+    let history_dir = work_dir.join("jobs").join(HISTORY_DIR);
+    for f in history_files(&history_dir, job_id) {
+        let records = history::read(&f).map_err(|e| ResumeError::Unreadable {
+            path: f.display().to_string(),
+            message: e.to_string(),
+        })?;
+        for r in records {
+            if let Record::End { outcome, error, .. } = r
+                && outcome != "finished"
+            {
+                return Err(ResumeError::Ended {
+                    job_id: job_id.to_string(),
+                    outcome,
+                    error: error.unwrap_or_default(),
+                    history: f.display().to_string(),
+                });
+            }
+        }
+    }
+    // As the first attempt's job did: without a directory every evaluator
+    // reaches, it took no checkpoints.
+    if config.checkpoint.dir.is_empty() {
+        config.checkpoint.enabled = false;
+    }
+    prepare_job(work_dir, config_file, config, job_id.to_string()).await
+}
+
+fn load_config(config_file: &Path) -> Result<CruiseConfig, ResumeError> {
+    cruise_conf::load_file(config_file).map_err(|e| ResumeError::Unreadable {
         path: config_file.display().to_string(),
         message: e.to_string(),
-    })?;
-    config.job.work_dir = work_dir.display().to_string();
+    })
+}
 
+/// What job `job_id` (of `work_dir`, run with `config`, which
+/// `config_file` holds) resumes from: nothing if its history says it
+/// finished, else its newest usable checkpoint and its epochs up to it.
+async fn prepare_job(
+    work_dir: &Path,
+    config_file: &Path,
+    config: CruiseConfig,
+    job_id: String,
+) -> Result<Prepared, ResumeError> {
+    let jobs_dir = work_dir.join("jobs");
     let history_dir = jobs_dir.join(HISTORY_DIR);
     let files = history_files(&history_dir, &job_id);
     let mut records = Vec::new();
@@ -432,6 +507,40 @@ mod tests {
         .unwrap();
         assert!(matches!(
             prepare(dir.path()).await.unwrap(),
+            Prepared::Finished { .. }
+        ));
+    }
+
+    #[tokio::test]
+    async fn a_later_attempt_resumes_unless_the_job_ended_or_has_no_checkpoint() {
+        let dir = tempfile::tempdir().unwrap();
+        let job_toml = dir.path().join("job.toml");
+        let mut config = CruiseConfig::default();
+        let attempt = |config: &CruiseConfig| {
+            prepare_attempt(dir.path(), &job_toml, "job_1_0001", config.clone())
+        };
+        // No checkpoint directory: nothing was checkpointed.
+        let e = attempt(&config).await.unwrap_err();
+        assert!(matches!(e, ResumeError::CheckpointsOff { .. }), "{e}");
+        config.checkpoint.dir = dir.path().join("ckpt").display().to_string();
+        let e = attempt(&config).await.unwrap_err();
+        assert!(matches!(e, ResumeError::NoCheckpoint { .. }), "{e}");
+
+        let history = dir.path().join("jobs").join(HISTORY_DIR);
+        std::fs::create_dir_all(&history).unwrap();
+        let end = |outcome: &str| {
+            format!(
+                "{{\"event\":\"end\",\"at_secs\":1.0,\"outcome\":\"{outcome}\",\
+                 \"error\":\"evaluator 2 lost\",\"final_loss\":null,\"final_accuracy\":null}}\n"
+            )
+        };
+        std::fs::write(history.join("job_1_0001.jsonl"), end("failed")).unwrap();
+        let e = attempt(&config).await.unwrap_err().to_string();
+        assert!(e.contains("ended failed in an earlier attempt"), "{e}");
+        assert!(e.contains("evaluator 2 lost"), "{e}");
+        std::fs::write(history.join("job_1_0001.jsonl"), end("finished")).unwrap();
+        assert!(matches!(
+            attempt(&config).await.unwrap(),
             Prepared::Finished { .. }
         ));
     }

@@ -308,18 +308,33 @@ pub fn parse_application_id(id: &str) -> Option<(u64, u32)> {
     Some((ts.parse().ok()?, seq.parse().ok()?))
 }
 
-/// The application a container belongs to:
-/// `container_[e<epoch>_]<ts>_<seq>_<attempt>_<n>` → `application_<ts>_<seq>`.
-pub fn application_of_container(container: &str) -> Option<String> {
+/// The numbers of a container id,
+/// `container_[e<epoch>_]<ts>_<seq>_<attempt>_<n>`, without the epoch.
+fn container_parts(container: &str) -> Option<[&str; 4]> {
     let rest = container.strip_prefix("container_")?;
     let mut parts: Vec<&str> = rest.split('_').collect();
     if parts.first().is_some_and(|p| p.starts_with('e')) {
         parts.remove(0);
     }
-    if parts.len() != 4 || parts.iter().any(|p| p.parse::<u64>().is_err()) {
+    if parts.iter().any(|p| p.parse::<u64>().is_err()) {
         return None;
     }
-    Some(format!("application_{}_{}", parts[0], parts[1]))
+    parts.try_into().ok()
+}
+
+/// The application a container belongs to:
+/// `container_[e<epoch>_]<ts>_<seq>_<attempt>_<n>` → `application_<ts>_<seq>`.
+pub fn application_of_container(container: &str) -> Option<String> {
+    let [ts, seq, _, _] = container_parts(container)?;
+    Some(format!("application_{ts}_{seq}"))
+}
+
+/// The application attempt a container belongs to (1 for the first):
+/// `container_[e<epoch>_]<ts>_<seq>_<attempt>_<n>` → `<attempt>`. An AM
+/// reads its own `CONTAINER_ID` to learn which attempt it is.
+pub fn attempt_of_container(container: &str) -> Option<u32> {
+    let [_, _, attempt, _] = container_parts(container)?;
+    attempt.parse().ok()
 }
 
 /// A client of one ResourceManager (or an HA set of them).
@@ -667,6 +682,15 @@ mod tests {
             Some("application_1700000000000_0007")
         );
         assert_eq!(application_of_container("container_x"), None);
+        assert_eq!(
+            attempt_of_container("container_e17_1700000000000_0007_02_000001"),
+            Some(2)
+        );
+        assert_eq!(
+            attempt_of_container("container_1700000000000_0007_01_000003"),
+            Some(1)
+        );
+        assert_eq!(attempt_of_container("container_1_2_3"), None);
     }
 
     #[test]

@@ -20,7 +20,15 @@
 //!   up, then FAILED with YARN-style diagnostics (exit code, stderr tail).
 //!   Preempted (-102) and aborted (-100) AM containers do not count.
 //!   The simulated AM has no AM–RM RPC, so "exit 0" stands for "unregistered
-//!   with SUCCEEDED".
+//!   with SUCCEEDED", and an AM that ends its job failed gets another
+//!   attempt, which real YARN does not give after a FAILED unregister. A new
+//!   attempt's AM container has the attempt's number in its id
+//!   (`container_<ts>_<seq>_<attempt>_<n>`) and the same application
+//!   directory (`LOCAL_DIRS`). Without that RPC an AM cannot allocate
+//!   containers of its own, so a failed attempt leaves none for YARN to
+//!   kill (`keep-containers-across-application-attempts` has nothing to
+//!   keep); the containers of a YARN service belong to the service's own
+//!   application and outlive the attempt.
 //! - YARN services: each component instance `<component>-<n>` gets a
 //!   container running `launch_command` with the component's
 //!   `configuration.env` (service-level env merged under it) and the
