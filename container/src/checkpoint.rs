@@ -370,6 +370,13 @@ async fn prune(fs: &FileSystem, dir: &str, newest: u64) {
     }
 }
 
+/// The highest checkpoint number a folder under `dir` has, published or
+/// torn (`None` when there is none): a resumed job numbers its own
+/// checkpoints after it, so that none is written into a torn one's folder.
+pub async fn highest_id(fs: &FileSystem, dir: &str) -> Result<Option<u64>, CheckpointError> {
+    Ok(list_ids(fs, dir).await?.last().copied())
+}
+
 /// The checkpoint numbers found under `dir`, ascending (none when the
 /// directory does not exist).
 async fn list_ids(fs: &FileSystem, dir: &str) -> Result<Vec<u64>, CheckpointError> {

@@ -122,6 +122,9 @@ pub struct Resume {
     pub manifest: Manifest,
     /// The checkpoint's folder.
     pub folder: String,
+    /// The number of the resumed job's first checkpoint: after every
+    /// folder in the checkpoint directory, torn ones included.
+    pub next_checkpoint: u64,
     /// The epochs done up to the checkpoint, from the history (an epoch
     /// the history lacks has no figures).
     pub epochs: Vec<EpochSummary>,
@@ -360,12 +363,21 @@ async fn prepare_job(
         .map(attempt)
         .find(|f| !f.exists())
         .unwrap_or_else(|| attempt(u32::MAX));
+    // A torn checkpoint newer than the one resumed keeps its number: the
+    // resumed job's checkpoints come after it, not into its folder.
+    let highest = checkpoint::highest_id(&fs, &dir)
+        .await
+        .ok()
+        .flatten()
+        .unwrap_or(0);
+    let next_checkpoint = highest.max(manifest.id) + 1;
     Ok(Prepared::Resume {
         config: Box::new(config),
         resume: Box::new(Resume {
             job_id,
             manifest,
             folder,
+            next_checkpoint,
             epochs,
             history_file,
         }),

@@ -111,6 +111,10 @@ async fn a_torn_block_is_detected_and_the_previous_checkpoint_used() {
     // Unpublished (no manifest): skipped as well.
     write_blocks(&fs, &store, &folder(&dir, 3)).await.unwrap();
     assert_eq!(latest(&fs, &dir, JOB).await.unwrap().id, 1);
+    // A job resumed from 1 numbers its checkpoints after the torn ones.
+    assert_eq!(highest_id(&fs, &dir).await.unwrap(), Some(3));
+    let empty = join(&dir, "none");
+    assert_eq!(highest_id(&fs, &empty).await.unwrap(), None);
 }
 
 #[tokio::test]

@@ -54,12 +54,17 @@ struct Taking {
 }
 
 impl Checkpoints {
-    /// A new job's checkpoints; a resumed job's start after the one it
-    /// resumes from, `resumed`, which is the newest published.
-    pub(super) fn new(fs: FileSystem, resumed: Option<Manifest>) -> Self {
+    /// A new job's checkpoints; a resumed job's are numbered from `next`
+    /// on, and the one it resumes from, the newest published, is `m` in
+    /// `resumed: (m, next)`.
+    pub(super) fn new(fs: FileSystem, resumed: Option<(Manifest, u64)>) -> Self {
+        let (resumed, next_id) = match resumed {
+            Some((m, next)) => (Some(m), next),
+            None => (None, 1),
+        };
         Checkpoints {
             fs,
-            next_id: resumed.as_ref().map_or(1, |m| m.id + 1),
+            next_id,
             taking: None,
             last_epoch: resumed.as_ref().map_or(0, |m| m.epoch),
             published: resumed.into_iter().collect(),

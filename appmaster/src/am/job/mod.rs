@@ -305,7 +305,9 @@ impl Driver {
             app: None,
             ck: checkpoints::Checkpoints::new(
                 cruise_container::input_fs::file_system(&config_for_rc.hdfs),
-                resume.as_ref().map(|r| r.manifest.clone()),
+                resume
+                    .as_ref()
+                    .map(|r| (r.manifest.clone(), r.next_checkpoint)),
             ),
             resume,
         }
