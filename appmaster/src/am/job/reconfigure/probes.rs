@@ -198,11 +198,14 @@ impl Driver {
     }
 
     /// `to` sends every other member its share of `optimizer.probe_bytes`
-    /// at once (at least 256 KiB each; a probe asks the other end to send).
+    /// at once, in all its tries (at least 256 KiB a try; a probe asks the
+    /// other end to send). The round is timed whole, so the tries need not
+    /// each be long.
     async fn start_fan_out_round(&mut self, to: EvaluatorId) {
         let others: Vec<EvaluatorId> = self.members().filter(|&id| id != to).collect();
-        let each =
-            (self.config.optimizer.probe_bytes / others.len().max(1) as u64).max(FAN_OUT_MIN_BYTES);
+        let each = (self.config.optimizer.probe_bytes
+            / (others.len().max(1) as u64 * u64::from(PROBE_TRIES)))
+        .max(FAN_OUT_MIN_BYTES);
         if let StartProbes::FanOut { round, .. } = &mut self.rc.start_probes {
             *round = FanRound {
                 to,
@@ -272,6 +275,6 @@ impl Driver {
     }
 }
 
-/// The least a fan-out probe sends each member: fewer bytes than this say
-/// more about a connection's start than about the link.
+/// The least a fan-out probe sends each member in a try: fewer bytes than
+/// this say more about a connection's start than about the link.
 const FAN_OUT_MIN_BYTES: u64 = 256 * 1024;
