@@ -105,14 +105,14 @@ impl Driver {
                 self.allocation_noted = Some(Instant::now());
                 let text = format!(
                     "still waiting for containers from the {} runtime: {} of {} registered after {:.0} s (the job gives up at {:.0} s: runtime.allocation_timeout_ms)",
-                    self.rm.name(),
+                    self.links.rm.name(),
                     self.evaluators.len(),
                     self.config.job.containers,
                     waited.as_secs_f64(),
                     limit.as_secs_f64()
                 );
                 tracing::info!("{text}");
-                let _ = self.progress.send(Progress::Phase(text));
+                let _ = self.links.progress.send(Progress::Phase(text));
             }
         }
         Ok(())
@@ -213,20 +213,20 @@ impl Driver {
         let id = self.next_eval;
         self.next_eval.0 += 1;
         let (sink, stream) = framed.split();
-        let conn_cancel = self.cancel.child_token();
+        let conn_cancel = self.links.cancel.child_token();
         let faults = Faults::default();
         let (tx, _writer) = cruise_container::protocol::spawn_writer(
             sink,
             4096,
             faults.clone(),
             conn_cancel.clone(),
-            &self.tracker,
+            &self.links.tracker,
             format!("control channel to evaluator {id}"),
         );
-        self.tracker.spawn(control::read_loop(
+        self.links.tracker.spawn(control::read_loop(
             id,
             stream,
-            self.events.clone(),
+            self.links.events.clone(),
             faults,
             conn_cancel.clone(),
         ));
@@ -338,7 +338,7 @@ impl Driver {
         };
         e.gone = true;
         let c = e.container.clone();
-        if let Err(e) = self.rm.release(&c).await {
+        if let Err(e) = self.links.rm.release(&c).await {
             tracing::warn!("releasing container {c}: {e}");
         }
     }

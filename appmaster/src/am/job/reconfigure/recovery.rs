@@ -189,7 +189,7 @@ impl Driver {
         if self.pending_loss.as_ref().is_some_and(|l| l.eval == id) {
             self.pending_loss = None;
         }
-        if let Err(e) = self.rm.release(&container).await {
+        if let Err(e) = self.links.rm.release(&container).await {
             tracing::warn!("releasing container {container} of a lost evaluator: {e}");
         }
         self.rc.metrics.forget(id);
@@ -228,7 +228,7 @@ impl Driver {
             });
             self.send(to, AmToEval::LoadInput { blocks: splits }).await;
         }
-        let _ = self.progress.send(crate::am::Progress::Phase(format!(
+        let _ = self.links.progress.send(crate::am::Progress::Phase(format!(
             "{text}; its {} re-read by the other workers",
             plural(blocks.len() as u32, "input block")
         )));
@@ -254,7 +254,7 @@ impl Driver {
             self.send_restore(id, to, &folder, blocks).await;
         }
         self.broadcast_ownership(owners).await;
-        let _ = self.progress.send(crate::am::Progress::Phase(format!(
+        let _ = self.links.progress.send(crate::am::Progress::Phase(format!(
             "{text}; its {} restored from checkpoint {folder} (epoch {epoch})",
             plural(blocks.len() as u32, "model block")
         )));
