@@ -33,6 +33,16 @@ pub enum AbortOutcome {
     Installed,
 }
 
+/// Whether a block may already be arriving when it is taken arriving.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Arriving {
+    /// Only a block not arriving yet (a move's destination).
+    New,
+    /// A block already arriving from the same evaluator stays so (a
+    /// restore tried again keeps what queued meanwhile).
+    AgainFromSame,
+}
+
 impl Store {
     /// Destination: takes the block `Incoming` (operations on it queue until
     /// [`Store::install`]).
@@ -42,9 +52,28 @@ impl Store {
         block: BlockId,
         from: EvaluatorId,
     ) -> Result<(), StoreError> {
+        self.take_arriving(table, block, from, Arriving::New, "receive")
+    }
+
+    /// Takes the block `Incoming` from `from` (operations on it queue until
+    /// [`Store::install`]) when it is absent or was moved away here; with
+    /// [`Arriving::AgainFromSame`], a block already arriving from `from`
+    /// stays so. Any other state is refused: "cannot `verb` a block that
+    /// is ...".
+    pub(super) fn take_arriving(
+        &self,
+        table: TableId,
+        block: BlockId,
+        from: EvaluatorId,
+        arriving: Arriving,
+        verb: &str,
+    ) -> Result<(), StoreError> {
         let t = self.table(table)?;
         let mut slot = lock(Self::slot(&t, table, block)?);
         match &*slot {
+            Slot::Incoming { from: f, .. } if arriving == Arriving::AgainFromSame && *f == from => {
+                Ok(())
+            }
             Slot::Absent
             | Slot::Forwarding {
                 in_flight: false, ..
@@ -58,7 +87,7 @@ impl Store {
             other => Err(StoreError::BadState {
                 table,
                 block,
-                message: format!("cannot receive a block that is {}", other.name()),
+                message: format!("cannot {verb} a block that is {}", other.name()),
             }),
         }
     }
