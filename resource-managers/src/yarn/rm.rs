@@ -352,6 +352,20 @@ struct AttemptsInner {
     app_attempt: Vec<AttemptReport>,
 }
 
+/// An HTTP client, named `name` in errors, for the RM web addresses
+/// (`host:port` or URLs; several for HA, failing over between them).
+pub(super) fn rm_http(
+    name: &'static str,
+    addresses: &[String],
+    options: HttpOptions,
+) -> Result<Http, RmError> {
+    let bases = addresses
+        .iter()
+        .map(|a| parse_base(a, "YARN ResourceManager address"))
+        .collect::<Result<Vec<_>, _>>()?;
+    Http::new(name, bases, options, true)
+}
+
 impl RmClient {
     /// A client for the RM web addresses (`host:port` or URLs; several for
     /// HA), calling as `user` (`user.name`) when given.
@@ -360,12 +374,8 @@ impl RmClient {
         user: Option<String>,
         options: HttpOptions,
     ) -> Result<RmClient, RmError> {
-        let bases = addresses
-            .iter()
-            .map(|a| parse_base(a, "YARN ResourceManager address"))
-            .collect::<Result<Vec<_>, _>>()?;
         Ok(RmClient {
-            http: Http::new("YARN ResourceManager", bases, options, true)?,
+            http: rm_http("YARN ResourceManager", addresses, options)?,
             user: user.filter(|u| !u.is_empty()),
         })
     }
@@ -411,23 +421,27 @@ impl RmClient {
 
     /// `GET /ws/v1/cluster/info`.
     pub async fn cluster_info(&self) -> Result<ClusterInfo, RmError> {
-        let r = Self::expect(self.get("/info").await?, &[StatusCode::OK])?;
-        let v: Value = r.json()?;
-        serde_json::from_value(v["clusterInfo"].clone()).map_err(|e| RmError::Malformed {
-            endpoint: r.endpoint.clone(),
-            status: 200,
-            detail: format!("clusterInfo: {e}"),
-        })
+        self.get_object("/info", "clusterInfo").await
     }
 
     /// `GET /ws/v1/cluster/metrics`.
     pub async fn metrics(&self) -> Result<ClusterMetrics, RmError> {
-        let r = Self::expect(self.get("/metrics").await?, &[StatusCode::OK])?;
+        self.get_object("/metrics", "clusterMetrics").await
+    }
+
+    /// `GET path`, answered 200 with a JSON object whose `field` is read
+    /// as a `T` (an error names the endpoint and the field).
+    async fn get_object<T: serde::de::DeserializeOwned>(
+        &self,
+        path: &str,
+        field: &str,
+    ) -> Result<T, RmError> {
+        let r = Self::expect(self.get(path).await?, &[StatusCode::OK])?;
         let v: Value = r.json()?;
-        serde_json::from_value(v["clusterMetrics"].clone()).map_err(|e| RmError::Malformed {
+        serde_json::from_value(v[field].clone()).map_err(|e| RmError::Malformed {
             endpoint: r.endpoint.clone(),
             status: 200,
-            detail: format!("clusterMetrics: {e}"),
+            detail: format!("{field}: {e}"),
         })
     }
 

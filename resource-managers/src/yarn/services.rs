@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use crate::RmError;
-use crate::http::{Http, HttpOptions, Idempotence, Reply, parse_base};
+use crate::http::{Http, HttpOptions, Idempotence, Reply};
 
 /// Container states after which a container is gone (the ServiceMaster
 /// marks a stopped container `STOPPED`; newer releases also use
@@ -183,12 +183,8 @@ impl ServicesClient {
         user: Option<String>,
         options: HttpOptions,
     ) -> Result<ServicesClient, RmError> {
-        let bases = addresses
-            .iter()
-            .map(|a| parse_base(a, "YARN ResourceManager address"))
-            .collect::<Result<Vec<_>, _>>()?;
         Ok(ServicesClient {
-            http: Http::new("YARN Services API", bases, options, true)?,
+            http: super::rm::rm_http("YARN Services API", addresses, options)?,
             user: user.filter(|u| !u.is_empty()),
         })
     }
