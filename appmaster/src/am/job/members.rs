@@ -50,14 +50,11 @@ impl Driver {
         {
             let (eval, reason) = (loss.eval, loss.reason.clone());
             self.pending_loss = None;
-            match self.unsurvivable(eval) {
-                None => self.survive_loss(eval, &reason).await,
-                Some(why_not) => {
-                    return Err(AmError::JobFailed(format!(
-                        "{} lost: {reason}; the resource manager has not reported its exit status (not survived: {why_not})",
-                        self.describe(eval),
-                    )));
-                }
+            if let Err(why_not) = self.try_survive(eval, &reason).await {
+                return Err(AmError::JobFailed(format!(
+                    "{} lost: {reason}; the resource manager has not reported its exit status (not survived: {why_not})",
+                    self.describe(eval),
+                )));
             }
         }
         let timeout = Duration::from_millis(self.config.channel.heartbeat_timeout_ms);
@@ -73,14 +70,11 @@ impl Driver {
                     "sent nothing for {secs:.1} s (channel.heartbeat_timeout_ms = {})",
                     timeout.as_millis()
                 );
-                match self.unsurvivable(id) {
-                    None => self.survive_loss(id, &cause).await,
-                    Some(why_not) => {
-                        return Err(AmError::JobFailed(format!(
-                            "{} {cause} (not survived: {why_not})",
-                            self.describe(id),
-                        )));
-                    }
+                if let Err(why_not) = self.try_survive(id, &cause).await {
+                    return Err(AmError::JobFailed(format!(
+                        "{} {cause} (not survived: {why_not})",
+                        self.describe(id),
+                    )));
                 }
             }
         }
@@ -166,12 +160,9 @@ impl Driver {
                     stderr_note(&diagnostics)
                 );
                 let why_not = match evaluator {
-                    Some(id) => match self.unsurvivable(id) {
-                        None => {
-                            self.survive_loss(id, &cause).await;
-                            return Ok(());
-                        }
-                        Some(why_not) => why_not,
+                    Some(id) => match self.try_survive(id, &cause).await {
+                        Ok(()) => return Ok(()),
+                        Err(why_not) => why_not,
                     },
                     None => "its evaluator never registered".into(),
                 };

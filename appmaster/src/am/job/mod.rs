@@ -477,8 +477,7 @@ impl Driver {
                     ),
                     None => reason.clone(),
                 };
-                let Some(why_not) = self.unsurvivable(eval) else {
-                    self.survive_loss(eval, &cause).await;
+                let Err(why_not) = self.try_survive(eval, &cause).await else {
                     return Ok(());
                 };
                 if ended.is_some() {

@@ -169,6 +169,22 @@ impl Driver {
             .map(|e| e.id)
     }
 
+    /// Survives the loss of `id` (`cause` says how it was lost) if
+    /// [`Driver::unsurvivable`] allows; else returns why it cannot be.
+    pub(in crate::am::job) async fn try_survive(
+        &mut self,
+        id: EvaluatorId,
+        cause: &str,
+    ) -> Result<(), String> {
+        match self.unsurvivable(id) {
+            None => {
+                self.survive_loss(id, cause).await;
+                Ok(())
+            }
+            Some(why_not) => Err(why_not),
+        }
+    }
+
     /// Lets the lost evaluator `id` go (see the module's doc); `cause` says how
     /// it was lost. Call only when [`Driver::unsurvivable`] says it can be.
     pub(in crate::am::job) async fn survive_loss(&mut self, id: EvaluatorId, cause: &str) {
