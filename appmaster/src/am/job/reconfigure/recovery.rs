@@ -187,7 +187,7 @@ impl Driver {
 
     /// Lets the lost evaluator `id` go (see the module's doc); `cause` says how
     /// it was lost. Call only when [`Driver::unsurvivable`] says it can be.
-    pub(in crate::am::job) async fn survive_loss(&mut self, id: EvaluatorId, cause: &str) {
+    async fn survive_loss(&mut self, id: EvaluatorId, cause: &str) {
         let text = format!("{} lost: {cause}", self.describe(id));
         tracing::warn!("{text}; the job goes on without it");
         self.rc.losses.push(text.clone());
