@@ -411,14 +411,6 @@ impl RmClient {
             .await
     }
 
-    fn expect(reply: Reply, ok: &[StatusCode]) -> Result<Reply, RmError> {
-        if ok.contains(&reply.status) {
-            Ok(reply)
-        } else {
-            Err(reply.unexpected())
-        }
-    }
-
     /// `GET /ws/v1/cluster/info`.
     pub async fn cluster_info(&self) -> Result<ClusterInfo, RmError> {
         self.get_object("/info", "clusterInfo").await
@@ -436,7 +428,7 @@ impl RmClient {
         path: &str,
         field: &str,
     ) -> Result<T, RmError> {
-        let r = Self::expect(self.get(path).await?, &[StatusCode::OK])?;
+        let r = Reply::expect_status(self.get(path).await?, &[StatusCode::OK])?;
         let v: Value = r.json()?;
         serde_json::from_value(v[field].clone()).map_err(|e| RmError::Malformed {
             endpoint: r.endpoint.clone(),
@@ -447,7 +439,7 @@ impl RmClient {
 
     /// `GET /ws/v1/cluster/nodes?states=RUNNING`.
     pub async fn running_nodes(&self) -> Result<Vec<NodeReport>, RmError> {
-        let r = Self::expect(self.get("/nodes?states=RUNNING").await?, &[StatusCode::OK])?;
+        let r = Reply::expect_status(self.get("/nodes?states=RUNNING").await?, &[StatusCode::OK])?;
         let b: NodesBody = r.json()?;
         Ok(b.nodes.map(|n| n.node).unwrap_or_default())
     }
@@ -464,7 +456,7 @@ impl RmClient {
                 Idempotence::Idempotent,
             )
             .await?;
-        let r = Self::expect(r, &[StatusCode::OK])?;
+        let r = Reply::expect_status(r, &[StatusCode::OK])?;
         let app: NewApplication = r.json()?;
         if !is_application_id(&app.application_id) {
             return Err(RmError::Malformed {
@@ -490,12 +482,12 @@ impl RmClient {
                 Idempotence::Once,
             )
             .await?;
-        Self::expect(r, &[StatusCode::ACCEPTED, StatusCode::OK]).map(|_| ())
+        Reply::expect_status(r, &[StatusCode::ACCEPTED, StatusCode::OK]).map(|_| ())
     }
 
     /// `GET /ws/v1/cluster/apps/{id}`.
     pub async fn app(&self, id: &str) -> Result<AppReport, RmError> {
-        let r = Self::expect(self.get(&format!("/apps/{id}")).await?, &[StatusCode::OK])?;
+        let r = Reply::expect_status(self.get(&format!("/apps/{id}")).await?, &[StatusCode::OK])?;
         let v: Value = r.json()?;
         let bad = |detail: String| RmError::Malformed {
             endpoint: r.endpoint.clone(),
@@ -524,7 +516,7 @@ impl RmClient {
 
     /// `GET /ws/v1/cluster/apps/{id}/appattempts`.
     pub async fn attempts(&self, id: &str) -> Result<Vec<AttemptReport>, RmError> {
-        let r = Self::expect(
+        let r = Reply::expect_status(
             self.get(&format!("/apps/{id}/appattempts")).await?,
             &[StatusCode::OK],
         )?;
@@ -548,7 +540,7 @@ impl RmClient {
                     Idempotence::Idempotent,
                 )
                 .await?;
-            let r = Self::expect(r, &[StatusCode::OK, StatusCode::ACCEPTED])?;
+            let r = Reply::expect_status(r, &[StatusCode::OK, StatusCode::ACCEPTED])?;
             let state = r
                 .json::<Value>()
                 .ok()
