@@ -110,6 +110,16 @@ impl Reply {
         }
     }
 
+    /// The answer, if its status is one of `ok`; else the error for an
+    /// answer the caller did not expect.
+    pub fn expect_status(self, ok: &[StatusCode]) -> Result<Reply, RmError> {
+        if ok.contains(&self.status) {
+            Ok(self)
+        } else {
+            Err(self.unexpected())
+        }
+    }
+
     /// A header as text.
     pub fn header(&self, name: &str) -> Option<&str> {
         self.headers.get(name).and_then(|v| v.to_str().ok())

@@ -340,27 +340,20 @@ impl Metrics {
     /// Records a transfer of `bytes` in `secs` between two evaluators.
     pub fn link(&mut self, from: EvaluatorId, to: EvaluatorId, bytes: u64, secs: f64) {
         // Tiny transfers measure latency, not bandwidth.
-        if bytes < 4096 || secs <= 0.0 || from == to {
-            return;
-        }
-        let w = self.window;
-        self.links
-            .entry((from, to))
-            .or_insert_with(|| Window::new(w))
-            .push(bytes as f64 / secs);
+        push_rate(&mut self.links, self.window, (from, to), bytes, 4096, secs);
     }
 
     /// Records a bulk transfer (a probe or a block move): a measure of the
     /// link's capacity rather than of request latency.
     pub fn bulk(&mut self, from: EvaluatorId, to: EvaluatorId, bytes: u64, secs: f64) {
-        if bytes < 64 * 1024 || secs <= 0.0 || from == to {
-            return;
-        }
-        let w = self.window;
-        self.bulk
-            .entry((from, to))
-            .or_insert_with(|| Window::new(w))
-            .push(bytes as f64 / secs);
+        push_rate(
+            &mut self.bulk,
+            self.window,
+            (from, to),
+            bytes,
+            64 * 1024,
+            secs,
+        );
     }
 
     /// Records a fan-out probe: `from` sent `bytes` in all to every other
@@ -600,6 +593,26 @@ impl Metrics {
             totals: self.totals.values().cloned().collect(),
         }
     }
+}
+
+/// Adds the rate of a transfer of `bytes` in `secs` over `link` to its
+/// window (of `window` samples) in `rates`; transfers smaller than
+/// `min_bytes`, untimed, or from an evaluator to itself are left out.
+fn push_rate(
+    rates: &mut BTreeMap<(EvaluatorId, EvaluatorId), Window>,
+    window: usize,
+    link: (EvaluatorId, EvaluatorId),
+    bytes: u64,
+    min_bytes: u64,
+    secs: f64,
+) {
+    if bytes < min_bytes || secs <= 0.0 || link.0 == link.1 {
+        return;
+    }
+    rates
+        .entry(link)
+        .or_insert_with(|| Window::new(window))
+        .push(bytes as f64 / secs);
 }
 
 #[cfg(test)]

@@ -541,21 +541,16 @@ pub async fn run_job(opts: JobOptions) -> Result<JobSummary, AmError> {
     });
     tracing::info!(%job_id, %am_addr, ?status_addr, history = %history_file.display(), "AM started");
 
-    let driver = job::Driver::new(
-        config,
-        job_id,
-        am_addr,
-        splits,
-        Arc::clone(&rm),
-        opts.progress,
-        opts.status,
-        tracker.clone(),
-        ev_tx,
-        cancel.clone(),
-        outputs,
+    let links = job::Links {
+        rm: Arc::clone(&rm),
+        progress: opts.progress,
+        status: opts.status,
+        tracker: tracker.clone(),
+        events: ev_tx,
+        cancel: cancel.clone(),
         history,
-        resumed,
-    );
+    };
+    let driver = job::Driver::new(config, job_id, am_addr, splits, links, outputs, resumed);
     let result = driver.run(ev_rx, rm_rx).await;
 
     if let Err(e) = rm.shutdown().await {

@@ -11,7 +11,9 @@
 //! | file | owns |
 //! |---|---|
 //! | `mod.rs` | the [`DataPlane`] handle, its settings and counters, opening an authenticated connection, stopping |
-//! | `requests.rs` | outbound requests: routing a store operation's parts, one ordered connection per peer, retries, in-flight marks, probes |
+//! | `requests.rs` | outbound requests: routing a store operation's parts to their owners, waiting for the parts, retries, the peer directory, probes |
+//! | `outbound.rs` | one ordered outbound request connection per peer: queueing, writing, answers, the request timeout, the goodbye, a lost connection |
+//! | `inflight.rs` | in-flight marks: waiting for every request routed before a moment (an ownership update) |
 //! | `serve.rs` | inbound connections: accepting, answering requests, the goodbye when leaving |
 //! | `block_move.rs` | a block move, the evaluator's side of both ends (the slot changes are [`crate::store`]'s) |
 //! | `bulk.rs` | a move's bytes: both ends of a bulk connection, each on a thread of its own at a lower CPU priority |
@@ -37,10 +39,13 @@ use crate::store::{self, Store};
 
 mod block_move;
 mod bulk;
+mod inflight;
+mod outbound;
 mod requests;
 mod serve;
 
-use requests::{Inflight, OutConn};
+use inflight::Inflight;
+use outbound::OutConn;
 
 /// A data-plane connection (paced when an emulated cluster limits this
 /// container's bandwidth in-process).

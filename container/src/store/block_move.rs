@@ -33,6 +33,16 @@ pub enum AbortOutcome {
     Installed,
 }
 
+/// Whether a block may already be arriving when it is taken arriving.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Arriving {
+    /// Only a block not arriving yet (a move's destination).
+    New,
+    /// A block already arriving from the same evaluator stays so (a
+    /// restore tried again keeps what queued meanwhile).
+    AgainFromSame,
+}
+
 impl Store {
     /// Destination: takes the block `Incoming` (operations on it queue until
     /// [`Store::install`]).
@@ -42,9 +52,26 @@ impl Store {
         block: BlockId,
         from: EvaluatorId,
     ) -> Result<(), StoreError> {
-        let t = self.table(table)?;
-        let mut slot = lock(Self::slot(&t, table, block)?);
-        match &*slot {
+        self.take_arriving(table, block, from, Arriving::New, "receive")
+    }
+
+    /// Takes the block `Incoming` from `from` (operations on it queue until
+    /// [`Store::install`]) when it is absent or was moved away here; with
+    /// [`Arriving::AgainFromSame`], a block already arriving from `from`
+    /// stays so. Any other state is refused: "cannot `verb` a block that
+    /// is ...".
+    pub(super) fn take_arriving(
+        &self,
+        table: TableId,
+        block: BlockId,
+        from: EvaluatorId,
+        arriving: Arriving,
+        verb: &str,
+    ) -> Result<(), StoreError> {
+        self.with_slot(table, block, |slot| match &*slot {
+            Slot::Incoming { from: f, .. } if arriving == Arriving::AgainFromSame && *f == from => {
+                Ok(())
+            }
             Slot::Absent
             | Slot::Forwarding {
                 in_flight: false, ..
@@ -55,12 +82,13 @@ impl Store {
                 };
                 Ok(())
             }
-            other => Err(StoreError::BadState {
+            other => Err(StoreError::not_while(
                 table,
                 block,
-                message: format!("cannot receive a block that is {}", other.name()),
-            }),
-        }
+                &format!("cannot {verb}"),
+                other,
+            )),
+        })
     }
 
     /// Destination: the source asks to call the move off (its transfer
@@ -92,11 +120,12 @@ impl Store {
                     in_flight: false, ..
                 } => return Ok(AbortOutcome::Aborted),
                 other => {
-                    return Err(StoreError::BadState {
+                    return Err(StoreError::not_while(
                         table,
                         block,
-                        message: format!("cannot abort receiving a block that is {}", other.name()),
-                    });
+                        "cannot abort receiving",
+                        other,
+                    ));
                 }
             };
             match std::mem::replace(
@@ -131,11 +160,12 @@ impl Store {
         let replies = {
             let mut slot = lock(Self::slot(&t, table, block)?);
             if !matches!(&*slot, Slot::Incoming { .. }) {
-                return Err(StoreError::BadState {
+                return Err(StoreError::not_while(
                     table,
                     block,
-                    message: format!("data arrived for a block that is {}", slot.name()),
-                });
+                    "data arrived for",
+                    &slot,
+                ));
             }
             let Slot::Incoming { queue, .. } = std::mem::replace(&mut *slot, Slot::Absent) else {
                 return Err(StoreError::BadState {
@@ -172,29 +202,25 @@ impl Store {
         block: BlockId,
         to: EvaluatorId,
     ) -> Result<BlockData, StoreError> {
-        let t = self.table(table)?;
-        let mut slot = lock(Self::slot(&t, table, block)?);
-        if !matches!(&*slot, Slot::Owned(_)) {
-            return Err(StoreError::BadState {
-                table,
-                block,
-                message: format!("cannot move a block that is {}", slot.name()),
-            });
-        }
-        match std::mem::replace(
-            &mut *slot,
-            Slot::Forwarding {
-                to,
-                in_flight: true,
-            },
-        ) {
-            Slot::Owned(d) => Ok(d),
-            _ => Err(StoreError::BadState {
-                table,
-                block,
-                message: "changed while handing over".into(),
-            }),
-        }
+        self.with_slot(table, block, |slot| {
+            if !matches!(&*slot, Slot::Owned(_)) {
+                return Err(StoreError::not_while(table, block, "cannot move", slot));
+            }
+            match std::mem::replace(
+                slot,
+                Slot::Forwarding {
+                    to,
+                    in_flight: true,
+                },
+            ) {
+                Slot::Owned(d) => Ok(d),
+                _ => Err(StoreError::BadState {
+                    table,
+                    block,
+                    message: "changed while handing over".into(),
+                }),
+            }
+        })
     }
 
     /// Source: the transfer failed without telling whether the destination
@@ -206,9 +232,7 @@ impl Store {
     /// is answered retryably and later operations are forwarded to the
     /// destination).
     pub fn recall(&self, table: TableId, block: BlockId) -> Result<(), StoreError> {
-        let t = self.table(table)?;
-        let mut slot = lock(Self::slot(&t, table, block)?);
-        match &*slot {
+        self.with_slot(table, block, |slot| match &*slot {
             Slot::Forwarding {
                 to,
                 in_flight: true,
@@ -219,29 +243,24 @@ impl Store {
                 };
                 Ok(())
             }
-            other => Err(StoreError::BadState {
-                table,
-                block,
-                message: format!("recalling a block that is {}", other.name()),
-            }),
-        }
+            other => Err(StoreError::not_while(table, block, "recalling", other)),
+        })
     }
 
     /// Source: the destination installed the block.
     pub fn finish_move(&self, table: TableId, block: BlockId) -> Result<(), StoreError> {
-        let t = self.table(table)?;
-        let mut slot = lock(Self::slot(&t, table, block)?);
-        match &mut *slot {
+        self.with_slot(table, block, |slot| match slot {
             Slot::Forwarding { in_flight, .. } => {
                 *in_flight = false;
                 Ok(())
             }
-            other => Err(StoreError::BadState {
+            other => Err(StoreError::not_while(
                 table,
                 block,
-                message: format!("finishing a move of a block that is {}", other.name()),
-            }),
-        }
+                "finishing a move of",
+                other,
+            )),
+        })
     }
 
     /// Source: the move failed; own the block again with its data.
@@ -251,20 +270,14 @@ impl Store {
         block: BlockId,
         data: BlockData,
     ) -> Result<(), StoreError> {
-        let t = self.table(table)?;
-        let mut slot = lock(Self::slot(&t, table, block)?);
-        match &*slot {
+        self.with_slot(table, block, |slot| match &*slot {
             Slot::Forwarding {
                 in_flight: true, ..
             } => {
                 *slot = Slot::Owned(data);
                 Ok(())
             }
-            other => Err(StoreError::BadState {
-                table,
-                block,
-                message: format!("restoring a block that is {}", other.name()),
-            }),
-        }
+            other => Err(StoreError::not_while(table, block, "restoring", other)),
+        })
     }
 }

@@ -83,6 +83,18 @@ pub enum StoreError {
     Decode(String),
 }
 
+impl StoreError {
+    /// A block not in a state for `doing` ("cannot move", "recalling"):
+    /// says which state it is in.
+    fn not_while(table: TableId, block: BlockId, doing: &str, slot: &Slot) -> StoreError {
+        StoreError::BadState {
+            table,
+            block,
+            message: format!("{doing} a block that is {}", slot.name()),
+        }
+    }
+}
+
 /// The model's functions, supplied by the app.
 pub trait ModelFunctions: Send + Sync {
     /// Values per key.
@@ -265,6 +277,18 @@ impl Store {
             .ok_or(StoreError::NoBlock { table, block })
     }
 
+    /// Runs `f` on the slot of `block` of `table`, under the block's lock.
+    fn with_slot<R>(
+        &self,
+        table: TableId,
+        block: BlockId,
+        f: impl FnOnce(&mut Slot) -> Result<R, StoreError>,
+    ) -> Result<R, StoreError> {
+        let t = self.table(table)?;
+        let mut slot = lock(Self::slot(&t, table, block)?);
+        f(&mut slot)
+    }
+
     /// Number of blocks of a table.
     pub fn blocks(&self, table: TableId) -> Result<u32, StoreError> {
         Ok(self.table(table)?.slots.len() as u32)
@@ -350,11 +374,7 @@ impl Store {
         for &b in blocks {
             let mut slot = lock(Self::slot(&t, table, b)?);
             if let Slot::Owned(_) | Slot::Incoming { .. } = &*slot {
-                return Err(StoreError::BadState {
-                    table,
-                    block: b,
-                    message: format!("cannot create a block that is {}", slot.name()),
-                });
+                return Err(StoreError::not_while(table, b, "cannot create", &slot));
             }
             *slot = Slot::Owned(match table {
                 MODEL_TABLE => BlockData::Keyed(KeyedBlock::default()),
@@ -374,11 +394,7 @@ impl Store {
         for &b in blocks {
             let slot = lock(Self::slot(&input, INPUT_TABLE, b)?);
             if !matches!(&*slot, Slot::Owned(BlockData::Input(_))) {
-                return Err(StoreError::BadState {
-                    table: INPUT_TABLE,
-                    block: b,
-                    message: format!("cannot drop a block that is {}", slot.name()),
-                });
+                return Err(StoreError::not_while(INPUT_TABLE, b, "cannot drop", &slot));
             }
             if self.is_owned(STATE_TABLE, b) {
                 return Err(StoreError::BadState {
@@ -402,32 +418,32 @@ impl Store {
         block: BlockId,
         data: BlockData,
     ) -> Result<(), StoreError> {
-        let t = self.table(table)?;
-        let mut slot = lock(Self::slot(&t, table, block)?);
-        if let Slot::Incoming { .. } = &*slot {
-            return Err(StoreError::BadState {
-                table,
-                block,
-                message: "cannot overwrite a block that is arriving".into(),
-            });
-        }
-        *slot = Slot::Owned(data);
-        Ok(())
+        self.with_slot(table, block, |slot| {
+            if let Slot::Incoming { .. } = &*slot {
+                return Err(StoreError::BadState {
+                    table,
+                    block,
+                    message: "cannot overwrite a block that is arriving".into(),
+                });
+            }
+            *slot = Slot::Owned(data);
+            Ok(())
+        })
     }
 
     /// The state of one block's slot here (for checks and tests; takes the
     /// block's lock briefly, nothing else).
     pub fn slot_kind(&self, table: TableId, block: BlockId) -> Result<SlotKind, StoreError> {
-        let t = self.table(table)?;
-        let slot = lock(Self::slot(&t, table, block)?);
-        Ok(match &*slot {
-            Slot::Absent => SlotKind::Absent,
-            Slot::Owned(_) => SlotKind::Owned,
-            Slot::Incoming { .. } => SlotKind::Incoming,
-            Slot::Forwarding {
-                in_flight: true, ..
-            } => SlotKind::MovingOut,
-            Slot::Forwarding { .. } => SlotKind::MovedAway,
+        self.with_slot(table, block, |slot| {
+            Ok(match &*slot {
+                Slot::Absent => SlotKind::Absent,
+                Slot::Owned(_) => SlotKind::Owned,
+                Slot::Incoming { .. } => SlotKind::Incoming,
+                Slot::Forwarding {
+                    in_flight: true, ..
+                } => SlotKind::MovingOut,
+                Slot::Forwarding { .. } => SlotKind::MovedAway,
+            })
         })
     }
 

@@ -219,22 +219,39 @@ pub(super) fn apply_write(
         .iter()
         .find(|&&p| op.values.lens[p] as usize != want)
     {
-        return Err(RemoteError::fatal(format!(
-            "value of length {} for a table whose values have length {want}",
-            op.values.lens[p]
-        )));
+        return Err(wrong_length(op.values.lens[p] as usize, want));
     }
     for &p in positions {
         let k = op.keys[p];
         let v = &op.values.data[offsets[p]..offsets[p] + want];
-        if op.kind == OpKind::Put {
-            block.values.insert(k, v.to_vec());
-        } else {
-            let cur = block.values.entry(k).or_insert_with(|| model.init(k));
-            model.update(k, cur, v);
-        }
+        write_value(model, block, op.kind, k, v);
     }
     Ok(PeerResponse::Done)
+}
+
+/// Writes one key's value: a put replaces it, an update applies `v` to it
+/// through the model (from the model's initial value if the key is new).
+#[inline]
+fn write_value(
+    model: &dyn ModelFunctions,
+    block: &mut KeyedBlock,
+    kind: OpKind,
+    k: Key,
+    v: &[f32],
+) {
+    if kind == OpKind::Put {
+        block.values.insert(k, v.to_vec());
+    } else {
+        let cur = block.values.entry(k).or_insert_with(|| model.init(k));
+        model.update(k, cur, v);
+    }
+}
+
+/// The error of a written value whose length is not the table's.
+fn wrong_length(len: usize, want: usize) -> RemoteError {
+    RemoteError::fatal(format!(
+        "value of length {len} for a table whose values have length {want}"
+    ))
 }
 
 pub(super) fn apply(
@@ -258,19 +275,11 @@ pub(super) fn apply(
         OpKind::Put | OpKind::Update => {
             for (v, _) in op.values.iter().zip(&op.keys) {
                 if v.len() != want {
-                    return Err(RemoteError::fatal(format!(
-                        "value of length {} for a table whose values have length {want}",
-                        v.len()
-                    )));
+                    return Err(wrong_length(v.len(), want));
                 }
             }
             for (&k, v) in op.keys.iter().zip(op.values.iter()) {
-                if op.kind == OpKind::Put {
-                    block.values.insert(k, v.to_vec());
-                } else {
-                    let cur = block.values.entry(k).or_insert_with(|| model.init(k));
-                    model.update(k, cur, v);
-                }
+                write_value(model, block, op.kind, k, v);
             }
             Ok(PeerResponse::Done)
         }

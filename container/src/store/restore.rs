@@ -5,7 +5,8 @@
 
 use crate::protocol::{BlockId, EvaluatorId, TableId};
 
-use super::{Slot, Store, StoreError, lock};
+use super::block_move::Arriving;
+use super::{Store, StoreError};
 
 impl Store {
     /// Takes the block arriving as a restored block of the lost evaluator
@@ -19,25 +20,6 @@ impl Store {
         block: BlockId,
         lost: EvaluatorId,
     ) -> Result<(), StoreError> {
-        let t = self.table(table)?;
-        let mut slot = lock(Self::slot(&t, table, block)?);
-        match &*slot {
-            Slot::Incoming { from, .. } if *from == lost => Ok(()),
-            Slot::Absent
-            | Slot::Forwarding {
-                in_flight: false, ..
-            } => {
-                *slot = Slot::Incoming {
-                    from: lost,
-                    queue: Vec::new(),
-                };
-                Ok(())
-            }
-            other => Err(StoreError::BadState {
-                table,
-                block,
-                message: format!("cannot restore a block that is {}", other.name()),
-            }),
-        }
+        self.take_arriving(table, block, lost, Arriving::AgainFromSame, "restore")
     }
 }

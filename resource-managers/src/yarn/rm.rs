@@ -367,6 +367,20 @@ struct AttemptsInner {
     app_attempt: Vec<AttemptReport>,
 }
 
+/// An HTTP client, named `name` in errors, for the RM web addresses
+/// (`host:port` or URLs; several for HA, failing over between them).
+pub(super) fn rm_http(
+    name: &'static str,
+    addresses: &[String],
+    options: HttpOptions,
+) -> Result<Http, RmError> {
+    let bases = addresses
+        .iter()
+        .map(|a| parse_base(a, "YARN ResourceManager address"))
+        .collect::<Result<Vec<_>, _>>()?;
+    Http::new(name, bases, options, true)
+}
+
 impl RmClient {
     /// A client for the RM web addresses (`host:port` or URLs; several for
     /// HA), calling as `user` (`user.name`) when given.
@@ -375,12 +389,8 @@ impl RmClient {
         user: Option<String>,
         options: HttpOptions,
     ) -> Result<RmClient, RmError> {
-        let bases = addresses
-            .iter()
-            .map(|a| parse_base(a, "YARN ResourceManager address"))
-            .collect::<Result<Vec<_>, _>>()?;
         Ok(RmClient {
-            http: Http::new("YARN ResourceManager", bases, options, true)?,
+            http: rm_http("YARN ResourceManager", addresses, options)?,
             user: user.filter(|u| !u.is_empty()),
         })
     }
@@ -416,39 +426,35 @@ impl RmClient {
             .await
     }
 
-    fn expect(reply: Reply, ok: &[StatusCode]) -> Result<Reply, RmError> {
-        if ok.contains(&reply.status) {
-            Ok(reply)
-        } else {
-            Err(reply.unexpected())
-        }
-    }
-
     /// `GET /ws/v1/cluster/info`.
     pub async fn cluster_info(&self) -> Result<ClusterInfo, RmError> {
-        let r = Self::expect(self.get("/info").await?, &[StatusCode::OK])?;
-        let v: Value = r.json()?;
-        serde_json::from_value(v["clusterInfo"].clone()).map_err(|e| RmError::Malformed {
-            endpoint: r.endpoint.clone(),
-            status: 200,
-            detail: format!("clusterInfo: {e}"),
-        })
+        self.get_object("/info", "clusterInfo").await
     }
 
     /// `GET /ws/v1/cluster/metrics`.
     pub async fn metrics(&self) -> Result<ClusterMetrics, RmError> {
-        let r = Self::expect(self.get("/metrics").await?, &[StatusCode::OK])?;
+        self.get_object("/metrics", "clusterMetrics").await
+    }
+
+    /// `GET path`, answered 200 with a JSON object whose `field` is read
+    /// as a `T` (an error names the endpoint and the field).
+    async fn get_object<T: serde::de::DeserializeOwned>(
+        &self,
+        path: &str,
+        field: &str,
+    ) -> Result<T, RmError> {
+        let r = Reply::expect_status(self.get(path).await?, &[StatusCode::OK])?;
         let v: Value = r.json()?;
-        serde_json::from_value(v["clusterMetrics"].clone()).map_err(|e| RmError::Malformed {
+        serde_json::from_value(v[field].clone()).map_err(|e| RmError::Malformed {
             endpoint: r.endpoint.clone(),
             status: 200,
-            detail: format!("clusterMetrics: {e}"),
+            detail: format!("{field}: {e}"),
         })
     }
 
     /// `GET /ws/v1/cluster/nodes?states=RUNNING`.
     pub async fn running_nodes(&self) -> Result<Vec<NodeReport>, RmError> {
-        let r = Self::expect(self.get("/nodes?states=RUNNING").await?, &[StatusCode::OK])?;
+        let r = Reply::expect_status(self.get("/nodes?states=RUNNING").await?, &[StatusCode::OK])?;
         let b: NodesBody = r.json()?;
         Ok(b.nodes.map(|n| n.node).unwrap_or_default())
     }
@@ -465,7 +471,7 @@ impl RmClient {
                 Idempotence::Idempotent,
             )
             .await?;
-        let r = Self::expect(r, &[StatusCode::OK])?;
+        let r = Reply::expect_status(r, &[StatusCode::OK])?;
         let app: NewApplication = r.json()?;
         if !is_application_id(&app.application_id) {
             return Err(RmError::Malformed {
@@ -491,12 +497,12 @@ impl RmClient {
                 Idempotence::Once,
             )
             .await?;
-        Self::expect(r, &[StatusCode::ACCEPTED, StatusCode::OK]).map(|_| ())
+        Reply::expect_status(r, &[StatusCode::ACCEPTED, StatusCode::OK]).map(|_| ())
     }
 
     /// `GET /ws/v1/cluster/apps/{id}`.
     pub async fn app(&self, id: &str) -> Result<AppReport, RmError> {
-        let r = Self::expect(self.get(&format!("/apps/{id}")).await?, &[StatusCode::OK])?;
+        let r = Reply::expect_status(self.get(&format!("/apps/{id}")).await?, &[StatusCode::OK])?;
         let v: Value = r.json()?;
         let bad = |detail: String| RmError::Malformed {
             endpoint: r.endpoint.clone(),
@@ -525,7 +531,7 @@ impl RmClient {
 
     /// `GET /ws/v1/cluster/apps/{id}/appattempts`.
     pub async fn attempts(&self, id: &str) -> Result<Vec<AttemptReport>, RmError> {
-        let r = Self::expect(
+        let r = Reply::expect_status(
             self.get(&format!("/apps/{id}/appattempts")).await?,
             &[StatusCode::OK],
         )?;
@@ -549,7 +555,7 @@ impl RmClient {
                     Idempotence::Idempotent,
                 )
                 .await?;
-            let r = Self::expect(r, &[StatusCode::OK, StatusCode::ACCEPTED])?;
+            let r = Reply::expect_status(r, &[StatusCode::OK, StatusCode::ACCEPTED])?;
             let state = r
                 .json::<Value>()
                 .ok()

@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use crate::RmError;
-use crate::http::{Http, HttpOptions, Idempotence, Reply, parse_base};
+use crate::http::{Http, HttpOptions, Idempotence, Reply};
 
 /// Container states after which a container is gone (the ServiceMaster
 /// marks a stopped container `STOPPED`; newer releases also use
@@ -183,12 +183,8 @@ impl ServicesClient {
         user: Option<String>,
         options: HttpOptions,
     ) -> Result<ServicesClient, RmError> {
-        let bases = addresses
-            .iter()
-            .map(|a| parse_base(a, "YARN ResourceManager address"))
-            .collect::<Result<Vec<_>, _>>()?;
         Ok(ServicesClient {
-            http: Http::new("YARN Services API", bases, options, true)?,
+            http: super::rm::rm_http("YARN Services API", addresses, options)?,
             user: user.filter(|u| !u.is_empty()),
         })
     }
@@ -202,14 +198,6 @@ impl ServicesClient {
         s
     }
 
-    fn expect(reply: Reply, ok: &[StatusCode]) -> Result<Reply, RmError> {
-        if ok.contains(&reply.status) {
-            Ok(reply)
-        } else {
-            Err(reply.unexpected())
-        }
-    }
-
     /// `POST /app/v1/services`: creates and starts the service.
     pub async fn create(&self, spec: &ServiceSpec) -> Result<(), RmError> {
         let r = self
@@ -221,7 +209,7 @@ impl ServicesClient {
                 Idempotence::Once,
             )
             .await?;
-        Self::expect(r, &[StatusCode::ACCEPTED, StatusCode::OK]).map(|_| ())
+        Reply::expect_status(r, &[StatusCode::ACCEPTED, StatusCode::OK]).map(|_| ())
     }
 
     /// `GET /app/v1/services/{name}`; `None` when there is no such service.
@@ -239,7 +227,7 @@ impl ServicesClient {
         if r.status == StatusCode::NOT_FOUND {
             return Ok(None);
         }
-        let r = Self::expect(r, &[StatusCode::OK])?;
+        let r = Reply::expect_status(r, &[StatusCode::OK])?;
         let report: ServiceReport = r.json()?;
         // A container with no id or an unknown state would be neither
         // running nor ended: waited on forever.
@@ -272,7 +260,7 @@ impl ServicesClient {
                 Idempotence::Idempotent,
             )
             .await?;
-        Self::expect(r, &[StatusCode::OK, StatusCode::ACCEPTED]).map(|_| ())
+        Reply::expect_status(r, &[StatusCode::OK, StatusCode::ACCEPTED]).map(|_| ())
     }
 
     /// `PUT /app/v1/services/{name}` with the component's
@@ -293,7 +281,7 @@ impl ServicesClient {
                 Idempotence::Idempotent,
             )
             .await?;
-        Self::expect(r, &[StatusCode::OK, StatusCode::ACCEPTED]).map(|_| ())
+        Reply::expect_status(r, &[StatusCode::OK, StatusCode::ACCEPTED]).map(|_| ())
     }
 
     /// `DELETE /app/v1/services/{name}`: stops and removes the service.

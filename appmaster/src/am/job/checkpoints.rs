@@ -243,8 +243,8 @@ impl Driver {
                 .map_or(0, |d| d.as_secs()),
         };
         let (fs, dir) = (self.ck.fs.clone(), self.checkpoint_dir().to_string());
-        let (events, cancel) = (self.events.clone(), self.cancel.clone());
-        self.tracker.spawn(async move {
+        let (events, cancel) = (self.links.events.clone(), self.links.cancel.clone());
+        self.links.tracker.spawn(async move {
             let result = tokio::select! {
                 r = checkpoint::publish(&fs, &dir, &manifest) => r.map_err(|e| e.to_string()),
                 _ = cancel.cancelled() => return,

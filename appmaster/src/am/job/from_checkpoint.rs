@@ -76,7 +76,7 @@ impl Driver {
             self.job_id, r.folder, self.config.job.epochs, self.records_done
         );
         tracing::info!("{text}");
-        let _ = self.progress.send(Progress::Phase(text));
+        let _ = self.links.progress.send(Progress::Phase(text));
         for e in &self.epochs {
             self.record_epoch(e);
         }

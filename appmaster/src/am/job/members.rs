@@ -50,14 +50,11 @@ impl Driver {
         {
             let (eval, reason) = (loss.eval, loss.reason.clone());
             self.pending_loss = None;
-            match self.unsurvivable(eval) {
-                None => self.survive_loss(eval, &reason).await,
-                Some(why_not) => {
-                    return Err(AmError::JobFailed(format!(
-                        "{} lost: {reason}; the resource manager has not reported its exit status (not survived: {why_not})",
-                        self.describe(eval),
-                    )));
-                }
+            if let Err(why_not) = self.try_survive(eval, &reason).await {
+                return Err(AmError::JobFailed(format!(
+                    "{} lost: {reason}; the resource manager has not reported its exit status (not survived: {why_not})",
+                    self.describe(eval),
+                )));
             }
         }
         let timeout = Duration::from_millis(self.config.channel.heartbeat_timeout_ms);
@@ -73,14 +70,11 @@ impl Driver {
                     "sent nothing for {secs:.1} s (channel.heartbeat_timeout_ms = {})",
                     timeout.as_millis()
                 );
-                match self.unsurvivable(id) {
-                    None => self.survive_loss(id, &cause).await,
-                    Some(why_not) => {
-                        return Err(AmError::JobFailed(format!(
-                            "{} {cause} (not survived: {why_not})",
-                            self.describe(id),
-                        )));
-                    }
+                if let Err(why_not) = self.try_survive(id, &cause).await {
+                    return Err(AmError::JobFailed(format!(
+                        "{} {cause} (not survived: {why_not})",
+                        self.describe(id),
+                    )));
                 }
             }
         }
@@ -105,14 +99,14 @@ impl Driver {
                 self.allocation_noted = Some(Instant::now());
                 let text = format!(
                     "still waiting for containers from the {} runtime: {} of {} registered after {:.0} s (the job gives up at {:.0} s: runtime.allocation_timeout_ms)",
-                    self.rm.name(),
+                    self.links.rm.name(),
                     self.evaluators.len(),
                     self.config.job.containers,
                     waited.as_secs_f64(),
                     limit.as_secs_f64()
                 );
                 tracing::info!("{text}");
-                let _ = self.progress.send(Progress::Phase(text));
+                let _ = self.links.progress.send(Progress::Phase(text));
             }
         }
         Ok(())
@@ -166,12 +160,9 @@ impl Driver {
                     stderr_note(&diagnostics)
                 );
                 let why_not = match evaluator {
-                    Some(id) => match self.unsurvivable(id) {
-                        None => {
-                            self.survive_loss(id, &cause).await;
-                            return Ok(());
-                        }
-                        Some(why_not) => why_not,
+                    Some(id) => match self.try_survive(id, &cause).await {
+                        Ok(()) => return Ok(()),
+                        Err(why_not) => why_not,
                     },
                     None => "its evaluator never registered".into(),
                 };
@@ -213,20 +204,20 @@ impl Driver {
         let id = self.next_eval;
         self.next_eval.0 += 1;
         let (sink, stream) = framed.split();
-        let conn_cancel = self.cancel.child_token();
+        let conn_cancel = self.links.cancel.child_token();
         let faults = Faults::default();
         let (tx, _writer) = cruise_container::protocol::spawn_writer(
             sink,
             4096,
             faults.clone(),
             conn_cancel.clone(),
-            &self.tracker,
+            &self.links.tracker,
             format!("control channel to evaluator {id}"),
         );
-        self.tracker.spawn(control::read_loop(
+        self.links.tracker.spawn(control::read_loop(
             id,
             stream,
-            self.events.clone(),
+            self.links.events.clone(),
             faults,
             conn_cancel.clone(),
         ));
@@ -338,7 +329,7 @@ impl Driver {
         };
         e.gone = true;
         let c = e.container.clone();
-        if let Err(e) = self.rm.release(&c).await {
+        if let Err(e) = self.links.rm.release(&c).await {
             tracing::warn!("releasing container {c}: {e}");
         }
     }

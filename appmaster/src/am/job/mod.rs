@@ -174,6 +174,24 @@ struct PendingFatal {
     since: Instant,
 }
 
+/// What the job's loop talks to outside itself: the resource manager, the
+/// channels it reports on, the tasks it spawns and their events, the
+/// cancellation that ends it, and the job's history.
+pub(super) struct Links {
+    pub(super) rm: Arc<dyn ResourceManager>,
+    /// Progress for people (the CLI's lines and bars).
+    pub(super) progress: mpsc::UnboundedSender<Progress>,
+    /// The live status the status port serves.
+    pub(super) status: watch::Sender<Status>,
+    /// The job's tasks (connections, plans' helpers).
+    pub(super) tracker: TaskTracker,
+    /// Where those tasks send what they learn.
+    pub(super) events: mpsc::Sender<Event>,
+    pub(super) cancel: CancellationToken,
+    /// The job's history (records for the file and the web UI).
+    pub(super) history: HistoryLog,
+}
+
 /// The owner of the job's state.
 pub(super) struct Driver {
     config: CruiseConfig,
@@ -184,12 +202,8 @@ pub(super) struct Driver {
     loss_name: &'static str,
     has_accuracy: bool,
     splits: Vec<Split>,
-    rm: Arc<dyn ResourceManager>,
-    progress: mpsc::UnboundedSender<Progress>,
-    status: watch::Sender<Status>,
-    tracker: TaskTracker,
-    events: mpsc::Sender<Event>,
-    cancel: CancellationToken,
+    /// What the loop talks to outside itself.
+    links: Links,
 
     phase: Phase,
     started: Instant,
@@ -224,8 +238,6 @@ pub(super) struct Driver {
     rc: Reconfig,
     /// The emulated cluster, in words (from the resource manager).
     emulation: Option<String>,
-    /// The job's history (records for the file and the web UI).
-    history: HistoryLog,
     /// The members and roles last recorded in the history.
     recorded_members: Vec<Member>,
     /// The app (for its derived metric), once built.
@@ -237,26 +249,19 @@ pub(super) struct Driver {
 }
 
 impl Driver {
-    #[allow(clippy::too_many_arguments)]
     pub(super) fn new(
         config: CruiseConfig,
         job_id: String,
         am_addr: SocketAddr,
         splits: Vec<Split>,
-        rm: Arc<dyn ResourceManager>,
-        progress: mpsc::UnboundedSender<Progress>,
-        status: watch::Sender<Status>,
-        tracker: TaskTracker,
-        events: mpsc::Sender<Event>,
-        cancel: CancellationToken,
+        links: Links,
         outputs: Outputs,
-        history: HistoryLog,
         resume: Option<crate::am::resume::Resume>,
     ) -> Self {
-        let now = history.started();
+        let now = links.history.started();
         let initial_split = config.job.initial_split();
         let config_for_rc = config.clone();
-        let emulation = rm.emulation();
+        let emulation = links.rm.emulation();
         Driver {
             params: AppParams {
                 value_len: 0,
@@ -270,12 +275,7 @@ impl Driver {
             am_addr,
             refused: Vec::new(),
             splits,
-            rm,
-            progress,
-            status,
-            tracker,
-            events,
-            cancel,
+            links,
             phase: Phase::Allocating,
             started: now,
             finishing_since: None,
@@ -300,7 +300,6 @@ impl Driver {
             pending_fatal: None,
             rc: Reconfig::new(&config_for_rc),
             emulation,
-            history,
             recorded_members: Vec::new(),
             app: None,
             ck: checkpoints::Checkpoints::new(
@@ -322,7 +321,7 @@ impl Driver {
             // Cancelling closes the control connections, and the evaluators
             // exit because of it: whichever of those events the loop saw
             // before the cancellation itself, the cause is the cancellation.
-            Err(e) if self.cancel.is_cancelled() && !matches!(e, AmError::Cancelled) => {
+            Err(e) if self.links.cancel.is_cancelled() && !matches!(e, AmError::Cancelled) => {
                 tracing::debug!("after the job was cancelled: {e}");
                 Err(AmError::Cancelled)
             }
@@ -366,7 +365,8 @@ impl Driver {
         self.app = Some(app);
         let n = self.config.job.containers;
         self.phase(Phase::Allocating, format!("allocating {n} containers"));
-        self.rm
+        self.links
+            .rm
             .request(ContainerRequest {
                 count: n,
                 memory_mb: self.config.runtime.container_memory_mb,
@@ -383,7 +383,7 @@ impl Driver {
         let mut last_hb_sent = Instant::now();
         loop {
             tokio::select! {
-                _ = self.cancel.cancelled() => return Err(AmError::Cancelled),
+                _ = self.links.cancel.cancelled() => return Err(AmError::Cancelled),
                 Some(ev) = rm_events.recv() => self.on_rm(ev).await?,
                 Some(ev) = events.recv() => self.on_event(ev).await?,
                 _ = tick.tick() => {
@@ -421,7 +421,7 @@ impl Driver {
         // People read phases from the progress channel (its lines go to
         // the same stderr): logged at debug, they are not said twice.
         tracing::debug!(phase = p.name(), "{text}");
-        let _ = self.progress.send(Progress::Phase(text));
+        let _ = self.links.progress.send(Progress::Phase(text));
         self.publish_status(None);
     }
 
@@ -479,8 +479,7 @@ impl Driver {
                     ),
                     None => reason.clone(),
                 };
-                let Some(why_not) = self.unsurvivable(eval) else {
-                    self.survive_loss(eval, &cause).await;
+                let Err(why_not) = self.try_survive(eval, &cause).await else {
                     return Ok(());
                 };
                 if ended.is_some() {

@@ -17,7 +17,7 @@ impl Driver {
             .map(|d| d.as_millis() as u64)
             .unwrap_or(0)
             .saturating_sub(self.started.elapsed().as_millis() as u64);
-        self.history.push(Record::Job {
+        self.links.history.push(Record::Job {
             job_id: self.job_id.clone(),
             app: self.config.job.app.as_str().to_string(),
             loss_name: self.loss_name.to_string(),
@@ -31,7 +31,7 @@ impl Driver {
 
     /// Records an epoch in the history.
     pub(super) fn record_epoch(&self, e: &crate::am::EpochSummary) {
-        self.history.push(Record::Epoch {
+        self.links.history.push(Record::Epoch {
             epoch: e.epoch,
             at_secs: e.end_secs,
             secs: e.secs,
@@ -71,8 +71,8 @@ impl Driver {
             .collect();
         if members != self.recorded_members {
             self.recorded_members = members.clone();
-            self.history.push(Record::Members {
-                at_secs: self.history.now(),
+            self.links.history.push(Record::Members {
+                at_secs: self.links.history.now(),
                 members,
             });
         }
@@ -83,14 +83,14 @@ impl Driver {
     pub(super) fn record_end(&mut self, error: Option<&AmError>) {
         self.record_members();
         if !self.rc.last_splits.is_empty() {
-            self.history.push(Record::Splits {
-                at_secs: self.history.now(),
+            self.links.history.push(Record::Splits {
+                at_secs: self.links.history.now(),
                 splits: self.rc.last_splits.clone(),
             });
         }
-        let rows = crate::ui::container_rows(&self.status.borrow());
-        self.history.push(Record::Containers {
-            at_secs: self.history.now(),
+        let rows = crate::ui::container_rows(&self.links.status.borrow());
+        self.links.history.push(Record::Containers {
+            at_secs: self.links.history.now(),
             rows,
         });
         let evaluated = self.final_stats.records > 0;
@@ -99,8 +99,8 @@ impl Driver {
             Some(AmError::Cancelled) => "cancelled",
             Some(_) => "failed",
         };
-        self.history.push(Record::End {
-            at_secs: self.history.now(),
+        self.links.history.push(Record::End {
+            at_secs: self.links.history.now(),
             outcome: outcome.to_string(),
             error: error.map(|e| e.to_string()),
             final_loss: evaluated.then(|| self.final_stats.mean_loss()),
@@ -149,7 +149,7 @@ impl Driver {
             checkpoint: self.ck.info(&self.config.checkpoint.dir),
             checkpoints: self.ck.count(),
         };
-        self.status.send_replace(status);
+        self.links.status.send_replace(status);
     }
 
     pub(super) fn summary(&self) -> JobSummary {

@@ -187,7 +187,7 @@ impl Driver {
         if self.last_batch_progress.elapsed() >= Duration::from_millis(100) {
             self.last_batch_progress = Instant::now();
             let done = self.records_done - (epoch_no as u64 - 1) * self.records_per_epoch;
-            let _ = self.progress.send(Progress::Batch {
+            let _ = self.links.progress.send(Progress::Batch {
                 epoch: epoch_no,
                 done: done.min(self.records_per_epoch),
                 total: self.records_per_epoch,
@@ -218,7 +218,7 @@ impl Driver {
                 secs = summary.secs,
                 "epoch done"
             );
-            let _ = self.progress.send(Progress::Epoch(summary));
+            let _ = self.links.progress.send(Progress::Epoch(summary));
         }
         if self.epochs.len() as u32 >= self.config.job.epochs && !self.end_reconfiguration() {
             self.start_stopping().await;

@@ -33,7 +33,7 @@ impl Driver {
             cores: self.config.runtime.container_cores,
             hosts: Vec::new(),
         };
-        if let Err(e) = self.rm.request(req).await {
+        if let Err(e) = self.links.rm.request(req).await {
             return Err(OpError::new(format!(
                 "requesting a container for `{name}`: {e}"
             )));
@@ -180,7 +180,7 @@ impl Driver {
             )
             .await;
             let container = self.evaluators[&id].container.clone();
-            if let Err(e) = self.rm.release(&container).await {
+            if let Err(e) = self.links.rm.release(&container).await {
                 tracing::warn!("releasing container {container}: {e}");
             }
         }

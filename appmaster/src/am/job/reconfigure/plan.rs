@@ -25,7 +25,7 @@ impl Driver {
         };
         match PlanTracker::new(plan, config) {
             Ok(tracker) => {
-                self.history.push(started);
+                self.links.history.push(started);
                 self.rc.plan = Some(RunningPlan {
                     tracker,
                     snapshot,
@@ -126,7 +126,7 @@ impl Driver {
             }
         );
         tracing::warn!("{text}");
-        let _ = self.progress.send(crate::am::Progress::Phase(text));
+        let _ = self.links.progress.send(crate::am::Progress::Phase(text));
     }
 
     /// The operations under way, each with what it waits for.
@@ -261,7 +261,7 @@ impl Driver {
                 split_text(self.role_counts().0, self.role_counts().1)
             );
         }
-        let _ = self.progress.send(crate::am::Progress::Phase(format!(
+        let _ = self.links.progress.send(crate::am::Progress::Phase(format!(
             "reconfigured in {secs:.2} s: now {}{}",
             split_text(self.role_counts().0, self.role_counts().1),
             if record.failed.is_empty() {
@@ -275,9 +275,9 @@ impl Driver {
             }
         )));
         self.rc.history.push(record);
-        self.history.push(Record::PlanEnded {
+        self.links.history.push(Record::PlanEnded {
             plan: self.rc.history.len(),
-            at_secs: self.history.now(),
+            at_secs: self.links.history.now(),
             secs,
             ops,
         });

@@ -169,9 +169,25 @@ impl Driver {
             .map(|e| e.id)
     }
 
+    /// Survives the loss of `id` (`cause` says how it was lost) if
+    /// [`Driver::unsurvivable`] allows; else returns why it cannot be.
+    pub(in crate::am::job) async fn try_survive(
+        &mut self,
+        id: EvaluatorId,
+        cause: &str,
+    ) -> Result<(), String> {
+        match self.unsurvivable(id) {
+            None => {
+                self.survive_loss(id, cause).await;
+                Ok(())
+            }
+            Some(why_not) => Err(why_not),
+        }
+    }
+
     /// Lets the lost evaluator `id` go (see the module's doc); `cause` says how
     /// it was lost. Call only when [`Driver::unsurvivable`] says it can be.
-    pub(in crate::am::job) async fn survive_loss(&mut self, id: EvaluatorId, cause: &str) {
+    async fn survive_loss(&mut self, id: EvaluatorId, cause: &str) {
         let text = format!("{} lost: {cause}", self.describe(id));
         tracing::warn!("{text}; the job goes on without it");
         self.rc.losses.push(text.clone());
@@ -189,7 +205,7 @@ impl Driver {
         if self.pending_loss.as_ref().is_some_and(|l| l.eval == id) {
             self.pending_loss = None;
         }
-        if let Err(e) = self.rm.release(&container).await {
+        if let Err(e) = self.links.rm.release(&container).await {
             tracing::warn!("releasing container {container} of a lost evaluator: {e}");
         }
         self.rc.metrics.forget(id);
@@ -228,7 +244,7 @@ impl Driver {
             });
             self.send(to, AmToEval::LoadInput { blocks: splits }).await;
         }
-        let _ = self.progress.send(crate::am::Progress::Phase(format!(
+        let _ = self.links.progress.send(crate::am::Progress::Phase(format!(
             "{text}; its {} re-read by the other workers",
             plural(blocks.len() as u32, "input block")
         )));
@@ -254,7 +270,7 @@ impl Driver {
             self.send_restore(id, to, &folder, blocks).await;
         }
         self.broadcast_ownership(owners).await;
-        let _ = self.progress.send(crate::am::Progress::Phase(format!(
+        let _ = self.links.progress.send(crate::am::Progress::Phase(format!(
             "{text}; its {} restored from checkpoint {folder} (epoch {epoch})",
             plural(blocks.len() as u32, "model block")
         )));

@@ -98,9 +98,9 @@ impl Driver {
         // The search can take a while (bounded by the solver's node budget):
         // off the loop, which goes on answering evaluators meanwhile.
         let policy = self.rc.policy.clone();
-        let events = self.events.clone();
+        let events = self.links.events.clone();
         self.rc.deciding = Some(evals);
-        self.tracker.spawn(async move {
+        self.links.tracker.spawn(async move {
             let looked = tokio::task::spawn_blocking(move || {
                 let splits = crate::whatif::split_epochs(&snapshot);
                 let decided = policy
@@ -235,7 +235,7 @@ impl Driver {
             p.predicted_cost_secs
         );
         self.note_decision(format!("reconfiguring: {summary}"));
-        let _ = self.progress.send(crate::am::Progress::Phase(format!(
+        let _ = self.links.progress.send(crate::am::Progress::Phase(format!(
             "reconfiguring: {summary}"
         )));
         let file = &self.config.optimizer.snapshot_file;
@@ -248,13 +248,13 @@ impl Driver {
             );
         }
         self.rc.policy.leaving(&snapshot, Some(&p));
-        self.history.push(crate::am::history::Record::Splits {
-            at_secs: self.history.now(),
+        self.links.history.push(crate::am::history::Record::Splits {
+            at_secs: self.links.history.now(),
             splits: self.rc.last_splits.clone(),
         });
         let started = crate::am::history::Record::PlanStarted {
             plan: self.rc.history.len() + 1,
-            at_secs: self.history.now(),
+            at_secs: self.links.history.now(),
             summary: summary.clone(),
             predicted_before_secs: p.current_epoch_secs,
             predicted_after_secs: p.predicted_epoch_secs,
@@ -266,10 +266,12 @@ impl Driver {
     pub(super) fn note_decision(&mut self, text: String) {
         if self.rc.last_decision.as_deref() != Some(text.as_str()) {
             tracing::info!("optimizer: {text}");
-            self.history.push(crate::am::history::Record::Decision {
-                at_secs: self.history.now(),
-                text: text.clone(),
-            });
+            self.links
+                .history
+                .push(crate::am::history::Record::Decision {
+                    at_secs: self.links.history.now(),
+                    text: text.clone(),
+                });
         }
         self.rc.last_decision = Some(text);
     }
@@ -284,7 +286,7 @@ impl Driver {
             return;
         }
         let held = self.members().count() as u32;
-        match self.rm.capacity().await {
+        match self.links.rm.capacity().await {
             Ok(c) => {
                 let ceiling = self.config.runtime.capacity_ceiling(&self.config.job);
                 self.rc.capacity = c.max_containers.min(ceiling).max(held);
@@ -315,7 +317,7 @@ impl Driver {
         self.rc.capacity = max;
         if held > max {
             self.rc.reclaim = Some((held - max, Instant::now()));
-            let _ = self.progress.send(crate::am::Progress::Phase(format!(
+            let _ = self.links.progress.send(crate::am::Progress::Phase(format!(
                 "the resource manager takes back {}",
                 plural(held - max, "container")
             )));
@@ -324,7 +326,7 @@ impl Driver {
             // Plan with the new total at the next look.
             self.rc.last_check = Instant::now() - self.rc.interval;
             if max > held {
-                let _ = self.progress.send(crate::am::Progress::Phase(format!(
+                let _ = self.links.progress.send(crate::am::Progress::Phase(format!(
                     "the resource manager offers {} more",
                     plural(max - held, "container")
                 )));
