@@ -46,7 +46,7 @@ impl Window {
     /// where its epochs took 2.3 ms one. Non-finite values and weights that
     /// are not positive are dropped.
     pub fn push_weighted(&mut self, v: f64, weight: f64) {
-        if !v.is_finite() || !(weight.is_finite() && weight > 0.0) {
+        if !(v.is_finite() && weight.is_finite() && weight > 0.0) {
             return;
         }
         if self.samples.len() == self.cap {
