@@ -365,11 +365,17 @@ async fn prepare_job(
         .unwrap_or_else(|| attempt(u32::MAX));
     // A torn checkpoint newer than the one resumed keeps its number: the
     // resumed job's checkpoints come after it, not into its folder.
-    let highest = checkpoint::highest_id(&fs, &dir)
-        .await
-        .ok()
-        .flatten()
-        .unwrap_or(0);
+    let highest = match checkpoint::highest_id(&fs, &dir).await {
+        Ok(id) => id.unwrap_or(0),
+        Err(e) => {
+            tracing::warn!(
+                "listing {dir} again to number the resumed job's checkpoints: {e}; \
+                 numbering them after checkpoint {}",
+                manifest.id
+            );
+            0
+        }
+    };
     let next_checkpoint = highest.max(manifest.id) + 1;
     Ok(Prepared::Resume {
         config: Box::new(config),

@@ -192,6 +192,18 @@ pub(super) struct FanRound {
     pub(super) started: Instant,
 }
 
+impl FanRound {
+    /// A round of `to` sending to `pending`, starting now.
+    pub(super) fn new(to: EvaluatorId, pending: BTreeSet<EvaluatorId>) -> Self {
+        FanRound {
+            to,
+            pending,
+            bytes: 0,
+            started: Instant::now(),
+        }
+    }
+}
+
 pub(super) struct Reconfig {
     pub(super) metrics: Metrics,
     /// The probes that measure the links before training starts.

@@ -184,12 +184,7 @@ impl Driver {
             return Ok(());
         };
         self.rc.start_probes = StartProbes::FanOut {
-            round: FanRound {
-                to: first,
-                pending: BTreeSet::new(),
-                bytes: 0,
-                started: Instant::now(),
-            },
+            round: FanRound::new(first, BTreeSet::new()),
             queue: open,
             deadline: Instant::now() + Duration::from_millis(self.config.optimizer.probe_wait_ms),
         };
@@ -207,12 +202,7 @@ impl Driver {
             / (others.len().max(1) as u64 * u64::from(PROBE_TRIES)))
         .max(FAN_OUT_MIN_BYTES);
         if let StartProbes::FanOut { round, .. } = &mut self.rc.start_probes {
-            *round = FanRound {
-                to,
-                pending: others.iter().copied().collect(),
-                bytes: 0,
-                started: Instant::now(),
-            };
+            *round = FanRound::new(to, others.iter().copied().collect());
         }
         for from in others {
             self.send(from, AmToEval::ProbeBandwidth { to, bytes: each })
