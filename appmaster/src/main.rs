@@ -1,5 +1,6 @@
 //! `cruise`: the command line of cruise-rs.
 
+use std::collections::BTreeMap;
 use std::process::ExitCode;
 
 use clap::Parser;
@@ -8,6 +9,7 @@ use tokio_util::sync::CancellationToken;
 use cruise_appmaster::cli::{self, AppmasterArgs, Cli, Command};
 use cruise_appmaster::{am, yarn_app};
 use cruise_container::evaluator::{self, EvaluatorEnv, EvaluatorOptions};
+use cruise_rm::yarn::orphan::{self, ServiceOwner};
 
 fn init_logging(verbose: u8, default: &str) {
     let level = match verbose {
@@ -93,13 +95,23 @@ fn main() -> ExitCode {
     }
 }
 
-/// `cruise evaluator`: one evaluator, started by a resource manager.
+/// `cruise evaluator`: one evaluator, started by a resource manager. One
+/// that cannot reach its AM, in the YARN service of a `cruise submit`
+/// application, stops that service if the application is over
+/// ([`check_application`]).
 fn evaluator_command(verbose: u8) -> ExitCode {
     init_logging(verbose, "info");
-    let env = match EvaluatorEnv::from_env() {
+    let vars: BTreeMap<String, String> = std::env::vars().collect();
+    let env = match EvaluatorEnv::from_map(&vars) {
         Ok(e) => e,
         Err(e) => return fail(e),
     };
+    let owner = ServiceOwner::from_env(&vars).unwrap_or_else(|e| {
+        tracing::warn!(
+            "{e}: should this evaluator lose its AM, it will not ask whether its application is over"
+        );
+        None
+    });
     // One runtime thread: an evaluator's connections and its server
     // hand messages to each other on every request, and on one
     // thread that is a queue push, not a cross-thread wake-up. The
@@ -119,10 +131,35 @@ fn evaluator_command(verbose: u8) -> ExitCode {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 tracing::error!("{e}");
+                if e.am_unreachable()
+                    && let Some(owner) = &owner
+                {
+                    check_application(owner).await;
+                }
                 fail(e)
             }
         }
     })
+}
+
+/// An evaluator that lost its AM asks the RM whether the AM's application
+/// is over and, if so, stops the evaluator service, which YARN would
+/// otherwise keep relaunching (`cruise_rm::yarn::orphan`); while an
+/// attempt of the AM runs or is coming, the service is left to it. Either
+/// way the outcome is logged, naming the application, its state and the
+/// service.
+async fn check_application(owner: &ServiceOwner) {
+    let (application, service) = (&owner.application, &owner.service);
+    match owner.stop_if_ended(orphan::http_options()).await {
+        Ok(verdict) => {
+            tracing::warn!(%application, %service, "{}", owner.describe(&verdict));
+        }
+        Err(e) => tracing::error!(
+            %application,
+            %service,
+            "cannot tell whether application {application} is over: {e}; leaving YARN service {service} as it is"
+        ),
+    }
 }
 
 /// `cruise run`: a whole job, the AM in this process. With `--resume`, the

@@ -16,6 +16,7 @@ use cruise_rm::emulation::{Choice, Emulation, EmulationSpec, ProcessEnv, Shape};
 use cruise_rm::http::{HttpOptions, RetryPolicy};
 use cruise_rm::local::{LocalConfig, LocalRm};
 use cruise_rm::mesos::{MesosConfig, MesosRm};
+use cruise_rm::yarn::orphan::ServiceOwner;
 use cruise_rm::yarn::rm::parse_application_id;
 use cruise_rm::yarn::{ARTIFACT_DIR, YarnConfig, YarnRm};
 
@@ -210,6 +211,11 @@ pub struct YarnPlacement {
     /// Evaluators get `HADOOP_CONF_DIR` pointing into the unpacked tarball
     /// (set by `cruise appmaster` when the tarball carries it).
     pub ship_hadoop_conf: bool,
+    /// The YARN application whose AM this is (`cruise appmaster`), named
+    /// to the evaluators with the service and the RM so that, should the
+    /// application end without the AM destroying the service, they stop
+    /// it (`cruise_rm::yarn::orphan`). `None`: the AM runs outside YARN.
+    pub application: Option<String>,
 }
 
 /// The emulated cluster `[emulation]` asks for, prepared (under the kernel
@@ -326,6 +332,15 @@ pub fn yarn_factory(
             .env
             .insert("HADOOP_USER_NAME".into(), settings.user.clone());
         forward_hadoop_env(&mut launch.env);
+        if let Some(application) = &place.application {
+            let owner = ServiceOwner {
+                application: application.clone(),
+                service: service_name.clone(),
+                rm_addresses: settings.rm_addresses.clone(),
+                user: Some(settings.user.clone()),
+            };
+            launch.env.extend(owner.env());
+        }
         let cfg = YarnConfig {
             rm_addresses: settings.rm_addresses.clone(),
             user: Some(settings.user.clone()),
@@ -392,6 +407,7 @@ pub fn foreground_factory(config: &mut CruiseConfig) -> Result<RmFactory, AmErro
             YarnPlacement {
                 service_name: None,
                 ship_hadoop_conf: false,
+                application: None,
             },
         ),
     })

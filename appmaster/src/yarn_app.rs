@@ -782,6 +782,7 @@ pub async fn appmaster_setup(config_file: &Path) -> anyhow::Result<AppmasterSetu
         YarnPlacement {
             service_name: Some(service.clone()),
             ship_hadoop_conf: ship,
+            application: Some(application_id.clone()),
         },
     );
     let work = match first_nm_dir("LOCAL_DIRS") {

@@ -524,8 +524,12 @@ pub struct YarnConfig {
     /// `yarn.scheduler.minimum-allocation-mb` (requests are rounded up to a
     /// multiple of it). 0: from yarn-site.xml, else 1024.
     pub min_allocation_mb: u32,
-    /// Lifetime of the evaluator service in seconds, a backstop should the
-    /// AM die without destroying it. 0: unlimited.
+    /// Lifetime of the evaluator service in seconds, counted from its
+    /// creation (the AM does not renew it: a job that runs longer loses
+    /// its evaluators), a backstop should the AM die without destroying
+    /// it. 0: unlimited, the default, also for `cruise submit`: there the
+    /// evaluators of an AM that is gone stop the service themselves once
+    /// the RM says its application is over.
     pub service_lifetime_secs: u64,
     /// A tarball (`hdfs://.../cruise.tar`) holding the `cruise` binary at its
     /// top level, unpacked into `lib/` of each evaluator container. Empty:

@@ -8,10 +8,15 @@
 //! attempt, whose AM resumes the job from its newest checkpoint (its
 //! summary's `resumed_from`, the epochs before it carried over with their
 //! figures from the first attempt's history) and finishes it: the
-//! application ends FINISHED/SUCCEEDED after two attempts. With one attempt
-//! the application fails, its diagnostics naming the lost AM container. An
-//! AM killed before any checkpoint is followed by an attempt that starts
-//! the job afresh, saying so.
+//! application ends FINISHED/SUCCEEDED after two attempts, and no
+//! evaluator of the killed AM stopped its service (each asked the RM and
+//! found the application not over). With one attempt the application
+//! fails, its diagnostics naming the lost AM container, and the evaluator
+//! service that no AM destroyed is stopped by its own evaluators (YARN
+//! would relaunch them for ever): it ends STOPPED with no evaluator
+//! process left, an evaluator saying why. An AM killed before any
+//! checkpoint is followed by an attempt that starts the job afresh, saying
+//! so.
 //!
 //! Multi-process: the simulators, the `cruise` client, the AM in a simulated
 //! YARN container and its evaluators in the containers of a YARN service.
@@ -32,6 +37,11 @@ const EVALUATORS_EXIT_WITHIN: Duration = Duration::from_secs(15);
 const EPOCHS: u32 = 60;
 /// The AM is killed once a checkpoint of at least this epoch is published.
 const KILL_AFTER_EPOCH: u32 = 3;
+/// How long the evaluator service of an application whose last AM was
+/// killed may take to stop, from the application's end: an evaluator
+/// relaunched by the service (2 s later in the simulator) tries to reach
+/// the AM for `channel.connect_timeout_ms` (10 s), then asks the RM.
+const SERVICE_STOPS_WITHIN: Duration = Duration::from_secs(60);
 
 /// One job at a time: each runs four evaluator processes and an AM.
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -164,6 +174,30 @@ impl Cluster {
         (am, evaluators)
     }
 
+    /// Every container the simulator started for `app`'s evaluator
+    /// service (a later attempt's service has the same name).
+    async fn service_containers(&self, app: &str) -> Vec<Value> {
+        let service = service_name_for_app("cruise", app);
+        self.containers()
+            .await
+            .into_iter()
+            .filter(|c| c["owner"]["instance"]["service"].as_str() == service.as_deref())
+            .collect()
+    }
+
+    /// `app`'s evaluator service as the Services API reports it; `None`
+    /// once there is none.
+    async fn service(&self, app: &str) -> Option<Value> {
+        let name = service_name_for_app("cruise", app).unwrap();
+        let url = format!("{}/app/v1/services/{name}", self.yarn.url);
+        let r = reqwest::get(&url).await.unwrap();
+        if r.status() == reqwest::StatusCode::NOT_FOUND {
+            return None;
+        }
+        assert!(r.status().is_success(), "GET {url}: {}", r.status());
+        Some(r.json().await.unwrap())
+    }
+
     /// Waits until the application ends; returns its report.
     async fn ended(&self, app: &str) -> Value {
         wait_for(&format!("{app} to end"), WAIT, || async {
@@ -242,6 +276,14 @@ async fn kill_first_am(c: &Cluster, app: &str) -> Vec<u32> {
     evaluators
 }
 
+/// What a service container's command wrote on stderr (an evaluator's
+/// log): the ServiceMaster sends it to `stderr.txt` in the container's
+/// log directory.
+fn stderr_of(container: &Value) -> String {
+    let dir = container["log_dir"].as_str().unwrap_or_default();
+    std::fs::read_to_string(Path::new(dir).join("stderr.txt")).unwrap_or_default()
+}
+
 /// Waits until none of `pids` runs.
 async fn all_exit(pids: &[u32], within: Duration) {
     wait_for("the evaluators of the killed AM to exit", within, || {
@@ -276,6 +318,8 @@ struct Killed {
     app: String,
     /// The epoch of the checkpoint seen before the kill.
     epoch: u32,
+    /// The YARN application of the evaluator service the killed AM had.
+    first_service_app: String,
     /// The application's report at its end.
     report: Value,
     _work: tempfile::TempDir,
@@ -289,12 +333,20 @@ async fn killed_after_a_checkpoint(max_app_attempts: u32) -> Killed {
     let work = tempfile::tempdir().unwrap();
     let app = c.submit(max_app_attempts, true, work.path()).await;
     let (epoch, evaluators) = kill_first_am_after_a_checkpoint(&c, &app).await;
+    let first_service_app = c
+        .service_containers(&app)
+        .await
+        .into_iter()
+        .find(|x| x["pid"].as_u64() == evaluators.first().map(|&p| u64::from(p)))
+        .and_then(|x| x["app"].as_str().map(String::from))
+        .expect("the killed AM's evaluators are containers of its service");
     all_exit(&evaluators, EVALUATORS_EXIT_WITHIN).await;
     let report = c.ended(&app).await;
     Killed {
         c,
         app,
         epoch,
+        first_service_app,
         report,
         _work: work,
     }
@@ -307,10 +359,41 @@ async fn the_second_attempt_resumes_from_the_checkpoint() {
         c,
         app,
         epoch,
+        first_service_app,
         report,
         _work,
     } = killed_after_a_checkpoint(2).await;
     let second = succeeded_in_the_second_attempt(&c, &app, &report).await;
+
+    // The killed AM's evaluators asked the RM, found the application not
+    // over (its second attempt coming or running) and left the service
+    // to that attempt, which replaced it.
+    let service = service_name_for_app("cruise", &app).unwrap();
+    let logs: Vec<String> = c
+        .service_containers(&app)
+        .await
+        .iter()
+        .filter(|x| x["app"] == first_service_app.as_str())
+        .map(stderr_of)
+        .collect();
+    assert!(
+        logs.iter().all(|l| !l.contains("stopping YARN service")),
+        "an evaluator of the killed AM stopped the service:\n{}",
+        logs.join("\n----\n")
+    );
+    let said = logs.iter().flat_map(|l| l.lines()).find(|l| {
+        l.contains(&format!("application {app} is "))
+            && l.contains(&format!(
+                "replaces YARN service {service}; leaving the service running"
+            ))
+    });
+    match said {
+        Some(line) => eprintln!("an evaluator of the killed AM said: {line}"),
+        None => panic!(
+            "no evaluator of the killed AM said it left the service running:\n{}",
+            logs.join("\n----\n")
+        ),
+    }
 
     let job = job_of_application(&app).unwrap();
     let summary: Value = serde_json::from_str(&c.am_file(&app, 2, "summary.json").await).unwrap();
@@ -366,6 +449,61 @@ async fn with_one_attempt_the_application_fails_naming_the_lost_am() {
         "{diagnostics}"
     );
     assert!(diagnostics.contains(am_container), "{diagnostics}");
+    // No AM ended the job: its checkpoints stay where they were.
+    assert!(c.newest_checkpoint_epoch(&app).await.is_some());
+
+    // No AM destroyed the evaluator service: its evaluators, relaunched
+    // by YARN, find the application over and stop it.
+    let service = service_name_for_app("cruise", &app).unwrap();
+    let state = wait_for(
+        "the evaluator service to stop",
+        SERVICE_STOPS_WITHIN,
+        || async {
+            match c.service(&app).await {
+                None => Some("gone".to_string()),
+                Some(s) if s["state"] == "STOPPED" => Some("STOPPED".to_string()),
+                Some(_) => None,
+            }
+        },
+    )
+    .await;
+    let state = match state {
+        Ok(s) => s,
+        Err(e) => panic!("{e}: {:?}\n{}", c.service(&app).await, c.yarn.log()),
+    };
+    eprintln!("service {service} is {state}");
+    let left = wait_for("no evaluator process of the service", WAIT, || async {
+        let left: Vec<Value> = c
+            .service_containers(&app)
+            .await
+            .into_iter()
+            .filter(|x| {
+                x["state"] != "COMPLETE" || x["pid"].as_u64().is_some_and(|p| pid_alive(p as u32))
+            })
+            .collect();
+        left.is_empty().then_some(())
+    })
+    .await;
+    if let Err(e) = left {
+        panic!("{e}: {:?}", c.service_containers(&app).await);
+    }
+    let logs: Vec<String> = c
+        .service_containers(&app)
+        .await
+        .iter()
+        .map(stderr_of)
+        .collect();
+    let said = logs.iter().flat_map(|l| l.lines()).find(|l| {
+        l.contains(&format!("application {app} is FAILED"))
+            && l.contains(&format!("stopping YARN service {service}"))
+    });
+    match said {
+        Some(line) => eprintln!("an evaluator said: {line}"),
+        None => panic!(
+            "no evaluator said it stopped the service, naming the application and its state:\n{}",
+            logs.join("\n----\n")
+        ),
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

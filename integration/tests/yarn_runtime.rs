@@ -1,7 +1,8 @@
 //! The YARN clients and the YARN runtime against `cruise-sim yarn` (real
 //! HTTP, real processes): every RM REST operation, the evaluator service's
 //! life through the `ResourceManager` trait (create, flex, decommission,
-//! capacity, destroy), TARBALL artifacts from the WebHDFS simulator, and the
+//! capacity, destroy), an evaluator's stop of the service once its
+//! application is over, TARBALL artifacts from the WebHDFS simulator, and the
 //! failure modes (launch failure with exit code and diagnostics, missing
 //! artifact, unreachable RM, malformed answers, no leaked service when the
 //! resource manager is dropped or its runtime dies).
@@ -16,7 +17,9 @@ use std::time::Duration;
 
 use cruise_integration::{Sim, pid_alive, refused_port, wait_for};
 use cruise_rm::http::{HttpOptions, RetryPolicy};
+use cruise_rm::yarn::orphan::{ServiceOwner, Verdict};
 use cruise_rm::yarn::rm::{RmClient, Submission};
+use cruise_rm::yarn::services::StopOutcome;
 use cruise_rm::yarn::{YarnConfig, YarnRm};
 use cruise_rm::{ContainerRequest, ExitStatus, LaunchSpec, ResourceManager, RmError};
 use serde_json::{Value, json};
@@ -122,6 +125,36 @@ fn seen_lines(out: &Path) -> Vec<String> {
         .collect()
 }
 
+/// The YARN runtime on `sim` for service `name`, its evaluators running
+/// [`IDLE`] with `out` as their `OUT`, and its events.
+fn idle_service(sim: &Sim, out: &Path, name: &str) -> (YarnRm, Events) {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let rm = YarnRm::start(config(&sim.url, name), spec(out, "/bin/sh", IDLE), tx).unwrap();
+    (rm, Events::new(rx))
+}
+
+/// An application of one attempt named `name` whose AM runs `command`
+/// with `environment`.
+fn submission(
+    application_id: &str,
+    name: &str,
+    environment: BTreeMap<String, String>,
+    command: &str,
+) -> Submission {
+    Submission {
+        application_id: application_id.to_string(),
+        name: name.into(),
+        queue: "default".into(),
+        application_type: "CRUISE".into(),
+        max_attempts: 1,
+        memory_mb: 512,
+        vcores: 1,
+        local_resources: vec![],
+        environment,
+        command: command.into(),
+    }
+}
+
 #[tokio::test]
 async fn rm_rest_operations() {
     let sim = Sim::start("yarn", &[]).unwrap();
@@ -144,18 +177,12 @@ async fn rm_rest_operations() {
     let app = rm.new_application().await.unwrap();
     assert!(app.application_id.starts_with("application_"), "{app:?}");
     assert_eq!(app.maximum_resource_capability.memory, 8192);
-    let s = Submission {
-        application_id: app.application_id.clone(),
-        name: "rest-test".into(),
-        queue: "default".into(),
-        application_type: "CRUISE".into(),
-        max_attempts: 1,
-        memory_mb: 512,
-        vcores: 1,
-        local_resources: vec![],
-        environment: BTreeMap::from([("WORD".to_string(), "hello-am".to_string())]),
-        command: "{ echo $WORD; exec sleep 60; } 1><LOG_DIR>/stdout 2><LOG_DIR>/stderr".into(),
-    };
+    let s = submission(
+        &app.application_id,
+        "rest-test",
+        BTreeMap::from([("WORD".to_string(), "hello-am".to_string())]),
+        "{ echo $WORD; exec sleep 60; } 1><LOG_DIR>/stdout 2><LOG_DIR>/stderr",
+    );
     rm.submit(&s).await.unwrap();
     let id = app.application_id.clone();
     let report = wait_for("the AM to run", T, || async {
@@ -205,19 +232,120 @@ async fn rm_rest_operations() {
     }
 }
 
+/// An evaluator that lost its AM stops the evaluator service only once the
+/// AM's application is over: while it runs the service is left alone;
+/// once it is killed the service is stopped (its containers end) and a
+/// second stop finds it stopped; a destroyed service is reported gone; an
+/// application the RM does not know counts as over.
+#[tokio::test]
+async fn a_service_is_stopped_once_its_application_is_over() {
+    let sim = Sim::start("yarn", &["--service-restart-delay-ms", "200"]).unwrap();
+    let rm = RmClient::new(&[sim.address()], Some("alice".into()), fast_http()).unwrap();
+    let app = rm.new_application().await.unwrap().application_id;
+    rm.submit(&submission(
+        &app,
+        "owner",
+        BTreeMap::new(),
+        "exec sleep 60 1><LOG_DIR>/stdout 2><LOG_DIR>/stderr",
+    ))
+    .await
+    .unwrap();
+    wait_for("the AM to run", T, || async {
+        (rm.app(&app).await.unwrap().state == "RUNNING").then_some(())
+    })
+    .await
+    .unwrap();
+
+    let out = tempfile::tempdir().unwrap();
+    let name = "cruise-owned";
+    let (yarn, mut ev) = idle_service(&sim, out.path(), name);
+    yarn.request(req(2)).await.unwrap();
+    for _ in 0..2 {
+        ev.next("Running", T, running).await;
+    }
+    let owner = ServiceOwner {
+        application: app.clone(),
+        service: name.into(),
+        rm_addresses: vec![sim.address()],
+        user: Some("alice".into()),
+    };
+    // As the AM passes it to the evaluators, and as they read it.
+    assert_eq!(
+        ServiceOwner::from_env(&owner.env()).unwrap().as_ref(),
+        Some(&owner)
+    );
+
+    let v = owner.stop_if_ended(fast_http()).await.unwrap();
+    assert_eq!(
+        v,
+        Verdict::Live {
+            state: "RUNNING".into()
+        }
+    );
+    assert!(
+        owner
+            .describe(&v)
+            .contains(&format!("application {app} is RUNNING"))
+    );
+    assert_ne!(service(&sim, name).await.1["state"], "STOPPED");
+
+    rm.kill(&app, T).await.unwrap();
+    let pids: Vec<u32> = live_containers(&sim).await.values().copied().collect();
+    let v = owner.stop_if_ended(fast_http()).await.unwrap();
+    assert_eq!(
+        v,
+        Verdict::Ended {
+            state: "KILLED (final status KILLED)".into(),
+            stop: StopOutcome::Stopped
+        }
+    );
+    assert_eq!(service(&sim, name).await.1["state"], "STOPPED");
+    for pid in pids {
+        wait_for("the service's processes to end", T, || async {
+            (!pid_alive(pid)).then_some(())
+        })
+        .await
+        .unwrap();
+    }
+    assert!(
+        matches!(
+            owner.stop_if_ended(fast_http()).await.unwrap(),
+            Verdict::Ended {
+                stop: StopOutcome::AlreadyStopped,
+                ..
+            }
+        ),
+        "a second stop finds it stopped"
+    );
+
+    yarn.shutdown().await.unwrap();
+    assert_eq!(service(&sim, name).await.0, 404);
+    assert!(matches!(
+        owner.stop_if_ended(fast_http()).await.unwrap(),
+        Verdict::Ended {
+            stop: StopOutcome::NotFound,
+            ..
+        }
+    ));
+    let unknown = ServiceOwner {
+        application: "application_1_9999".into(),
+        ..owner.clone()
+    };
+    assert_eq!(
+        unknown.stop_if_ended(fast_http()).await.unwrap(),
+        Verdict::Ended {
+            state: "unknown to the ResourceManager".into(),
+            stop: StopOutcome::NotFound
+        }
+    );
+}
+
 #[tokio::test]
 async fn evaluator_service_lifecycle() {
     let sim = Sim::start("yarn", &["--service-restart-delay-ms", "200"]).unwrap();
     let out = tempfile::tempdir().unwrap();
-    let (tx, rx) = mpsc::unbounded_channel();
-    let mut ev = Events::new(rx);
     let name = "cruise-life";
-    let rm = YarnRm::start(
-        config(&sim.url, name),
-        spec(out.path(), "/bin/sh", IDLE),
-        tx,
-    )
-    .unwrap();
+    let (rm, mut ev) = idle_service(&sim, out.path(), name);
 
     // Create: two containers, with the LaunchSpec's environment, and the
     // container id the process sees is the one the events carry.

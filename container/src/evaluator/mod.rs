@@ -98,6 +98,20 @@ pub enum EvaluatorError {
     },
 }
 
+impl EvaluatorError {
+    /// Whether this evaluator ended because it could not reach its AM, or
+    /// lost it: not connected, not accepted, or the connection dropped or
+    /// went silent.
+    pub fn am_unreachable(&self) -> bool {
+        matches!(
+            self,
+            EvaluatorError::Connect { .. }
+                | EvaluatorError::Handshake { .. }
+                | EvaluatorError::AmLost(_)
+        )
+    }
+}
+
 /// Test hooks and tunables of an evaluator.
 #[derive(Debug, Clone, Default)]
 pub struct EvaluatorOptions {

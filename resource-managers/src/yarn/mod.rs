@@ -25,9 +25,13 @@
 //!
 //! The service is destroyed on `shutdown`, when every handle is dropped, and
 //! — through [`ServiceGuard`] — when the actor itself is dropped (e.g. its
-//! runtime shuts down), so no service outlives the job. A service `lifetime`
-//! can be set as a last backstop against a killed process.
+//! runtime shuts down), so no service outlives the job. An AM killed with
+//! `SIGKILL` destroys nothing: the evaluators of a `cruise submit`
+//! application then stop the service themselves once the RM says the
+//! application is over ([`orphan`]; the AM names it in their environment).
+//! A service `lifetime` can be set as a last backstop.
 
+pub mod orphan;
 pub mod rm;
 pub mod services;
 

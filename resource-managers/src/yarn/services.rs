@@ -1,9 +1,9 @@
 //! A client of the YARN Services REST API (`/app/v1/services`, see
 //! `PROTOCOLS.md` §2): create a service, read it with its live containers,
-//! flex a component, decommission instances, destroy it.
+//! flex a component, decommission instances, stop it, destroy it.
 //!
 //! Statuses follow `ApiServer.java`: create answers 202, flex of one
-//! component 200, decommission 202, destroy 200; errors carry a
+//! component 200, decommission 202, stop 200, destroy 200; errors carry a
 //! `diagnostics` message. A missing service is 404 (or 400 "doesn't exist"
 //! on delete in some releases).
 
@@ -93,6 +93,17 @@ impl ServiceReport {
     pub fn component(&self, name: &str) -> Option<&ComponentReport> {
         self.components.iter().find(|c| c.name == name)
     }
+}
+
+/// What [`ServicesClient::stop`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopOutcome {
+    /// The service was running and is stopped now.
+    Stopped,
+    /// It was stopped already.
+    AlreadyStopped,
+    /// There is no such service.
+    NotFound,
 }
 
 /// What the evaluator component of a service runs.
@@ -282,6 +293,39 @@ impl ServicesClient {
             )
             .await?;
         Reply::expect_status(r, &[StatusCode::OK, StatusCode::ACCEPTED]).map(|_| ())
+    }
+
+    /// `PUT /app/v1/services/{name}` with `{"state":"STOPPED"}`: the
+    /// service's containers end and YARN starts no more of them; its
+    /// definition stays until it is destroyed. A service already stopped
+    /// (400 "is already stopped") or missing (404, or 400 "doesn't exist")
+    /// is an answer, not an error.
+    pub async fn stop(&self, name: &str) -> Result<StopOutcome, RmError> {
+        let r = self
+            .http
+            .send_json(
+                Method::PUT,
+                &self.path(&format!("/{name}")),
+                &json!({"state": "STOPPED"}),
+                Idempotence::Idempotent,
+            )
+            .await?;
+        let message = crate::http::server_message(&r.body);
+        match r.status {
+            StatusCode::OK | StatusCode::ACCEPTED | StatusCode::NO_CONTENT => {
+                Ok(StopOutcome::Stopped)
+            }
+            StatusCode::NOT_FOUND => Ok(StopOutcome::NotFound),
+            StatusCode::BAD_REQUEST if message.contains("already stopped") => {
+                Ok(StopOutcome::AlreadyStopped)
+            }
+            StatusCode::BAD_REQUEST
+                if message.contains("doesn't exist") || message.contains("not found") =>
+            {
+                Ok(StopOutcome::NotFound)
+            }
+            _ => Err(r.unexpected()),
+        }
     }
 
     /// `DELETE /app/v1/services/{name}`: stops and removes the service.
