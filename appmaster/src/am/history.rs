@@ -5,8 +5,10 @@
 //! decision of the optimizer, every plan's start and end, the job's end).
 //! One writer ([`spawn_writer`]) owns the history: it appends each record
 //! as a line of JSON to `history/<job id>.jsonl` in the job's work
-//! directory, flushed at once, and publishes the records on a watch
-//! channel for the web UI. The loop never waits for the file.
+//! directory (a later run of the same job, resumed or started afresh by a
+//! later YARN attempt, to `history/<job id>.resume-<n>.jsonl`: no run
+//! overwrites another's), flushed at once, and publishes the records on a
+//! watch channel for the web UI. The loop never waits for the file.
 //! [`read`] reads such a file back for `cruise report`.
 
 use std::io::Write as _;
@@ -243,10 +245,63 @@ impl HistoryLog {
 /// The records so far, as the web UI reads them.
 pub type Published = Arc<Vec<Record>>;
 
-/// The history file of job `job_id` under `work_dir` (a job's work
-/// directory, `<work dir>/jobs`).
+/// The history file of job `job_id`'s first run under `work_dir` (a job's
+/// work directory, `<work dir>/jobs`).
 pub fn path(work_dir: &Path, job_id: &str) -> PathBuf {
     work_dir.join(HISTORY_DIR).join(format!("{job_id}.jsonl"))
+}
+
+/// The history file of a later run of job `job_id` (resumed, or started
+/// afresh by a later YARN attempt) under `work_dir`: the first
+/// `<job id>.resume-<n>.jsonl` that does not exist yet, so that no run
+/// overwrites an earlier run's history.
+pub fn later_path(work_dir: &Path, job_id: &str) -> PathBuf {
+    let dir = work_dir.join(HISTORY_DIR);
+    let run = |n: u32| dir.join(format!("{job_id}.resume-{n}.jsonl"));
+    (1..)
+        .map(run)
+        .find(|f| !f.exists())
+        .unwrap_or_else(|| run(u32::MAX))
+}
+
+/// The history file a run of job `job_id` that starts it (not resumed)
+/// writes: [`path`], unless an earlier run of the job wrote it (a later
+/// YARN attempt with no checkpoint to resume from starts the job afresh
+/// under the same id), then [`later_path`].
+pub fn fresh_path(work_dir: &Path, job_id: &str) -> PathBuf {
+    let first = path(work_dir, job_id);
+    if first.exists() {
+        later_path(work_dir, job_id)
+    } else {
+        first
+    }
+}
+
+/// The history files of job `job_id` in `history_dir`, earliest run
+/// first: `<job id>.jsonl`, then `<job id>.resume-<n>.jsonl` by `n`.
+pub fn files(history_dir: &Path, job_id: &str) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(history_dir) else {
+        return Vec::new();
+    };
+    let first = format!("{job_id}.jsonl");
+    let prefix = format!("{job_id}.resume-");
+    let mut found: Vec<(u32, PathBuf)> = entries
+        .filter_map(Result::ok)
+        .filter_map(|e| {
+            let name = e.file_name().to_str()?.to_string();
+            let run = if name == first {
+                0
+            } else {
+                name.strip_prefix(&prefix)?
+                    .strip_suffix(".jsonl")?
+                    .parse()
+                    .ok()?
+            };
+            Some((run, e.path()))
+        })
+        .collect();
+    found.sort();
+    found.into_iter().map(|(_, p)| p).collect()
 }
 
 /// Starts the writer of job `job_id`'s history at `file` on `tracker`'s
@@ -406,6 +461,76 @@ mod tests {
         assert_eq!(read(&file).unwrap(), vec![epoch(1), epoch(2)]);
         assert_eq!(*prx.borrow().clone(), vec![epoch(1), epoch(2)]);
         assert_eq!(find(dir.path()).unwrap(), file);
+    }
+
+    /// A later run of a job that starts it afresh (a YARN attempt with no
+    /// checkpoint) keeps the earlier run's history and writes its own; a
+    /// resumed run after it writes the next one. `cruise report` finds
+    /// the newest, and every one is still there to read.
+    #[tokio::test]
+    async fn every_run_of_a_job_keeps_its_own_history() {
+        let dir = tempfile::tempdir().unwrap();
+        let run = |file: PathBuf, records: Vec<Record>| async move {
+            let (ptx, _prx) = watch::channel(Published::default());
+            let tracker = TaskTracker::new();
+            let log = spawn_writer(&file, Instant::now(), ptx, &tracker).unwrap();
+            for r in records {
+                log.push(r);
+            }
+            drop(log);
+            tracker.close();
+            tracker.wait().await;
+            file
+        };
+        let first = run(fresh_path(dir.path(), "job_1"), vec![epoch(1), epoch(2)]).await;
+        assert_eq!(first, path(dir.path(), "job_1"));
+        let again = run(fresh_path(dir.path(), "job_1"), vec![epoch(1)]).await;
+        assert_eq!(
+            again.file_name().unwrap().to_string_lossy(),
+            "job_1.resume-1.jsonl"
+        );
+        let resumed = run(later_path(dir.path(), "job_1"), vec![epoch(2)]).await;
+        assert_eq!(
+            resumed.file_name().unwrap().to_string_lossy(),
+            "job_1.resume-2.jsonl"
+        );
+        // Another job's history is not this job's.
+        run(fresh_path(dir.path(), "job_2"), vec![epoch(9)]).await;
+
+        let history = dir.path().join(HISTORY_DIR);
+        assert_eq!(
+            files(&history, "job_1"),
+            vec![first.clone(), again.clone(), resumed.clone()]
+        );
+        assert_eq!(read(&first).unwrap(), vec![epoch(1), epoch(2)]);
+        assert_eq!(read(&again).unwrap(), vec![epoch(1)]);
+        assert_eq!(read(&resumed).unwrap(), vec![epoch(2)]);
+        assert_eq!(files(&history, "job_2").len(), 1);
+    }
+
+    #[test]
+    fn history_files_come_in_attempt_order() {
+        let dir = tempfile::tempdir().unwrap();
+        for name in [
+            "job_1_a.resume-2.jsonl",
+            "job_1_a.jsonl",
+            "job_1_a.resume-10.jsonl",
+            "job_2_b.jsonl",
+        ] {
+            std::fs::write(dir.path().join(name), "").unwrap();
+        }
+        let names: Vec<String> = files(dir.path(), "job_1_a")
+            .iter()
+            .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "job_1_a.jsonl",
+                "job_1_a.resume-2.jsonl",
+                "job_1_a.resume-10.jsonl"
+            ]
+        );
     }
 
     #[test]

@@ -509,9 +509,11 @@ pub async fn run_job(opts: JobOptions) -> Result<JobSummary, AmError> {
 
     let started = std::time::Instant::now();
     let (history_tx, history_rx) = watch::channel(history::Published::default());
+    // A job started afresh under an id that ran before (a later YARN
+    // attempt with no checkpoint) keeps the earlier run's history.
     let history_file = match &resumed {
         Some(r) => r.history_file.clone(),
-        None => history::path(&opts.work_dir, &job_id),
+        None => history::fresh_path(&opts.work_dir, &job_id),
     };
     let history = history::spawn_writer(&history_file, started, history_tx, &tracker)?;
     let status_addr = if config.status.bind.is_empty() {

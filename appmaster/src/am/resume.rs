@@ -177,33 +177,6 @@ pub fn persist_config(
     Ok(path)
 }
 
-/// The history files of job `job_id` in `history_dir`, oldest attempt
-/// first: `<job id>.jsonl`, then `<job id>.resume-<n>.jsonl` by `n`.
-fn history_files(history_dir: &Path, job_id: &str) -> Vec<PathBuf> {
-    let Ok(entries) = std::fs::read_dir(history_dir) else {
-        return Vec::new();
-    };
-    let first = format!("{job_id}.jsonl");
-    let prefix = format!("{job_id}.resume-");
-    let mut found: Vec<(u32, PathBuf)> = entries
-        .filter_map(Result::ok)
-        .filter_map(|e| {
-            let name = e.file_name().to_str()?.to_string();
-            let attempt = if name == first {
-                0
-            } else {
-                name.strip_prefix(&prefix)?
-                    .strip_suffix(".jsonl")?
-                    .parse()
-                    .ok()?
-            };
-            Some((attempt, e.path()))
-        })
-        .collect();
-    found.sort();
-    found.into_iter().map(|(_, p)| p).collect()
-}
-
 /// The newest job configuration in `jobs_dir/config` and its job id.
 fn newest_config(work_dir: &Path, jobs_dir: &Path) -> Result<(PathBuf, String), ResumeError> {
     let dir = jobs_dir.join(CONFIG_DIR);
@@ -256,7 +229,7 @@ pub async fn prepare_attempt(
     mut config: CruiseConfig,
 ) -> Result<Prepared, ResumeError> {
     let history_dir = work_dir.join("jobs").join(HISTORY_DIR);
-    for f in history_files(&history_dir, job_id) {
+    for f in history::files(&history_dir, job_id) {
         let records = history::read(&f).map_err(|e| ResumeError::Unreadable {
             path: f.display().to_string(),
             message: e.to_string(),
@@ -300,7 +273,7 @@ async fn prepare_job(
 ) -> Result<Prepared, ResumeError> {
     let jobs_dir = work_dir.join("jobs");
     let history_dir = jobs_dir.join(HISTORY_DIR);
-    let files = history_files(&history_dir, &job_id);
+    let files = history::files(&history_dir, &job_id);
     let mut records = Vec::new();
     for f in &files {
         let rs = history::read(f).map_err(|e| ResumeError::Unreadable {
@@ -358,11 +331,7 @@ async fn prepare_job(
     // checkpoint was taken at an epoch's end; a little above it otherwise).
     let per_epoch = manifest.records_done / u64::from(manifest.epoch.max(1));
     let epochs = carried_epochs(&records, manifest.epoch, per_epoch);
-    let attempt = |n: u32| history_dir.join(format!("{job_id}.resume-{n}.jsonl"));
-    let history_file = (1..)
-        .map(attempt)
-        .find(|f| !f.exists())
-        .unwrap_or_else(|| attempt(u32::MAX));
+    let history_file = history::later_path(&jobs_dir, &job_id);
     // A torn checkpoint newer than the one resumed keeps its number: the
     // resumed job's checkpoints come after it, not into its folder.
     let highest = match checkpoint::highest_id(&fs, &dir).await {
@@ -469,31 +438,6 @@ mod tests {
         assert!((e[1].stats.accuracy() - 0.5).abs() < 1e-9);
         let missing = carried_epochs(&[], 1, 1000);
         assert_eq!(missing[0].epoch, 1);
-    }
-
-    #[test]
-    fn history_files_come_in_attempt_order() {
-        let dir = tempfile::tempdir().unwrap();
-        for name in [
-            "job_1_a.resume-2.jsonl",
-            "job_1_a.jsonl",
-            "job_1_a.resume-10.jsonl",
-            "job_2_b.jsonl",
-        ] {
-            std::fs::write(dir.path().join(name), "").unwrap();
-        }
-        let names: Vec<String> = history_files(dir.path(), "job_1_a")
-            .iter()
-            .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
-            .collect();
-        assert_eq!(
-            names,
-            [
-                "job_1_a.jsonl",
-                "job_1_a.resume-2.jsonl",
-                "job_1_a.resume-10.jsonl"
-            ]
-        );
     }
 
     #[tokio::test]
