@@ -517,10 +517,16 @@ async fn appmaster(args: AppmasterArgs) -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(e) => {
+            // Kept for a later attempt, or for whoever looks.
+            let checkpoint_dir = config
+                .checkpoint
+                .enabled
+                .then(|| config.checkpoint.dir.clone());
             write_summary(serde_json::json!({
                 "application": setup.application_id,
                 "service": setup.service,
                 "error": e.to_string(),
+                "checkpoint_dir": checkpoint_dir,
             }));
             fail(e)
         }

@@ -31,7 +31,7 @@ use anyhow::{Context, bail};
 use bytes::Bytes;
 use serde::Serialize;
 
-use cruise_conf::{CruiseConfig, Layers, RuntimeKind};
+use cruise_conf::{CruiseConfig, DeleteCheckpoints, Layers, RuntimeKind};
 use cruise_hdfs::{FileSystem, Location, is_hidden};
 use cruise_rm::yarn::ARTIFACT_DIR;
 use cruise_rm::yarn::rm::{
@@ -241,11 +241,7 @@ pub async fn submit(mut config: CruiseConfig, work: &Path) -> anyhow::Result<Sub
 
     config.runtime.kind = RuntimeKind::Yarn;
     config.job.input = input.clone();
-    // Checkpoints where every evaluator and every attempt of the AM reach
-    // them: a later attempt resumes from the newest.
-    if config.checkpoint.enabled && config.checkpoint.dir.is_empty() {
-        config.checkpoint.dir = join(&staging, CHECKPOINT_DIR);
-    }
+    place_checkpoints(&mut config, &staging);
     config.job.work_dir = String::new();
     config.yarn.evaluator_artifact = tar_uri.clone();
     config.yarn.rm_addresses = s.rm_addresses.clone();
@@ -311,6 +307,26 @@ pub async fn submit(mut config: CruiseConfig, work: &Path) -> anyhow::Result<Sub
         input,
         rm: rm.base(),
     })
+}
+
+/// Where a submitted job's checkpoints go, and whether they are deleted
+/// once it has finished successfully. Without `checkpoint.dir`, in the
+/// application's staging directory `staging`, where every evaluator and
+/// every attempt of the AM reach them (a later attempt resumes from the
+/// newest). `checkpoint.delete_on_success = auto` becomes `always` for
+/// those, and `never` for a `checkpoint.dir` of the user's.
+fn place_checkpoints(config: &mut CruiseConfig, staging: &str) {
+    let placed = config.checkpoint.enabled && config.checkpoint.dir.is_empty();
+    if placed {
+        config.checkpoint.dir = join(staging, CHECKPOINT_DIR);
+    }
+    if config.checkpoint.delete_on_success == DeleteCheckpoints::Auto {
+        config.checkpoint.delete_on_success = if placed {
+            DeleteCheckpoints::Always
+        } else {
+            DeleteCheckpoints::Never
+        };
+    }
 }
 
 /// Hadoop's default `yarn.application.classpath`.
@@ -471,6 +487,9 @@ fn result_text(out: &mut String, v: &serde_json::Value) {
     use std::fmt::Write;
     if let Some(e) = v["error"].as_str() {
         let _ = writeln!(out, "job          failed: {e}");
+        if let Some(dir) = v["checkpoint_dir"].as_str() {
+            let _ = writeln!(out, "checkpoints  kept in {dir}");
+        }
         return;
     }
     let s = &v["summary"];
@@ -523,6 +542,18 @@ fn result_text(out: &mut String, v: &serde_json::Value) {
             .map(|e| format!("; ended with {}", split(&e["workers"], &e["servers"])))
             .unwrap_or_default()
     );
+    if let Some(dir) = s["checkpoint_dir"].as_str() {
+        let fate = if s["checkpoints_deleted"].as_bool() == Some(true) {
+            "deleted from"
+        } else {
+            "kept in"
+        };
+        let _ = writeln!(
+            out,
+            "checkpoints  {} published, {fate} {dir}",
+            s["checkpoints"]
+        );
+    }
     for r in s["reconfigurations"].as_array().into_iter().flatten() {
         let _ = writeln!(
             out,
@@ -824,6 +855,40 @@ mod tests {
             Some("job_1700000000000_0007")
         );
         assert_eq!(job_of_application("job_1"), None);
+    }
+
+    #[test]
+    fn checkpoints_placed_in_staging_are_deleted_after_success_and_the_users_are_kept() {
+        let staging = "hdfs://nn:8020/user/alice/.cruise-staging/application_1_0001";
+        let placed = |dir: &str, delete: DeleteCheckpoints| {
+            let mut c = CruiseConfig::default();
+            c.checkpoint.dir = dir.to_string();
+            c.checkpoint.delete_on_success = delete;
+            place_checkpoints(&mut c, staging);
+            (c.checkpoint.dir, c.checkpoint.delete_on_success)
+        };
+        assert_eq!(
+            placed("", DeleteCheckpoints::Auto),
+            (format!("{staging}/checkpoints"), DeleteCheckpoints::Always)
+        );
+        assert_eq!(
+            placed("", DeleteCheckpoints::Never),
+            (format!("{staging}/checkpoints"), DeleteCheckpoints::Never)
+        );
+        let mine = "hdfs://nn:8020/user/alice/ckpts";
+        assert_eq!(
+            placed(mine, DeleteCheckpoints::Auto),
+            (mine.to_string(), DeleteCheckpoints::Never)
+        );
+        assert_eq!(
+            placed(mine, DeleteCheckpoints::Always),
+            (mine.to_string(), DeleteCheckpoints::Always)
+        );
+        let mut off = CruiseConfig::default();
+        off.checkpoint.enabled = false;
+        place_checkpoints(&mut off, staging);
+        assert_eq!(off.checkpoint.dir, "");
+        assert_eq!(off.checkpoint.delete_on_success, DeleteCheckpoints::Never);
     }
 
     #[test]

@@ -101,6 +101,25 @@ pub enum ScaleInInput {
     Reload,
 }
 
+/// Whether a job's checkpoints are deleted once it has finished
+/// successfully (`checkpoint.delete_on_success`). A job that failed or
+/// was cancelled always keeps them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum DeleteCheckpoints {
+    /// `cruise submit` deletes the checkpoints it placed in the
+    /// application's staging directory (`checkpoint.dir` unset) and keeps
+    /// those in a `checkpoint.dir` you set; `cruise run` keeps them. (Submit
+    /// writes `always` or `never` into the job's configuration.)
+    #[default]
+    Auto,
+    /// Delete them wherever they are: every checkpoint folder (`ckpt-<n>`)
+    /// in `checkpoint.dir`, then the directory if nothing else is in it.
+    Always,
+    /// Keep them.
+    Never,
+}
+
 /// How workers synchronise their progress.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]
@@ -642,6 +661,12 @@ pub struct CheckpointConfig {
     /// Take one when this many seconds of training have passed since the
     /// last (0: not by time). With both set, whichever comes first.
     pub every_secs: u64,
+    /// Whether the checkpoints are deleted once the job has finished
+    /// successfully: `auto` (those `cruise submit` placed in the
+    /// application's staging directory, not a `checkpoint.dir` you set;
+    /// `cruise run` keeps them), `always` (wherever they are) or `never`.
+    /// A job that failed or was cancelled keeps them and says where.
+    pub delete_on_success: DeleteCheckpoints,
 }
 
 impl Default for CheckpointConfig {
@@ -651,6 +676,7 @@ impl Default for CheckpointConfig {
             dir: String::new(),
             every_epochs: 0,
             every_secs: 120,
+            delete_on_success: DeleteCheckpoints::Auto,
         }
     }
 }

@@ -370,6 +370,27 @@ async fn prune(fs: &FileSystem, dir: &str, newest: u64) {
     }
 }
 
+/// Deletes every checkpoint folder (`ckpt-<n>`, published or torn) under
+/// `dir`, then `dir` itself if nothing else is left in it (a directory
+/// that holds other files is kept, with them). Returns how many folders
+/// were deleted; a directory that does not exist deletes nothing.
+pub async fn delete_all(fs: &FileSystem, dir: &str) -> Result<usize, CheckpointError> {
+    let ids = list_ids(fs, dir).await?;
+    for &id in &ids {
+        let f = folder(dir, id);
+        fs.delete(&f, true).await.map_err(io(&f))?;
+    }
+    let left = match fs.list(dir).await {
+        Ok(entries) => entries.len(),
+        Err(e) if e.is_not_found() => return Ok(ids.len()),
+        Err(e) => return Err(io(dir)(e)),
+    };
+    if left == 0 {
+        fs.delete(dir, false).await.map_err(io(dir))?;
+    }
+    Ok(ids.len())
+}
+
 /// The highest checkpoint number a folder under `dir` has, published or
 /// torn (`None` when there is none): a resumed job numbers its own
 /// checkpoints after it, so that none is written into a torn one's folder.

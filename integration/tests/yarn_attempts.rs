@@ -131,16 +131,22 @@ impl Cluster {
     /// The newest usable checkpoint of the application's job in its
     /// staging directory (as `cruise submit` places it), if any.
     async fn newest_checkpoint_epoch(&self, app: &str) -> Option<u32> {
-        let dir = format!(
-            "webhdfs://{}/user/alice/.cruise-staging/{app}/{CHECKPOINT_DIR}",
-            self.hdfs.address()
-        );
+        let dir = self.checkpoint_dir(app);
         let job = job_of_application(app)?;
         let fs = cruise_hdfs::FileSystem::default();
         cruise_container::checkpoint::latest(&fs, &dir, &job)
             .await
             .ok()
             .map(|m| m.epoch)
+    }
+
+    /// Where `cruise submit` places the checkpoints of `app`'s job: its
+    /// staging directory.
+    fn checkpoint_dir(&self, app: &str) -> String {
+        format!(
+            "webhdfs://{}/user/alice/.cruise-staging/{app}/{CHECKPOINT_DIR}",
+            self.hdfs.address()
+        )
     }
 
     /// Every container the simulator allocated.
@@ -417,6 +423,32 @@ async fn the_second_attempt_resumes_from_the_checkpoint() {
     );
     let epochs = s["epochs"].as_array().unwrap();
     assert_eq!(epochs.len(), EPOCHS as usize, "{s}");
+    // The job succeeded: the checkpoints `cruise submit` placed in its
+    // staging directory are deleted, and the AM says so.
+    let dir = c.checkpoint_dir(&app);
+    // As the AM names it: on `fs.defaultFS` (hdfs://).
+    let tail = format!("/user/alice/.cruise-staging/{app}/{CHECKPOINT_DIR}");
+    assert!(
+        s["checkpoint_dir"]
+            .as_str()
+            .is_some_and(|d| d.ends_with(&tail)),
+        "{s}"
+    );
+    assert_eq!(s["checkpoints_deleted"], true, "{s}");
+    let gone = cruise_hdfs::FileSystem::default()
+        .status(&dir)
+        .await
+        .map(|st| st.uri);
+    assert!(
+        gone.as_ref().is_err_and(|e| e.is_not_found()),
+        "{dir}: {gone:?}"
+    );
+    assert!(
+        second
+            .lines()
+            .any(|l| l.contains("deleted its") && l.contains(&tail)),
+        "{second}"
+    );
     // The epochs up to the checkpoint are the first attempt's, from its
     // history in the application's local directory: they have figures.
     for e in &epochs[..from as usize] {

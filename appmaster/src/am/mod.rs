@@ -30,7 +30,7 @@ use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use cruise_conf::{AppKind, CruiseConfig};
+use cruise_conf::{AppKind, CruiseConfig, DeleteCheckpoints};
 use cruise_container::evaluator::{ENV_AM_ADDR, ENV_JOB_ID, ENV_JOB_SECRET};
 use cruise_container::protocol::{EvalToAm, EvaluatorId, FrameOptions, Secret, Stats};
 use cruise_hdfs::{FileSystem, Split, plan_splits};
@@ -167,6 +167,14 @@ pub struct JobSummary {
     /// it was.
     #[serde(default)]
     pub resumed_from: Option<CheckpointInfo>,
+    /// Where the job's checkpoints were written (`checkpoint.dir`), if it
+    /// took any.
+    #[serde(default)]
+    pub checkpoint_dir: Option<String>,
+    /// Whether they were deleted at the job's end
+    /// (`checkpoint.delete_on_success`).
+    #[serde(default)]
+    pub checkpoints_deleted: bool,
 }
 
 /// Progress of a job, for the command line.
@@ -552,6 +560,7 @@ pub async fn run_job(opts: JobOptions) -> Result<JobSummary, AmError> {
         cancel: cancel.clone(),
         history,
     };
+    let (checkpoints, hdfs) = (config.checkpoint.clone(), config.hdfs.clone());
     let driver = job::Driver::new(config, job_id, am_addr, splits, links, outputs, resumed);
     let result = driver.run(ev_rx, rm_rx).await;
 
@@ -561,7 +570,67 @@ pub async fn run_job(opts: JobOptions) -> Result<JobSummary, AmError> {
     cancel.cancel();
     tracker.close();
     tracker.wait().await;
-    result
+    match result {
+        Ok(mut summary) => {
+            if checkpoints.enabled {
+                summary.checkpoint_dir = Some(checkpoints.dir.clone());
+                summary.checkpoints_deleted =
+                    delete_checkpoints(&checkpoints, &hdfs, &summary.job_id).await;
+            }
+            Ok(summary)
+        }
+        Err(e) => {
+            if checkpoints.enabled {
+                tracing::warn!(
+                    checkpoint_dir = %checkpoints.dir,
+                    "the job did not finish; its checkpoints, if it published any, are kept in {}: \
+                     `cruise run --resume WORK_DIR` continues a job of `cruise run` from the newest \
+                     (a later attempt of a YARN application does by itself)",
+                    checkpoints.dir
+                );
+            }
+            Err(e)
+        }
+    }
+}
+
+/// At the successful end of job `job_id`: deletes its checkpoints when
+/// `checkpoint.delete_on_success` is `always` (`cruise submit` sets it for
+/// the checkpoints it places in the application's staging directory),
+/// logging what was deleted, or where they are kept and why. Returns
+/// whether they were deleted; a failure to delete is logged, not the
+/// job's.
+async fn delete_checkpoints(
+    checkpoints: &cruise_conf::CheckpointConfig,
+    hdfs: &cruise_conf::HdfsConfig,
+    job_id: &str,
+) -> bool {
+    let dir = &checkpoints.dir;
+    if checkpoints.delete_on_success != DeleteCheckpoints::Always {
+        tracing::info!(
+            checkpoint_dir = %dir,
+            "job {job_id} finished; its checkpoints are kept in {dir} (checkpoint.delete_on_success = {:?})",
+            checkpoints.delete_on_success
+        );
+        return false;
+    }
+    let fs = cruise_container::input_fs::file_system(hdfs);
+    match cruise_container::checkpoint::delete_all(&fs, dir).await {
+        Ok(n) => {
+            tracing::info!(
+                checkpoint_dir = %dir,
+                "job {job_id} finished; deleted its {n} checkpoint(s) in {dir} (checkpoint.delete_on_success = always)"
+            );
+            true
+        }
+        Err(e) => {
+            tracing::warn!(
+                checkpoint_dir = %dir,
+                "job {job_id} finished, but deleting its checkpoints in {dir} failed: {e}; delete them by hand"
+            );
+            false
+        }
+    }
 }
 
 /// Where the job's checkpoints go: `checkpoint.dir`, else a directory of

@@ -160,6 +160,9 @@ impl Driver {
             lost: self.losses().to_vec(),
             checkpoints: self.ck.count(),
             resumed_from: self.resumed_from(),
+            // Set by `run_job` once the job is over.
+            checkpoint_dir: None,
+            checkpoints_deleted: false,
             job_id: self.job_id.clone(),
             app: self.config.job.app,
             loss_name: self.loss_name.to_string(),
