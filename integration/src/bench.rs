@@ -28,10 +28,12 @@ use crate::Spawned;
 
 /// Prints `usage` and exits with status 0 when the command line asks for
 /// help (`-h` or `--help` anywhere): the benchmarks take positional
-/// arguments, which would otherwise read the flag as a bad number.
+/// arguments, which would otherwise read the flag as a bad number. A
+/// reader that stops early (`| head`) is not an error.
 pub fn exit_on_help(usage: &str) {
     if std::env::args().skip(1).any(|a| a == "-h" || a == "--help") {
-        println!("{}", usage.trim_end());
+        use std::io::Write;
+        let _ = writeln!(std::io::stdout(), "{}", usage.trim_end());
         std::process::exit(0);
     }
 }
