@@ -106,6 +106,13 @@ pub enum StopOutcome {
     NotFound,
 }
 
+/// Whether an answer says the service does not exist: 404, or 400
+/// "doesn't exist" (some releases, see the module's docs).
+fn is_missing(status: StatusCode, message: &str) -> bool {
+    status == StatusCode::NOT_FOUND
+        || (status == StatusCode::BAD_REQUEST && message.contains("doesn't exist"))
+}
+
 /// What the evaluator component of a service runs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ComponentSpec {
@@ -315,12 +322,12 @@ impl ServicesClient {
             StatusCode::OK | StatusCode::ACCEPTED | StatusCode::NO_CONTENT => {
                 Ok(StopOutcome::Stopped)
             }
-            StatusCode::NOT_FOUND => Ok(StopOutcome::NotFound),
             StatusCode::BAD_REQUEST if message.contains("already stopped") => {
                 Ok(StopOutcome::AlreadyStopped)
             }
-            StatusCode::BAD_REQUEST
-                if message.contains("doesn't exist") || message.contains("not found") =>
+            status
+                if is_missing(status, &message)
+                    || (status == StatusCode::BAD_REQUEST && message.contains("not found")) =>
             {
                 Ok(StopOutcome::NotFound)
             }
@@ -353,8 +360,7 @@ impl ServicesClient {
             let message = crate::http::server_message(&r.body);
             return match r.status {
                 StatusCode::OK | StatusCode::NO_CONTENT | StatusCode::ACCEPTED => Ok(true),
-                StatusCode::NOT_FOUND => Ok(false),
-                StatusCode::BAD_REQUEST if message.contains("doesn't exist") => Ok(false),
+                status if is_missing(status, &message) => Ok(false),
                 StatusCode::BAD_REQUEST
                     if message.contains("Failed to delete") && tried < policy.attempts =>
                 {
