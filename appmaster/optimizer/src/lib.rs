@@ -127,5 +127,5 @@ pub use solver::{
 };
 pub use trigger::{
     Decision, Looks, MeasuredSplit, OpCost, OpCostEstimate, PolicyState, Proposal,
-    ReconfigCostModel, STRAGGLER_FACTOR, TriggerConfig, TriggerPolicy,
+    ReconfigCostModel, STRAGGLER_FACTOR, SplitIds, TriggerConfig, TriggerPolicy,
 };

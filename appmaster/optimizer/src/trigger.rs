@@ -28,6 +28,15 @@
 //!   ([`Job::measured_epoch_secs`]), not by the model: a plan that measurably
 //!   made the job slower is undone, and the model cannot send the job back to
 //!   a split it measured worse.
+//! * **A promise that did not deliver discounts the next.** The policy also
+//!   remembers what the proposal that left a split promised and where it
+//!   went. Back at that split (or at the same roles after a re-partition),
+//!   the model's next gain from there must exceed, by the threshold, how
+//!   far the last promise fell short of what the job measured: a model that
+//!   overprices the running split makes every split it prices right look
+//!   like a gain, and without this the job wanders from split to split.
+//!   The first promise from a split is taken on the model's word: a move
+//!   is measured and undone if it was worse, a stay never is.
 //!
 //! What a plan costs is [`ReconfigCostModel`]'s (in `reconfig_cost`).
 
@@ -128,12 +137,28 @@ pub struct MeasuredSplit {
     /// Its epoch time as measured when the job left it
     /// ([`Job::measured_epoch_secs`]), seconds.
     pub epoch_secs: f64,
-    /// When the plan that left it kept every container's role (it only
-    /// re-partitioned the blocks): the gain that plan was proposed for.
-    /// What it delivered is measured once the job has run there, and a
-    /// further re-partition of the same roles is judged by it. 0 otherwise.
+    /// When the job left it for the policy's proposal: the gain that
+    /// proposal was made for (0 otherwise). What it delivered is known once
+    /// the job has measured the split it went to ([`MeasuredSplit::went_to`]),
+    /// and a later proposal from this split is judged by the shortfall
+    /// ([`TriggerPolicy::decide`]).
     #[serde(default)]
     pub promised_gain: f64,
+    /// The split the proposal led to, when `promised_gain` is > 0. `None`
+    /// with a promise means the same roles re-partitioned (what a policy
+    /// state written before this field recorded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub went_to: Option<SplitIds>,
+}
+
+/// A split by container ids: its workers and its servers.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SplitIds {
+    /// Its workers, by container id.
+    pub workers: BTreeSet<String>,
+    /// Its servers, by container id.
+    pub servers: BTreeSet<String>,
 }
 
 impl MeasuredSplit {
@@ -374,22 +399,24 @@ impl TriggerPolicy {
     /// The job leaves the running configuration of `snapshot` for a plan
     /// (`to`, when it is the policy's proposal): remembers its roles and
     /// measured epoch time (replacing an earlier measurement of the same
-    /// split), and the proposal's gain if the plan keeps every role.
+    /// split), and the proposal's gain and the split it leads to.
     /// Nothing is remembered before the configuration has been measured.
     pub fn leaving(&mut self, snapshot: &Snapshot, to: Option<&Proposal>) {
         let Some(epoch_secs) = snapshot.job.measured_epoch_secs else {
             return;
         };
         let split = MeasuredSplit::of(snapshot.containers.iter().map(|c| (&c.id, c.role)));
-        let promised_gain = to
-            .filter(|p| MeasuredSplit::of(p.target.iter().map(|(id, t)| (id, t.role))) == split)
-            .map_or(0.0, |p| p.gain.max(0.0));
+        let promise = to.filter(|p| p.gain > 0.0).map(|p| {
+            let (workers, servers) = MeasuredSplit::of(p.target.iter().map(|(id, t)| (id, t.role)));
+            (p.gain, SplitIds { workers, servers })
+        });
         self.measured.retain(|m| !m.is(&split));
         self.measured.push(MeasuredSplit {
             workers: split.0,
             servers: split.1,
             epoch_secs,
-            promised_gain,
+            promised_gain: promise.as_ref().map_or(0.0, |p| p.0),
+            went_to: promise.map(|p| p.1),
         });
     }
 
@@ -648,12 +675,17 @@ impl TriggerPolicy {
             let target = crate::solver::solve_for_roles(model, &roles)?.target;
             return go(target, e);
         }
-        let Some(e) = best_is_known else {
-            return Ok(None);
+        let e = match best_is_known {
+            Some(e) if !e.is(&here) => e,
+            _ => {
+                let Some(h) = self.measured.iter().find(|e| e.is(&here)) else {
+                    return Ok(None);
+                };
+                return Ok(self
+                    .promised_from_here(h, &here, m, model_gain)
+                    .map(|r| stay(h, r)));
+            }
         };
-        if e.is(&here) {
-            return Ok(self.repartition_again(e, m, model_gain).map(|r| stay(e, r)));
-        }
         if gain(e.epoch_secs) < self.config.min_gain {
             let g = gain(e.epoch_secs);
             let reason = if g <= 0.0 {
@@ -672,25 +704,53 @@ impl TriggerPolicy {
 }
 
 impl TriggerPolicy {
-    /// Why the model's best, a re-partition of the running roles, is not
-    /// worth a plan, if it is not: the job already left these roles for a
-    /// re-partition of them that promised `e.promised_gain` and, measured
-    /// at `m` seconds an epoch against `e.epoch_secs` before, delivered
-    /// less. The model's gain (`model_gain`) is discounted by that
-    /// shortfall, so the job does not shuffle blocks look after look for a
+    /// Why the model's proposal from the running split is not worth a plan,
+    /// if it is not: the job was at these roles before (`h`, measured at
+    /// `h.epoch_secs`), left them for a proposal that promised
+    /// `h.promised_gain`, and the split it went to (measured there, or here
+    /// at `m` seconds an epoch when it only re-partitioned these roles)
+    /// delivered less. The model's gain from here (`model_gain`) is
+    /// discounted by that shortfall: a model that overprices this split
+    /// overpriced it then too, and every split it prices right looks like
+    /// a gain from here. So the job does not move look after look for a
     /// gain the measurements do not show; a gain the model now predicts
-    /// well beyond it (a container that slowed down since) still plans.
-    fn repartition_again(&self, e: &MeasuredSplit, m: f64, model_gain: f64) -> Option<String> {
-        if e.promised_gain <= 0.0 {
+    /// well beyond the shortfall (a container that slowed down since)
+    /// still plans. `None` when the promise's outcome is not measured.
+    fn promised_from_here(
+        &self,
+        h: &MeasuredSplit,
+        here: &(BTreeSet<String>, BTreeSet<String>),
+        m: f64,
+        model_gain: f64,
+    ) -> Option<String> {
+        if h.promised_gain <= 0.0 {
             return None;
         }
-        let delivered = (e.epoch_secs - m) / e.epoch_secs;
-        let shortfall = (e.promised_gain - delivered).max(0.0);
+        let to = h
+            .went_to
+            .as_ref()
+            .map_or_else(|| here.clone(), |t| (t.workers.clone(), t.servers.clone()));
+        let reached = if &to == here {
+            m
+        } else {
+            self.measured.iter().find(|e| e.is(&to))?.epoch_secs
+        };
+        let delivered = (h.epoch_secs - reached) / h.epoch_secs;
+        let shortfall = (h.promised_gain - delivered).max(0.0);
+        let last = if &to == here {
+            "the last re-partition of these roles".to_string()
+        } else {
+            format!(
+                "the last plan from these roles (to {}W+{}S)",
+                to.0.len(),
+                to.1.len()
+            )
+        };
         (model_gain - shortfall < self.config.min_gain).then(|| {
             format!(
-                "the last re-partition of these roles promised {:.1}% and delivered {:.1}%; \
+                "{last} promised {:.1}% and delivered {:.1}%; \
                  the model's {:.1}% less that shortfall is below the {:.1}% threshold",
-                e.promised_gain * 100.0,
+                h.promised_gain * 100.0,
                 delivered * 100.0,
                 model_gain * 100.0,
                 self.config.min_gain * 100.0
