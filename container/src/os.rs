@@ -280,7 +280,7 @@ pub fn hostname() -> String {
 
 /// Largest allocation glibc serves from its heap rather than a fresh mapping
 /// (its ceiling on 64-bit).
-const MMAP_THRESHOLD: i32 = 32 << 20;
+pub(crate) const MMAP_THRESHOLD: i32 = 32 << 20;
 
 /// Tunes glibc's allocator for the data path: buffers up to 32 MiB (frames,
 /// value batches, move chunks) come from the heap and freed memory is kept

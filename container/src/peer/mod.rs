@@ -12,6 +12,7 @@
 //! |---|---|
 //! | `mod.rs` | the [`DataPlane`] handle, its settings and counters, opening an authenticated connection, stopping |
 //! | `requests.rs` | outbound requests: routing a store operation's parts to their owners, waiting for the parts, retries, the peer directory, probes |
+//! | `buffers.rs` | the large buffers that pulls of several parts are read into, kept for reuse once their callers give them back ([`DataPlane::recycle`]) |
 //! | `outbound.rs` | one ordered outbound request connection per peer: queueing, writing, answers, the request timeout, the goodbye, a lost connection |
 //! | `inflight.rs` | in-flight marks: waiting for every request routed before a moment (an ownership update) |
 //! | `serve.rs` | inbound connections: accepting, answering requests, the goodbye when leaving |
@@ -38,12 +39,14 @@ use crate::protocol::{
 use crate::store::{self, Store};
 
 mod block_move;
+mod buffers;
 mod bulk;
 mod inflight;
 mod outbound;
 mod requests;
 mod serve;
 
+use buffers::LargeBuffers;
 use inflight::Inflight;
 use outbound::OutConn;
 
@@ -218,6 +221,8 @@ struct Inner {
     forward_cpu_ns: AtomicU64,
     /// Outbound requests in flight, in issue order (all connections).
     inflight: Arc<Inflight>,
+    /// Large answer buffers given back by callers, for the next large pull.
+    buffers: LargeBuffers,
     faults: Faults,
     /// Fault hooks of bulk (move) connections only, on both ends.
     bulk_faults: Faults,
@@ -269,6 +274,7 @@ impl DataPlane {
                 request_idle_cpu_ns: Arc::new(AtomicU64::new(0)),
                 forward_cpu_ns: AtomicU64::new(0),
                 inflight: Arc::new(Inflight::default()),
+                buffers: LargeBuffers::default(),
                 faults,
                 bulk_faults: Faults::default(),
                 cancel: parent.child_token(),

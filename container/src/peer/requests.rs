@@ -196,17 +196,27 @@ impl DataPlane {
 
     /// The buffer a read answered in several parts is put together in,
     /// laid out like the answer; the parts that arrive as tails are read
-    /// from the socket straight into it (`protocol::frames`). `None` for
-    /// anything else.
+    /// from the socket straight into it (`protocol::frames`). A large one
+    /// is a buffer given back earlier ([`DataPlane::recycle`]) when there
+    /// is one. `None` for anything else.
     fn answer_buffer(&self, kind: OpKind, keys: usize, parts: usize) -> Option<Answer> {
         if kind == OpKind::Get && parts > 1 {
             self.inner.store.value_len().map(|want| Answer {
                 want,
-                values: Arc::new(Mutex::new(crate::os::zeroed_vec_for_large(keys * want))),
+                values: Arc::new(Mutex::new(self.inner.buffers.take(keys * want))),
             })
         } else {
             None
         }
+    }
+
+    /// Gives back the values of a pulled answer the caller is done with:
+    /// the next large pull is read into them rather than into fresh
+    /// pages, which the kernel would have to fault in and clear (see
+    /// `peer/buffers.rs`). Only buffers from 32 MiB up are kept, a few
+    /// of them; others are freed here.
+    pub fn recycle(&self, values: Vec<f32>) {
+        self.inner.buffers.give(values);
     }
 
     /// Forwards the parts owned elsewhere now, synchronously, to keep
@@ -565,6 +575,44 @@ mod answer_tests {
         }
     }
 
+    /// Two data planes on loopback that know each other, 16 model blocks
+    /// of `model` configured on both (none created): evaluator 1, the
+    /// reader, and 2, the server. They run until the token is cancelled.
+    async fn two_planes(model: &Arc<Rows>) -> (Vec<DataPlane>, CancellationToken) {
+        let cancel = CancellationToken::new();
+        let settings = PeerSettings::for_tests(Duration::from_secs(30));
+        let mut planes = Vec::new();
+        for id in [EvaluatorId(1), EvaluatorId(2)] {
+            let store = Store::new(id);
+            store.configure(&[(MODEL_TABLE, 16)], model.clone());
+            let at = TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let (s, f) = (settings.clone(), Faults::default());
+            planes.push(DataPlane::start(id, store, at, s, f, &cancel).unwrap());
+        }
+        let peers: Vec<_> = planes.iter().map(|p| (p.id(), p.local_addr())).collect();
+        for p in &planes {
+            p.set_peers(&peers);
+        }
+        (planes, cancel)
+    }
+
+    /// The values of `keys` read through `plane`.
+    async fn read(plane: &DataPlane, keys: &[Key]) -> ValueBatch {
+        let got = plane
+            .execute(StoreOp {
+                kind: OpKind::Get,
+                table: MODEL_TABLE,
+                keys: keys.to_vec(),
+                values: ValueBatch::default(),
+            })
+            .await
+            .unwrap();
+        let PeerResponse::Values(v) = got else {
+            panic!("not values: {got:?}");
+        };
+        v
+    }
+
     /// A read of many parts is answered with every key's value in its
     /// place: parts that are runs of the keys (read into place from the
     /// socket), parts that are not (some keys held here), and answers that
@@ -573,21 +621,8 @@ mod answer_tests {
     async fn a_read_of_many_parts_is_put_together_in_place() {
         for zeros in [false, true] {
             let model = Arc::new(Rows { zeros });
-            let cancel = CancellationToken::new();
-            let settings = PeerSettings::for_tests(Duration::from_secs(30));
-            let (me, server) = (EvaluatorId(1), EvaluatorId(2));
-            let mut planes = Vec::new();
-            for id in [me, server] {
-                let store = Store::new(id);
-                store.configure(&[(MODEL_TABLE, 16)], model.clone());
-                let at = TcpListener::bind("127.0.0.1:0").await.unwrap();
-                let (s, f) = (settings.clone(), Faults::default());
-                planes.push(DataPlane::start(id, store, at, s, f, &cancel).unwrap());
-            }
-            let peers: Vec<_> = planes.iter().map(|p| (p.id(), p.local_addr())).collect();
-            for p in &planes {
-                p.set_peers(&peers);
-            }
+            let (planes, _cancel) = two_planes(&model).await;
+            let (me, server) = (planes[0].id(), planes[1].id());
             // Block 3 is held here, the others by the server.
             let owners: Vec<_> = BlockId::all(16)
                 .map(|b| (MODEL_TABLE, b, if b == BlockId(3) { me } else { server }))
@@ -614,18 +649,7 @@ mod answer_tests {
             let mixed: Vec<Key> = (0..3072u64).rev().collect();
             assert!(mixed.iter().any(|&k| held_here(k)));
             for keys in [remote, mixed] {
-                let got = planes[0]
-                    .execute(StoreOp {
-                        kind: OpKind::Get,
-                        table: MODEL_TABLE,
-                        keys: keys.clone(),
-                        values: ValueBatch::default(),
-                    })
-                    .await
-                    .unwrap();
-                let PeerResponse::Values(v) = got else {
-                    panic!("not values: {got:?}");
-                };
+                let v = read(&planes[0], &keys).await;
                 assert_eq!(v.lens, vec![1024; keys.len()]);
                 let want: Vec<f32> = keys.iter().flat_map(|&k| model.init(k)).collect();
                 assert!(v.data == want, "zeros: {zeros}");
@@ -633,6 +657,45 @@ mod answer_tests {
             for p in &planes {
                 p.stop().await;
             }
+        }
+    }
+
+    /// A large pull's buffer given back is read into by the next large
+    /// pull, and that answer is its own: its length, and every value
+    /// the new keys' (none left of the earlier, longer answer).
+    #[tokio::test]
+    async fn a_given_back_buffer_holds_the_next_answer_alone() {
+        let model = Arc::new(Rows { zeros: false });
+        let (planes, _cancel) = two_planes(&model).await;
+        let server = planes[1].id();
+        let all: Vec<BlockId> = BlockId::all(16).collect();
+        planes[1].store().create_blocks(MODEL_TABLE, &all).unwrap();
+        let owners: Vec<_> = all.iter().map(|&b| (MODEL_TABLE, b, server)).collect();
+        for p in &planes {
+            p.store().apply_ownership(&OwnershipUpdate {
+                version: 1,
+                owners: owners.clone(),
+            });
+        }
+        // 36 MiB, then 33 MiB of other keys: both above the 32 MiB from
+        // which buffers are kept.
+        let first: Vec<Key> = (0..9216u64).collect();
+        let second: Vec<Key> = (20_000..28_448u64).collect();
+        let mut given_back = None;
+        for keys in [first, second] {
+            let v = read(&planes[0], &keys).await;
+            if let Some(at) = given_back {
+                assert_eq!(v.data.as_ptr(), at, "the buffer given back");
+            }
+            assert_eq!(v.lens, vec![1024; keys.len()]);
+            assert_eq!(v.data.len(), keys.len() * 1024);
+            let want: Vec<f32> = keys.iter().flat_map(|&k| model.init(k)).collect();
+            assert!(v.data == want);
+            given_back = Some(v.data.as_ptr());
+            planes[0].recycle(v.data);
+        }
+        for p in &planes {
+            p.stop().await;
         }
     }
 }
