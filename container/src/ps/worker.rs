@@ -374,6 +374,9 @@ impl Worker {
             // completing the push says.
             timed_pushes: u32::from(deltas.is_empty()),
         };
+        // Done with the pulled values: a large buffer is read into again
+        // by a later pull (`peer/buffers.rs`).
+        self.ctx.dp.recycle(pulled.values.data);
         if deltas.is_empty() {
             let mut report = report;
             self.end_mini_batch(epoch, &mut report);

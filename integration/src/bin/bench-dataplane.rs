@@ -65,7 +65,11 @@ async fn timed(dp: &DataPlane, o: StoreOp, want_values: usize) -> anyhow::Result
     let r = dp.execute(o).await;
     let secs = t0.elapsed().as_secs_f64();
     match r {
-        Ok(PeerResponse::Values(v)) if v.data.len() == want_values => Ok(secs),
+        Ok(PeerResponse::Values(v)) if v.data.len() == want_values => {
+            // Given back as a worker gives back its pulls' values.
+            dp.recycle(v.data);
+            Ok(secs)
+        }
         Ok(PeerResponse::Done) if want_values == 0 => Ok(secs),
         other => bail!(
             "unexpected answer: {:?}",
