@@ -7,8 +7,8 @@ use cruise_hdfs::{FileSystem, Split, line_number_at, read_split};
 
 use super::PsError;
 use crate::apps::App;
-use crate::protocol::{BlockId, INPUT_TABLE, STATE_TABLE};
-use crate::store::{BlockData, InputBlock, Store};
+use crate::protocol::{BlockId, INPUT_TABLE, STATE_TABLE, TableId};
+use crate::store::{BlockData, InputBlock, SlotKind, Store};
 
 /// Reads one split and parses it with the app; returns the records and the
 /// bytes they came from. Parse errors name the file and line.
@@ -59,10 +59,32 @@ pub async fn load_input(
         let (input, bytes) = read_input(&fs, &app, &split).await?;
         let records = input.len() as u64;
         if let Some(state) = app.init_state(block, &input) {
-            store.put_block(STATE_TABLE, block, BlockData::State(state))?;
+            put_read(&store, STATE_TABLE, block, BlockData::State(state))?;
         }
-        store.put_block(INPUT_TABLE, block, BlockData::Input(Arc::new(input)))?;
+        put_read(
+            &store,
+            INPUT_TABLE,
+            block,
+            BlockData::Input(Arc::new(input)),
+        )?;
         loaded.push((block, records, bytes));
     }
     Ok(loaded)
+}
+
+/// Stores a block read from the job's input. The AM has this evaluator
+/// read a block only when no live evaluator moves it here, so a move of it
+/// still arriving is from a source lost meanwhile (its blocks are re-read,
+/// `appmaster/src/am/job/reconfigure/recovery.rs`): it is called off first,
+/// as the destination does when a source goes silent.
+fn put_read(store: &Store, table: TableId, block: BlockId, data: BlockData) -> Result<(), PsError> {
+    if store.slot_kind(table, block)? == SlotKind::Incoming {
+        tracing::warn!(
+            "block {block} of table {table} was arriving from a lost evaluator; \
+             calling that move off and reading the block from the job's input"
+        );
+        store.abort_incoming(table, block)?;
+    }
+    store.put_block(table, block, data)?;
+    Ok(())
 }
