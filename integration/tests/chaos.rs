@@ -9,8 +9,8 @@
 //!
 //! The draws come from a seed printed at the start (`CRUISE_CHAOS_SEED`
 //! sets it), so a failing draw can be run again alone. The optimizer is
-//! off: a loss while a plan runs is not survived (the job fails naming
-//! it), and the kills here are outside plans.
+//! off, so the kills here are outside plans (losses while a plan runs are
+//! `appmaster/tests/reconfig.rs`'s `*_lost_as_a_moves_*`).
 //!
 //! Multi-process: `cruise run` and its evaluators are OS processes.
 

@@ -9,7 +9,8 @@
 //! with `job.model_out`: servers send their blocks, the AM writes the file) →
 //! `finishing` (evaluators shut down, containers end). A worker lost while
 //! training (its process ended, its connection dropped, its heartbeats
-//! stopped) is survived (`reconfigure/recovery.rs`); any other loss, a
+//! stopped) is survived (`reconfigure/recovery.rs`), a server's from the
+//! newest checkpoint, also while a plan runs (the plan stops); any other loss, a
 //! fatal report or a missed heartbeat fails the job with a message that
 //! names the evaluator, its container, its process, why it was not
 //! survived and — when the resource manager reports it — its exit status
@@ -583,7 +584,10 @@ impl Driver {
                 block,
                 to,
                 bytes,
-            } => self.on_block_moved(move_id, table, block, to, bytes).await,
+            } => {
+                self.on_block_moved(move_id, table, block, to, bytes)
+                    .await?
+            }
             EvalToAm::MoveFinished {
                 move_id,
                 result,

@@ -17,7 +17,10 @@
 //!
 //! A failed operation makes the tracker skip its dependents; the job goes on
 //! in the configuration the operations that did succeed produced (the AM's
-//! ownership table only ever records blocks that were installed).
+//! ownership table only ever records blocks that were installed). An
+//! evaluator lost while a plan runs stops the plan: nothing more starts,
+//! its operations with the lost evaluator fail, the others finish within
+//! `optimizer.op_timeout_ms`, and the loss is recovered (`recovery.rs`).
 //!
 //! This module holds the state ([`Reconfig`]) and the operations' records;
 //! the steps live by concept: when to reconfigure ([`trigger`]), the running
@@ -57,6 +60,7 @@ struct OpIndex(usize);
 struct MoveOp {
     from: EvaluatorId,
     to: EvaluatorId,
+    table: TableId,
     bytes: u64,
     blocks: usize,
     op: OpIndex,
@@ -324,6 +328,12 @@ impl Reconfig {
 
     pub(super) fn is_deleting(&self, id: EvaluatorId) -> bool {
         self.deletes.contains_key(&id)
+    }
+
+    /// Whether the running plan deletes or switches `id`: it takes no
+    /// blocks of a lost evaluator.
+    fn is_changing(&self, id: EvaluatorId) -> bool {
+        self.deletes.contains_key(&id) || self.switches.contains_key(&id)
     }
 
     /// Whether an evaluator is on its way out (its end is expected).

@@ -9,6 +9,7 @@ use cruise_container::protocol::{AmToEval, BlockId, EvaluatorId, INPUT_TABLE, Ta
 use cruise_optimizer::{OpError, OpReport, Operation, Table};
 
 use super::{MoveOp, OpIndex, ReloadOp, measures_capacity, reload_or_move, table_of};
+use crate::am::AmError;
 use crate::am::job::{Driver, take_first};
 
 impl Driver {
@@ -60,6 +61,7 @@ impl Driver {
             MoveOp {
                 from,
                 to,
+                table: t,
                 bytes: 0,
                 blocks: blocks.len(),
                 op,
@@ -184,7 +186,9 @@ impl Driver {
         true
     }
 
-    /// A block of a move was installed at its destination.
+    /// A block of a move was installed at its destination. A destination
+    /// lost meanwhile took the block with it: it is recovered like the
+    /// lost evaluator's own blocks ([`Driver::landed_at_lost`]).
     pub(in crate::am::job) async fn on_block_moved(
         &mut self,
         move_id: u64,
@@ -192,11 +196,15 @@ impl Driver {
         block: BlockId,
         to: EvaluatorId,
         bytes: u64,
-    ) {
+    ) -> Result<(), AmError> {
         if let Some(m) = self.rc.moves.get_mut(&move_id) {
             m.bytes += bytes;
         }
+        if self.evaluators.get(&to).is_none_or(|e| e.gone) {
+            return self.landed_at_lost(table, block, to).await;
+        }
         self.broadcast_ownership(vec![(table, block, to)]).await;
+        Ok(())
     }
 
     /// A move ended.

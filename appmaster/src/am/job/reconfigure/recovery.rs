@@ -20,20 +20,64 @@
 //!   lost server applied and checkpointed before its answer was lost is
 //!   sent again, and then counts twice (as tolerable to async SGD).
 //!
+//! A loss while a plan runs stops the plan first ([`Driver::abandon_plan_ops`]);
+//! the AM's ownership table stays the one truth, changed only by blocks
+//! reported installed, loaded or restored:
+//!
+//! - Operations not started yet are dropped (the tracker is cancelled:
+//!   they are reported skipped).
+//! - Operations under way that involve the lost evaluator end as failed
+//!   at once ("evaluator N was lost"): a move from or to it, a re-read
+//!   from or to it, its delete, its switch, its add still joining.
+//! - Operations under way that do not involve it finish as they would
+//!   have, each within `optimizer.op_timeout_ms` ([`Driver::expire_ops`]);
+//!   they touch no block of the lost evaluator. Cancelling them instead
+//!   would leave moves half done on evaluators that are alive, whose end
+//!   the AM must hear anyway to know who owns their blocks.
+//! - A move from the lost evaluator: the blocks it reported moved belong
+//!   to the destination; the others are still the lost one's in the
+//!   table, and are recovered with its blocks (input re-read, model
+//!   restored from the checkpoint). A block still arriving at the
+//!   destination stays so until it is recovered: the destination, if it is
+//!   the one chosen, calls that move off to read an input block again, and
+//!   restores a model block into the arriving slot (requests queued on it
+//!   are applied after the restored data); elsewhere the block's requests
+//!   go to its new owner once they are sent again.
+//! - A move to the lost evaluator: the blocks it reported moved are the
+//!   lost one's, recovered with its own; a block in flight fails its
+//!   transfer and stays with the source, which keeps the rest. A block the
+//!   source reports installed after the loss was heard of is recovered
+//!   when the report comes ([`Driver::landed_at_lost`]); a worker-local
+//!   state block landed there is read again with its input block where
+//!   that is.
+//! - A re-read (scale-in) from the lost evaluator that the destination is
+//!   already loading becomes that block's recovery; one to the lost
+//!   evaluator is read by a survivor instead (the source has dropped the
+//!   blocks, or drops them on the command already sent).
+//!
+//! Evaluators the stopped plan still deletes or switches take none of the
+//! lost evaluator's blocks. The plan ends once what runs has ended; the
+//! optimizer looks again after the recovery.
+//!
 //! What cannot be survived fails the job, and the message says
-//! why ([`Driver::unsurvivable`]): a lost server without a published
-//! checkpoint, under SSP (its restored blocks would be older than the
-//! clocks the workers passed), or of LDA (counts must agree with the
-//! workers' assignments); a loss while a plan runs or outside training; an
-//! LDA worker (its topic assignments are counted in the model); more
-//! losses than `job.max_failures`.
+//! why ([`Driver::unsurvivable`]): a lost server (or the destination of a
+//! model move under way) without a published checkpoint, under SSP (its
+//! restored blocks would be older than the clocks the workers passed), or
+//! of LDA (counts must agree with the workers' assignments); a loss
+//! outside training; an LDA worker (its topic assignments are counted in
+//! the model); no other worker left to re-read the input blocks (those a
+//! running plan deletes or switches do not count); more losses than
+//! `job.max_failures`.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
 
 use cruise_conf::{AppKind, SyncMode};
 use cruise_container::checkpoint;
-use cruise_container::protocol::{AmToEval, BlockId, EvaluatorId, INPUT_TABLE, MODEL_TABLE};
+use cruise_container::protocol::{
+    AmToEval, BlockId, EvaluatorId, INPUT_TABLE, MODEL_TABLE, STATE_TABLE, TableId,
+};
+use cruise_optimizer::OpError;
 
 use crate::am::job::{Driver, Phase, plural, take_first};
 use crate::am::{AmError, Role};
@@ -62,7 +106,10 @@ impl Driver {
             return Some("it is not one of the job's evaluators".into());
         };
         let max = self.config.job.max_failures;
-        let model = !self.model_blocks_of(id).is_empty();
+        // A model block moving to it may land there before the move fails.
+        let model = !self.model_blocks_of(id).is_empty() || self.model_moving_to(id);
+        // One a plan deletes holds nothing by then: losing it loses nothing.
+        let deleting = self.rc.is_deleting(id);
         if let Some(f) = self.pending_fatal.as_ref().filter(|f| f.eval == id) {
             Some(format!("it failed: {}", f.error))
         } else if self.phase != Phase::Training {
@@ -70,10 +117,8 @@ impl Driver {
                 "losses are survived while training, and the job is {}",
                 self.phase.name()
             ))
-        } else if !model && e.role != Role::Worker {
+        } else if !model && e.role != Role::Worker && !deleting {
             Some("only workers and evaluators holding model blocks are survived".into())
-        } else if self.rc.plan.is_some() {
-            Some("a plan is running".into())
         } else if self.config.job.app == AppKind::Lda {
             Some(if model {
                 "an LDA server's word-topic counts must agree with the workers' topic \
@@ -94,8 +139,12 @@ impl Driver {
             ))
         } else if model {
             self.model_unrestorable(id)
-        } else if self.survivors(id).next().is_none() {
-            Some("no other worker is left".into())
+        } else if self.holds_input(id) && self.survivors(id).next().is_none() {
+            Some(if self.rc.plan_running() {
+                "no other worker is left that the running plan does not delete or switch".into()
+            } else {
+                "no other worker is left".into()
+            })
         } else {
             None
         }
@@ -139,10 +188,34 @@ impl Driver {
         blocks
     }
 
+    /// Whether a move of model blocks to `id` is under way.
+    fn model_moving_to(&self, id: EvaluatorId) -> bool {
+        self.rc
+            .moves
+            .values()
+            .any(|m| m.to == id && m.table == MODEL_TABLE)
+    }
+
+    /// Whether `id` holds input blocks, is re-reading some, or is an end
+    /// of a re-read of the running plan.
+    fn holds_input(&self, id: EvaluatorId) -> bool {
+        !self.owners.blocks_of(INPUT_TABLE, id).is_empty()
+            || self.rc.recoveries.iter().any(|r| r.to == id)
+            || self.rc.reloads.iter().any(|r| r.from == id || r.to == id)
+            || self
+                .rc
+                .moves
+                .values()
+                .any(|m| m.to == id && m.table == INPUT_TABLE)
+    }
+
     /// Who may hold a lost evaluator's model blocks: the other servers, or
-    /// the workers when no server is left.
+    /// the workers when no server is left; never one the running plan
+    /// deletes or switches.
     fn restorers(&self, id: EvaluatorId) -> impl Iterator<Item = EvaluatorId> + '_ {
-        let alive = move |e: &&crate::am::job::Evaluator| e.id != id && !e.gone && e.connected;
+        let alive = move |e: &&crate::am::job::Evaluator| {
+            e.id != id && !e.gone && e.connected && !self.rc.is_changing(e.id)
+        };
         let servers = self
             .evaluators
             .values()
@@ -161,11 +234,18 @@ impl Driver {
         !self.rc.restores.is_empty()
     }
 
-    /// The workers that would remain without `id`.
+    /// The workers that would remain without `id`, but for those the
+    /// running plan deletes or switches.
     fn survivors(&self, id: EvaluatorId) -> impl Iterator<Item = EvaluatorId> + '_ {
         self.evaluators
             .values()
-            .filter(move |e| e.id != id && !e.gone && e.connected && e.role == Role::Worker)
+            .filter(move |e| {
+                e.id != id
+                    && !e.gone
+                    && e.connected
+                    && e.role == Role::Worker
+                    && !self.rc.is_changing(e.id)
+            })
             .map(|e| e.id)
     }
 
@@ -191,6 +271,7 @@ impl Driver {
         let text = format!("{} lost: {cause}", self.describe(id));
         tracing::warn!("{text}; the job goes on without it");
         self.rc.losses.push(text.clone());
+        let abandoned = self.abandon_plan_ops(id);
         let model = self.model_blocks_of(id);
         self.checkpoint_lost(id);
         let Some(e) = self.evaluators.get_mut(&id) else {
@@ -215,7 +296,9 @@ impl Driver {
             self.restore_model(id, model, &text).await;
         }
 
-        // Its blocks, and those it was itself re-reading for another loss.
+        // Its blocks, those it was itself re-reading for another loss, and
+        // those of a re-read to it that the plan gave up; not those a
+        // survivor is already reading in their place.
         let mut blocks = self.owners.blocks_of(INPUT_TABLE, id);
         self.rc.recoveries.retain(|r| {
             if r.to == id {
@@ -223,16 +306,29 @@ impl Driver {
             }
             r.to != id
         });
+        blocks.extend(&abandoned.reread);
+        blocks.retain(|b| !abandoned.covered.contains(b));
         blocks.sort_unstable();
         blocks.dedup();
         if blocks.is_empty() {
             return;
         }
+        self.reread_input(id, &blocks).await;
+        let _ = self.links.progress.send(crate::am::Progress::Phase(format!(
+            "{text}; its {} re-read by the other workers",
+            plural(blocks.len() as u32, "input block")
+        )));
+    }
+
+    /// Deals input `blocks` of the lost `lost` to the surviving workers, the
+    /// least loaded first, each told to re-read its share from the job's
+    /// input.
+    async fn reread_input(&mut self, lost: EvaluatorId, blocks: &[BlockId]) {
         let load = self
-            .survivors(id)
+            .survivors(lost)
             .map(|w| (self.owners.blocks_of(INPUT_TABLE, w).len(), w))
             .collect();
-        for (to, blocks) in deal(load, &blocks) {
+        for (to, blocks) in deal(load, blocks) {
             let splits = blocks
                 .iter()
                 .filter_map(|&b| self.splits.get(b.index()).map(|s| (b, s.clone())))
@@ -244,10 +340,147 @@ impl Driver {
             });
             self.send(to, AmToEval::LoadInput { blocks: splits }).await;
         }
-        let _ = self.links.progress.send(crate::am::Progress::Phase(format!(
-            "{text}; its {} re-read by the other workers",
-            plural(blocks.len() as u32, "input block")
-        )));
+    }
+
+    /// Stops the running plan because `lost` was lost (see the module's
+    /// doc): nothing more starts; its operations involving `lost` end as
+    /// failed, the rest may finish. Returns what the recovery must still
+    /// do for the blocks those operations were carrying.
+    fn abandon_plan_ops(&mut self, lost: EvaluatorId) -> Abandoned {
+        let mut out = Abandoned::default();
+        let Some(p) = &mut self.rc.plan else {
+            return out;
+        };
+        p.tracker.cancel();
+        let failed = |what: String| Err(OpError::new(format!("{what}: evaluator {lost} was lost")));
+        let moves: Vec<u64> = self
+            .rc
+            .moves
+            .iter()
+            .filter(|(_, m)| m.from == lost || m.to == lost)
+            .map(|(&k, _)| k)
+            .collect();
+        for k in moves {
+            let Some(m) = self.rc.moves.remove(&k) else {
+                continue;
+            };
+            // Blocks not reported moved from a lost source are still its
+            // own in the table, recovered with its blocks. A block still
+            // moving from a live source to the lost one stays with the
+            // source (its transfer fails, the source keeps it); one
+            // reported landed later is recovered then
+            // ([`Driver::landed_at_lost`]).
+            let what = format!(
+                "move of {} blocks from evaluator {} to {}",
+                m.blocks, m.from, m.to
+            );
+            self.rc.op_done(m.op, failed(what));
+        }
+        for r in std::mem::take(&mut self.rc.reloads) {
+            if r.from != lost && r.to != lost {
+                self.rc.reloads.push(r);
+                continue;
+            }
+            let what = format!(
+                "re-read of {} input blocks from evaluator {} at {}",
+                r.blocks.len(),
+                r.from,
+                r.to
+            );
+            self.rc.op_done(r.op, failed(what));
+            if r.from == lost && r.loading_since.is_some() {
+                // The destination is reading them already: that is their
+                // recovery.
+                out.covered.extend(&r.blocks);
+                self.rc.recoveries.push(Recovery {
+                    to: r.to,
+                    blocks: r.blocks,
+                    since: Instant::now(),
+                });
+            } else if r.to == lost {
+                // The source has dropped them, or drops them on the
+                // command already sent: a survivor reads them.
+                out.reread.extend(r.blocks);
+            }
+        }
+        if let Some(d) = self.rc.deletes.remove(&lost) {
+            self.rc
+                .op_done(d.op, failed(format!("delete of evaluator {lost}")));
+        }
+        if let Some(sw) = self.rc.switches.remove(&lost) {
+            self.rc
+                .op_done(sw.op, failed(format!("switch of evaluator {lost}")));
+        }
+        if let Some(a) = self.rc.joining.remove(&lost) {
+            self.rc.op_done(a.op, failed(format!("add `{}`", a.name)));
+        }
+        let running = self
+            .rc
+            .plan
+            .as_ref()
+            .map_or(0, |p| p.tracker.running().count());
+        tracing::warn!(
+            "the running plan stops: evaluator {lost} was lost; {} still under way may finish",
+            plural(running as u32, "operation")
+        );
+        out
+    }
+
+    /// A moved block landed at `lost` after it was lost (the source
+    /// reported it late): recovered like the lost evaluator's own blocks.
+    /// A worker's state block is read again with its input block, where
+    /// that input block is now.
+    pub(super) async fn landed_at_lost(
+        &mut self,
+        table: TableId,
+        block: BlockId,
+        lost: EvaluatorId,
+    ) -> Result<(), AmError> {
+        let text = format!("block {block} of table {table} landed at the lost evaluator {lost}");
+        if table == MODEL_TABLE {
+            if let Some(why) = self.model_unrestorable(lost) {
+                return Err(AmError::JobFailed(format!(
+                    "{text}, and cannot be restored: {why}"
+                )));
+            }
+            tracing::warn!("{text}; it is restored from the newest checkpoint");
+            return {
+                self.restore_model(lost, vec![block], &text).await;
+                Ok(())
+            };
+        }
+        let at = self.owners.owner(INPUT_TABLE, block);
+        if table == STATE_TABLE {
+            // Its input block stayed at the source (alive: it reads both
+            // again) or is the lost one's (re-read with its blocks).
+            let Some(at) = at.filter(|&w| self.survivors(lost).any(|s| s == w)) else {
+                return Ok(());
+            };
+            tracing::warn!("{text}; evaluator {at} reads its input block again");
+            let splits = self
+                .splits
+                .get(block.index())
+                .map(|s| vec![(block, s.clone())])
+                .unwrap_or_default();
+            self.rc.recoveries.push(Recovery {
+                to: at,
+                blocks: vec![block],
+                since: Instant::now(),
+            });
+            self.send(at, AmToEval::LoadInput { blocks: splits }).await;
+            return Ok(());
+        }
+        if table != INPUT_TABLE {
+            return Ok(());
+        }
+        if self.survivors(lost).next().is_none() {
+            return Err(AmError::JobFailed(format!(
+                "{text}, and no worker is left to read it again"
+            )));
+        }
+        tracing::warn!("{text}; a surviving worker reads it again");
+        self.reread_input(lost, &[block]).await;
+        Ok(())
     }
 
     /// Deals the model blocks of the lost `id` to the restorers, the least
@@ -386,6 +619,15 @@ impl Driver {
     pub(in crate::am::job) fn losses(&self) -> &[String] {
         &self.rc.losses
     }
+}
+
+/// What stopping a running plan for a loss leaves the recovery to do.
+#[derive(Default)]
+struct Abandoned {
+    /// Input blocks of re-reads to the lost evaluator: a survivor reads them.
+    reread: Vec<BlockId>,
+    /// The lost evaluator's input blocks a survivor already reads.
+    covered: BTreeSet<BlockId>,
 }
 
 /// Deals `blocks` one at a time to the evaluator holding the fewest, given
