@@ -4,9 +4,10 @@
 use std::path::Path;
 use std::time::Duration;
 
-use cruise_appmaster::am::{JobSummary, Progress};
+use cruise_appmaster::am::{self, JobSummary, Progress};
 use cruise_appmaster::harness::{self, Cluster, ClusterOptions};
 use cruise_conf::{CruiseConfig, ScaleInInput};
+use cruise_container::protocol::EvaluatorId;
 
 const WAIT: Duration = Duration::from_secs(120);
 
@@ -348,4 +349,137 @@ async fn an_operation_that_waits_too_long_fails_and_the_job_goes_on() {
     );
     assert_eq!(st.failure, None);
     stop(cluster).await;
+}
+
+/// Which end of a running move a test loses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum End {
+    Source,
+    Destination,
+}
+
+/// The ends of the move a slow-plan report names ("move of 3 blocks (..)
+/// from evaluator 4 to 2: not finished").
+fn move_ends(report: &str) -> Option<(EvaluatorId, EvaluatorId)> {
+    let rest = &report[report.find("move of ")?..];
+    let rest = &rest[rest.find("from evaluator ")? + "from evaluator ".len()..];
+    let (from, rest) = rest.split_once(" to ")?;
+    let to: String = rest.chars().take_while(|c| c.is_ascii_digit()).collect();
+    Some((
+        EvaluatorId(from.parse().ok()?),
+        EvaluatorId(to.parse().ok()?),
+    ))
+}
+
+/// An evaluator lost while a plan runs is survived: on a network slowed so
+/// that the forced scale-in's move is known to be under way (the AM
+/// reports it still running, naming the move), the move's `end`, an
+/// evaluator in `role`, is killed. The plan stops (its operations with the
+/// lost evaluator fail), the lost evaluator's blocks are re-read or
+/// restored from the checkpoint, and the job finishes with every record
+/// evaluated once.
+///
+/// The scale-in gives back the newest evaluator, and which container
+/// registered last is the in-process cluster's race: `workers` of 4
+/// containers makes the wanted role likely, and a job whose move's end is
+/// in another role is cancelled and started again (at most six times).
+async fn lost_during_a_plan(workers: u32, role: am::Role, end: End) {
+    for attempt in 1..=6 {
+        if let Some(()) = try_lost_during_a_plan(workers, role, end).await {
+            return;
+        }
+        eprintln!("attempt {attempt}: the move's {end:?} is not a {role:?}; again");
+    }
+    panic!("six jobs in a row gave back no {role:?} at a move's {end:?}");
+}
+
+/// One job of [`lost_during_a_plan`]; `None` when the move's end is not in
+/// `role` (the job is then cancelled).
+async fn try_lost_during_a_plan(workers: u32, role: am::Role, end: End) -> Option<()> {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = config(4, workers, 12);
+    c.optimizer.enabled = true;
+    c.optimizer.slow_plan_report_secs = 0.01;
+    // Only the forced plan (as in `a_slow_plan_reports_what_it_waits_for`).
+    c.optimizer.min_gain = 0.99;
+    c.checkpoint.every_epochs = 1;
+    c.checkpoint.every_secs = 0;
+    let mut cluster = Cluster::start(c, data(dir.path(), 4000), dir.path().join("w"));
+    cluster
+        .await_status(WAIT, |s| s.phase == "training" && s.checkpoints >= 1)
+        .await
+        .unwrap_or_else(|e| panic!("no checkpoint published: {e}"));
+    // Every move of the forced plan then waits for delayed frames.
+    assert!(cluster.delay_data(Duration::from_millis(50)));
+    assert!(cluster.set_capacity(3));
+    let (from, to) = tokio::time::timeout(WAIT, async {
+        loop {
+            match cluster.progress.recv().await {
+                Some(Progress::Phase(p)) if p.starts_with("reconfiguration still running") => {
+                    if let Some(ends) = move_ends(&p) {
+                        break ends;
+                    }
+                }
+                Some(_) => {}
+                None => panic!("the job ended before its plan moved blocks"),
+            }
+        }
+    })
+    .await
+    .expect("the move is reported under way");
+    let lost = match end {
+        End::Source => from,
+        End::Destination => to,
+    };
+    let st = cluster.status();
+    let e = st.evaluators.iter().find(|e| e.id == lost).unwrap();
+    if e.role != role {
+        stop(cluster).await;
+        return None;
+    }
+    let container = e.container.clone();
+    assert!(cluster.kill_evaluator(&container));
+    // The rest of the job at full speed.
+    assert!(cluster.delay_data(Duration::ZERO));
+    let s = tokio::time::timeout(WAIT, cluster.join())
+        .await
+        .expect("no hang")
+        .unwrap_or_else(|e| panic!("the job must survive losing {lost} during the plan: {e}"));
+    consistent(&s);
+    assert_eq!(s.epochs.len(), 12);
+    assert_eq!(s.lost.len(), 1, "{:?}", s.lost);
+    assert!(
+        s.lost[0].contains(&format!("evaluator {lost}")),
+        "{:?}",
+        s.lost
+    );
+    let failed: Vec<&String> = s.reconfigurations.iter().flat_map(|r| &r.failed).collect();
+    assert!(
+        failed
+            .iter()
+            .any(|f| f.contains(&format!("evaluator {lost} was lost"))),
+        "{:?}",
+        s.reconfigurations
+    );
+    Some(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_lost_as_a_moves_source_is_survived() {
+    lost_during_a_plan(3, am::Role::Worker, End::Source).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_lost_as_a_moves_destination_is_survived() {
+    lost_during_a_plan(3, am::Role::Worker, End::Destination).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_lost_as_a_moves_source_is_survived_from_a_checkpoint() {
+    lost_during_a_plan(1, am::Role::Server, End::Source).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_lost_as_a_moves_destination_is_survived_from_a_checkpoint() {
+    lost_during_a_plan(1, am::Role::Server, End::Destination).await;
 }
