@@ -444,10 +444,8 @@ impl Driver {
                 )));
             }
             tracing::warn!("{text}; it is restored from the newest checkpoint");
-            return {
-                self.restore_model(lost, vec![block], &text).await;
-                Ok(())
-            };
+            self.restore_model(lost, vec![block], &text).await;
+            return Ok(());
         }
         let at = self.owners.owner(INPUT_TABLE, block);
         if table == STATE_TABLE {
