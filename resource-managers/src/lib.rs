@@ -153,6 +153,19 @@ pub enum RmEvent {
         /// The new maximum.
         max_containers: u32,
     },
+    /// The cluster takes these containers back, with notice: the job should
+    /// move their blocks off and release them before `deadline`. Past it the
+    /// cluster may take them anyway (their end is then a loss). Sent by the
+    /// Mesos runtime for inverse offers (agent maintenance) and by the YARN
+    /// runtime for decommissioning nodes.
+    Reclaiming {
+        /// The containers to give back.
+        containers: Vec<ContainerId>,
+        /// When the cluster takes them regardless (never in the past).
+        deadline: std::time::Instant,
+        /// Why, in words (the agent or node and its notice).
+        reason: String,
+    },
 }
 
 /// What the resource manager can give this job.

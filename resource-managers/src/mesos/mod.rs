@@ -25,6 +25,10 @@
 //! - [`ResourceManager::capacity`]: held tasks plus how many evaluators fit
 //!   in the agents' free resources as last offered; a change is sent as
 //!   `CapacityChanged`.
+//! - INVERSE_OFFERS (agent maintenance): the tasks on the agent become
+//!   `Reclaiming`, deadline the unavailability's start; offers from the
+//!   agent are declined; once none of our tasks is left there,
+//!   ACCEPT_INVERSE_OFFERS ([`inverse`]).
 //! - [`ResourceManager::shutdown`]: KILL every task, wait for their ends (at
 //!   most the kill grace), TEARDOWN.
 //!
@@ -51,6 +55,7 @@
 //! [`TeardownGuard`] `teardown.rs`.
 
 pub mod client;
+pub mod inverse;
 mod offers;
 pub mod recordio;
 mod subscription;
@@ -193,6 +198,7 @@ impl MesosRm {
             seq: 0,
             agents: HashMap::new(),
             reported_capacity: None,
+            draining: BTreeMap::new(),
             guard,
         };
         Ok(MesosRm {
@@ -298,6 +304,8 @@ struct Actor {
     seq: u64,
     agents: HashMap<String, AgentView>,
     reported_capacity: Option<u32>,
+    /// Inverse offers waiting for our tasks to leave their agents, by id.
+    draining: BTreeMap<String, inverse::Pending>,
     guard: TeardownGuard,
 }
 

@@ -15,7 +15,15 @@ impl Actor {
         let mut decline = Vec::new();
         let mut valid = Vec::new();
         for o in offers {
-            match check_offer(o) {
+            let agent = o["agent_id"]["value"].as_str().unwrap_or("");
+            let checked = check_offer(o).and_then(|()| {
+                if self.draining_agent(agent) {
+                    Err("its agent is going into maintenance (inverse offer)".to_string())
+                } else {
+                    Ok(())
+                }
+            });
+            match checked {
                 Ok(()) => valid.push(o.clone()),
                 Err(why) => {
                     let oid = o["id"]["value"].as_str().unwrap_or("");

@@ -276,7 +276,12 @@ impl Actor {
                     .retain(|_, a| !a.offers.iter().any(|o| o == oid));
                 self.update_capacity();
             }
-            "UPDATE" => self.on_update(&ev["update"]["status"]),
+            "UPDATE" => {
+                self.on_update(&ev["update"]["status"]);
+                self.settle_inverse_offers();
+            }
+            "INVERSE_OFFERS" => self.on_inverse_offers(&ev),
+            "RESCIND_INVERSE_OFFER" => self.on_rescind_inverse_offer(&ev),
             "FAILURE" => {
                 let f = &ev["failure"];
                 let agent = f["agent_id"]["value"].as_str().unwrap_or("");
@@ -284,6 +289,7 @@ impl Actor {
                     tracing::warn!(agent, "Mesos agent lost");
                     self.agents.remove(agent);
                     self.update_capacity();
+                    self.settle_inverse_offers();
                 } else {
                     tracing::info!(agent, executor = %f["executor_id"]["value"], status = %f["status"], "Mesos executor ended");
                 }
@@ -295,7 +301,7 @@ impl Actor {
                     .unwrap_or("(no message)");
                 self.fail(format!("the Mesos master sent ERROR: {msg}"));
             }
-            "MESSAGE" | "INVERSE_OFFERS" | "RESCIND_INVERSE_OFFER" | "UPDATE_OPERATION_STATUS" => {
+            "MESSAGE" | "UPDATE_OPERATION_STATUS" => {
                 tracing::debug!(event = ty, "ignored Mesos event");
             }
             other => tracing::debug!(event = other, "unknown Mesos event"),

@@ -127,6 +127,7 @@ impl Driver {
                 diagnostics,
                 released: _,
             } => {
+                self.forget_reclaimed(&container);
                 self.containers.entry(container.clone()).or_default().ended = Some(Ended {
                     exit,
                     diagnostics: diagnostics.clone(),
@@ -178,6 +179,11 @@ impl Driver {
                 }
             }
             RmEvent::CapacityChanged { max_containers } => self.on_capacity(max_containers),
+            RmEvent::Reclaiming {
+                containers,
+                deadline,
+                reason,
+            } => self.on_reclaiming(containers, deadline, reason),
         }
         Ok(())
     }

@@ -13,7 +13,7 @@ use axum::body::{Body, Bytes};
 use axum::extract::State as AxState;
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{any, get};
+use axum::routing::{any, get, post};
 use futures::StreamExt;
 use serde_json::{Value, json};
 use tokio_stream::wrappers::UnboundedReceiverStream;
@@ -53,6 +53,7 @@ pub(crate) fn routes(sim: Arc<Sim>) -> Router {
         .route("/master/redirect", get(self_redirect))
         .route("/sim/capacity", get(get_capacity).put(put_capacity))
         .route("/sim/state", get(sim_state))
+        .route("/sim/inverse_offer", post(post_inverse_offer))
         .with_state(sim)
 }
 
@@ -393,6 +394,10 @@ fn handle_call(sim: &Arc<Sim>, headers: &HeaderMap, ty: &str, call: &Value) -> R
             let refuse = payload["filters"]["refuse_seconds"].as_f64().unwrap_or(5.0);
             st.decline(fid, &ids(&payload["offer_ids"]), refuse);
         }
+        "ACCEPT_INVERSE_OFFERS" | "DECLINE_INVERSE_OFFERS" => {
+            let ids = ids(&call[payload_key.as_str()]["inverse_offer_ids"]);
+            st.answer_inverse_offers(fid, &ids, ty == "ACCEPT_INVERSE_OFFERS");
+        }
         "REVIVE" => st.revive(fid, &strings(&payload["roles"])),
         "SUPPRESS" => st.suppress(fid, &strings(&payload["roles"])),
         "KILL" => {
@@ -641,12 +646,34 @@ async fn put_capacity(AxState(sim): AxState<Arc<Sim>>, body: Bytes) -> Response 
     json_ok(&v)
 }
 
+async fn post_inverse_offer(AxState(sim): AxState<Arc<Sim>>, body: Bytes) -> Response {
+    let m: super::maintenance::Maintenance = match serde_json::from_slice(&body) {
+        Ok(m) => m,
+        Err(e) => {
+            return text(
+                StatusCode::BAD_REQUEST,
+                format!(
+                    "POST /sim/inverse_offer: expected {{\"agent_id\": id, \"start_in_secs\": s, \"duration_secs\": d?}}: {e}"
+                ),
+            );
+        }
+    };
+    let mut st = sim.lock();
+    match st.start_maintenance(&m) {
+        Ok(sent) => json_ok(&json!({"inverse_offers": sent})),
+        Err(e) => text(
+            StatusCode::BAD_REQUEST,
+            format!("POST /sim/inverse_offer: {e}"),
+        ),
+    }
+}
+
 async fn sim_state(AxState(sim): AxState<Arc<Sim>>) -> Response {
     let st = sim.lock();
     let agents: Vec<Value> = st
         .agents
         .iter()
-        .map(|a| json!({"id": a.id, "active": a.active, "resources": a.total.to_json(None)}))
+        .map(|a| json!({"id": a.id, "active": a.active, "draining": a.draining, "resources": a.total.to_json(None)}))
         .collect();
     let frameworks: Vec<Value> = st
         .frameworks
@@ -695,5 +722,6 @@ async fn sim_state(AxState(sim): AxState<Arc<Sim>>) -> Response {
         "removed_frameworks": st.removed_frameworks.iter().collect::<Vec<_>>(),
         "offers": offers,
         "tasks": tasks,
+        "inverse_offers": st.inverse_offers.iter().map(|r| r.to_json(&st)).collect::<Vec<_>>(),
     }))
 }

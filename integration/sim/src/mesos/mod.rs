@@ -49,12 +49,18 @@
 //!   agent. Shrunken agents rescind their offers and preempt their newest
 //!   tasks (TASK_LOST `REASON_CONTAINER_PREEMPTED`) until the rest fit.
 //! - `GET /sim/state`: agents, frameworks, offers and tasks (with pids,
-//!   sandboxes and the last status).
+//!   sandboxes and the last status), and the inverse offers sent.
+//! - `POST /sim/inverse_offer` with `{"agent_id": id, "start_in_secs": s,
+//!   "duration_secs": d?}`: the agent goes into maintenance (offered to
+//!   nobody) and every connected framework gets an INVERSE_OFFERS event for
+//!   it; ACCEPT_INVERSE_OFFERS and DECLINE_INVERSE_OFFERS are recorded
+//!   (see `maintenance.rs`).
 //!
 //! `--ready-file PATH` receives `{"url", "master", "scheduler_url",
 //! "admin_url", "work_dir", "pid", "mode", "leader"}` once listening.
 
 mod api;
+mod maintenance;
 mod state;
 
 use std::net::SocketAddr;

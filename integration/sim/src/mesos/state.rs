@@ -198,6 +198,8 @@ pub(crate) struct Agent {
     pub id: String,
     pub active: bool,
     pub total: Resources,
+    /// Under maintenance (`POST /sim/inverse_offer`): offered to nobody.
+    pub draining: bool,
 }
 
 /// A subscriber's event stream.
@@ -324,6 +326,8 @@ pub(crate) struct State {
     pub removed_frameworks: HashSet<String>,
     pub offers: BTreeMap<String, Offer>,
     pub tasks: BTreeMap<(String, String), Task>,
+    /// Inverse offers sent (`POST /sim/inverse_offer`) and their answers.
+    pub inverse_offers: Vec<super::maintenance::InverseOfferRec>,
     next_framework: u64,
     next_offer: u64,
     next_task: u64,
@@ -371,6 +375,7 @@ impl State {
             removed_frameworks: HashSet::new(),
             offers: BTreeMap::new(),
             tasks: BTreeMap::new(),
+            inverse_offers: Vec::new(),
             next_framework: 0,
             next_offer: 0,
             next_task: 0,
@@ -399,6 +404,7 @@ impl State {
             id: format!("{}-S{i}", self.cfg.master_id),
             active: true,
             total,
+            draining: false,
         });
     }
 
@@ -723,7 +729,7 @@ impl State {
         }
         let mut batches: BTreeMap<String, Vec<Value>> = BTreeMap::new();
         for i in 0..self.agents.len() {
-            if !self.agents[i].active {
+            if !self.agents[i].active || self.agents[i].draining {
                 continue;
             }
             let free = self.agents[i].total.sub(&self.used_on_agent(i));

@@ -240,6 +240,10 @@ pub(super) struct Reconfig {
     pub(super) capacity: u32,
     /// Containers the resource manager wants back, and since when.
     reclaim: Option<(u32, Instant)>,
+    /// Containers the resource manager named for taking back with notice
+    /// ([`cruise_rm::RmEvent::Reclaiming`]) → its deadline and reason, until
+    /// they end.
+    pub(super) reclaiming: BTreeMap<cruise_rm::ContainerId, (Instant, String)>,
     /// Stop training once the running plan is done (the last epoch ended).
     pub(super) stop_after_plan: bool,
     pub(super) last_decision: Option<String>,
@@ -294,6 +298,7 @@ impl Reconfig {
             added_offers: HashMap::new(),
             capacity: config.runtime.effective_max_containers(&config.job),
             reclaim: None,
+            reclaiming: BTreeMap::new(),
             stop_after_plan: false,
             last_decision: None,
             last_splits: Vec::new(),

@@ -29,7 +29,9 @@ impl Driver {
             || rc.stop_after_plan
             || !rc.recoveries.is_empty()
             || !rc.restores.is_empty()
-            || (rc.reclaim.is_none() && rc.last_check.elapsed() < rc.interval)
+            || (rc.reclaim.is_none()
+                && !self.reclaiming_members()
+                && rc.last_check.elapsed() < rc.interval)
         {
             return;
         }
@@ -125,8 +127,14 @@ impl Driver {
         let members: Vec<EvaluatorId> = self.members().collect();
         let reclaim = self.rc.reclaim.map_or(0, |r| r.0) as usize;
         // Give back the newest containers: the resource manager preempts those first.
-        let reclaimed: BTreeSet<EvaluatorId> =
+        let mut reclaimed: BTreeSet<EvaluatorId> =
             members.iter().rev().take(reclaim).copied().collect();
+        // And those the resource manager named, with notice.
+        reclaimed.extend(members.iter().filter(|id| {
+            self.rc
+                .reclaiming
+                .contains_key(&self.evaluators[id].container)
+        }));
         members
             .iter()
             .map(|&id| EvalFacts {
@@ -301,6 +309,56 @@ impl Driver {
                 "reading the resource manager's capacity failed ({e}); planning with {}",
                 self.rc.capacity
             ),
+        }
+    }
+
+    /// Whether a member's container is being taken back with notice.
+    fn reclaiming_members(&self) -> bool {
+        !self.rc.reclaiming.is_empty()
+            && self.members().any(|id| {
+                self.rc
+                    .reclaiming
+                    .contains_key(&self.evaluators[&id].container)
+            })
+    }
+
+    /// The resource manager takes `containers` back at `deadline`: they are
+    /// marked reclaimed, so the next look (at once, while training) forces
+    /// a plan that empties and deletes them, which releases them. Until
+    /// training, they wait; a container whose deadline passes first is taken
+    /// by the cluster, and its end is a loss like any other.
+    pub(in crate::am::job) fn on_reclaiming(
+        &mut self,
+        containers: Vec<cruise_rm::ContainerId>,
+        deadline: Instant,
+        reason: String,
+    ) {
+        let secs = deadline
+            .saturating_duration_since(Instant::now())
+            .as_secs_f64();
+        let text = format!(
+            "the resource manager takes back {} within {secs:.0} s ({reason}): {}",
+            plural(containers.len() as u32, "container"),
+            containers.join(", ")
+        );
+        tracing::info!("{text}");
+        let _ = self.links.progress.send(crate::am::Progress::Phase(text));
+        for c in containers {
+            if self.containers.get(&c).is_some_and(|c| c.ended.is_some()) {
+                continue;
+            }
+            self.rc.reclaiming.insert(c, (deadline, reason.clone()));
+        }
+    }
+
+    /// A container ended: it is no longer waiting to be taken back.
+    pub(in crate::am::job) fn forget_reclaimed(&mut self, container: &str) {
+        if let Some((deadline, reason)) = self.rc.reclaiming.remove(container) {
+            let early = deadline.saturating_duration_since(Instant::now());
+            tracing::info!(
+                "container {container}, reclaimed by the resource manager ({reason}), ended {:.1} s before its deadline",
+                early.as_secs_f64()
+            );
         }
     }
 
