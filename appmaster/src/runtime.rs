@@ -352,6 +352,8 @@ pub fn yarn_factory(
             lifetime_secs: (y.service_lifetime_secs > 0).then_some(y.service_lifetime_secs),
             poll_interval: Duration::from_millis(y.poll_interval_ms),
             capacity_poll_interval: Duration::from_millis(y.capacity_poll_interval_ms),
+            decommission_poll_interval: Duration::from_millis(y.decommission_poll_interval_ms),
+            decommission_default_timeout: Duration::from_secs(y.decommission_default_timeout_secs),
             min_allocation_mb: settings.min_allocation_mb,
             default_size: (rt.container_memory_mb, rt.container_cores),
         };

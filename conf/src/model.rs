@@ -540,6 +540,17 @@ pub struct YarnConfig {
     pub poll_interval_ms: u64,
     /// How often node capacity is polled, milliseconds.
     pub capacity_poll_interval_ms: u64,
+    /// How often DECOMMISSIONING nodes are polled
+    /// (`/ws/v1/cluster/nodes?states=DECOMMISSIONING`), milliseconds. The
+    /// job's containers on such a node (matched by host) are given back
+    /// before the node's `decommissioningTimeout`: a forced plan empties and
+    /// releases them. A node that returns to RUNNING cancels nothing already
+    /// planned.
+    pub decommission_poll_interval_ms: u64,
+    /// The notice assumed for a DECOMMISSIONING node that reports no
+    /// `decommissioningTimeout` (the field is optional), seconds. Hadoop's
+    /// own default graceful-decommission timeout is 3600.
+    pub decommission_default_timeout_secs: u64,
     /// `yarn.scheduler.minimum-allocation-mb` (requests are rounded up to a
     /// multiple of it). 0: from yarn-site.xml, else 1024.
     pub min_allocation_mb: u32,
@@ -580,6 +591,8 @@ impl Default for YarnConfig {
             max_app_attempts: 2,
             poll_interval_ms: 500,
             capacity_poll_interval_ms: 5_000,
+            decommission_poll_interval_ms: 5_000,
+            decommission_default_timeout_secs: 3_600,
             min_allocation_mb: 0,
             service_lifetime_secs: 0,
             evaluator_artifact: String::new(),
@@ -1433,6 +1446,12 @@ impl CruiseConfig {
                 "yarn.poll_interval_ms",
                 "yarn.poll_interval_ms and yarn.capacity_poll_interval_ms must be at least 1"
                     .to_string(),
+            );
+        }
+        if y.decommission_poll_interval_ms == 0 {
+            return bad(
+                "yarn.decommission_poll_interval_ms",
+                "must be at least 1".to_string(),
             );
         }
         let me = &self.mesos;

@@ -61,6 +61,8 @@ fn yarn_config(url: &str, i: usize, tag: &str, tarball: Option<String>) -> YarnC
         lifetime_secs: None,
         poll_interval: Duration::from_millis(500),
         capacity_poll_interval: Duration::from_secs(5),
+        decommission_poll_interval: Duration::from_secs(5),
+        decommission_default_timeout: Duration::from_secs(3600),
         min_allocation_mb: 1024,
         default_size: (1024, 1),
     }

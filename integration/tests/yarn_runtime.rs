@@ -54,6 +54,8 @@ fn config(sim_url: &str, service: &str) -> YarnConfig {
         lifetime_secs: None,
         poll_interval: Duration::from_millis(100),
         capacity_poll_interval: Duration::from_millis(150),
+        decommission_poll_interval: Duration::from_secs(5),
+        decommission_default_timeout: Duration::from_secs(3600),
         min_allocation_mb: 1024,
         default_size: (1024, 1),
     }

@@ -23,6 +23,12 @@
 //! are skipped while containers asked for have not all appeared in the
 //! service yet (one already allocated but not seen would count nowhere).
 //!
+//! Every `decommission_poll_interval` (while it holds containers) it reads
+//! the DECOMMISSIONING nodes; its containers on them (matched by host) are
+//! announced once as `Reclaiming`, deadline the node's
+//! `decommissioningTimeout` or `decommission_default_timeout`
+//! ([`decommission`]).
+//!
 //! The service is destroyed on `shutdown`, when every handle is dropped, and
 //! — through [`ServiceGuard`] — when the actor itself is dropped (e.g. its
 //! runtime shuts down), so no service outlives the job. An AM killed with
@@ -31,6 +37,7 @@
 //! application is over ([`orphan`]; the AM names it in their environment).
 //! A service `lifetime` can be set as a last backstop.
 
+pub mod decommission;
 pub mod orphan;
 pub mod rm;
 pub mod services;
@@ -78,6 +85,11 @@ pub struct YarnConfig {
     pub poll_interval: Duration,
     /// How often nodes are polled for capacity.
     pub capacity_poll_interval: Duration,
+    /// How often DECOMMISSIONING nodes are polled ([`decommission`]).
+    pub decommission_poll_interval: Duration,
+    /// The notice assumed for a decommissioning node that reports no
+    /// `decommissioningTimeout`.
+    pub decommission_default_timeout: Duration,
     /// `yarn.scheduler.minimum-allocation-mb`: memory requests are rounded
     /// up to a multiple of it.
     pub min_allocation_mb: u32,
@@ -173,8 +185,12 @@ impl Drop for ServiceGuard {
 
 struct Known {
     instance: String,
+    /// The node's host (`bare_host`, else `hostname`).
+    host: String,
     running: bool,
     released: bool,
+    /// Announced as `Reclaiming` (its node is decommissioning).
+    reclaimed: bool,
 }
 
 struct Actor {
@@ -262,6 +278,8 @@ impl Actor {
         poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut cap = tokio::time::interval(self.cfg.capacity_poll_interval);
         cap.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut decommissioning = tokio::time::interval(self.cfg.decommission_poll_interval);
+        decommissioning.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 cmd = cmds.recv() => match cmd {
@@ -292,6 +310,9 @@ impl Actor {
                 },
                 _ = poll.tick(), if self.created && !self.failed => self.poll().await,
                 _ = cap.tick(), if !self.failed => self.capacity_tick().await,
+                _ = decommissioning.tick(), if !self.failed && !self.known.is_empty() => {
+                    self.decommission_tick().await
+                }
             }
         }
     }
@@ -439,8 +460,10 @@ impl Actor {
                     c.id.clone(),
                     Known {
                         instance: c.component_instance_name.clone(),
+                        host: host.clone(),
                         running: false,
                         released: false,
+                        reclaimed: false,
                     },
                 );
                 self.emit(RmEvent::Allocated {
@@ -659,6 +682,8 @@ mod tests {
             lifetime_secs: None,
             poll_interval: Duration::from_secs(1),
             capacity_poll_interval: Duration::from_secs(1),
+            decommission_poll_interval: Duration::from_secs(5),
+            decommission_default_timeout: Duration::from_secs(3600),
             min_allocation_mb: 1024,
             default_size: (1024, 1),
         };

@@ -107,6 +107,9 @@ pub struct NodeReport {
     pub used_virtual_cores: i64,
     /// Containers on it.
     pub num_containers: i64,
+    /// Seconds left before a DECOMMISSIONING node is taken away (Hadoop 3;
+    /// optional).
+    pub decommissioning_timeout: Option<i64>,
 }
 
 /// A resource size.
@@ -455,6 +458,16 @@ impl RmClient {
     /// `GET /ws/v1/cluster/nodes?states=RUNNING`.
     pub async fn running_nodes(&self) -> Result<Vec<NodeReport>, RmError> {
         let r = Reply::expect_status(self.get("/nodes?states=RUNNING").await?, &[StatusCode::OK])?;
+        let b: NodesBody = r.json()?;
+        Ok(b.nodes.map(|n| n.node).unwrap_or_default())
+    }
+
+    /// `GET /ws/v1/cluster/nodes?states=DECOMMISSIONING`.
+    pub async fn decommissioning_nodes(&self) -> Result<Vec<NodeReport>, RmError> {
+        let r = Reply::expect_status(
+            self.get("/nodes?states=DECOMMISSIONING").await?,
+            &[StatusCode::OK],
+        )?;
         let b: NodesBody = r.json()?;
         Ok(b.nodes.map(|n| n.node).unwrap_or_default())
     }

@@ -50,6 +50,13 @@
 //!   that shrink preempt their newest containers until the rest fit, exit
 //!   status -102 (PREEMPTED); diagnostics say which node and why. Answers the
 //!   new capacity plus `"killed_containers": [...]`.
+//! - `POST /sim/decommission` with `{"node": "host:port", "timeout_secs":
+//!   n?}` (JSON): the node becomes DECOMMISSIONING (listed so by `GET
+//!   /nodes?states=DECOMMISSIONING`, with `decommissioningTimeout` when
+//!   given); nothing new is placed on it, its containers run on (the
+//!   simulator does not end them at the timeout). `--distinct-node-hosts`
+//!   gives nodes hosts of their own (`127.0.0.<n+1>`) so that a node's
+//!   containers can be told by host.
 //! - `GET /sim/containers` → every container ever allocated (live and
 //!   completed) with pid, state, exit status, diagnostics and directories.
 //! - `GET /sim/containers/{id}/files/{name}` → a file from the container's
@@ -86,7 +93,7 @@ use axum::body::Bytes;
 use axum::extract::{Path, State as AxState};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -156,6 +163,10 @@ pub struct Options {
     /// Registry DNS domain used in service container hostnames.
     #[arg(long, default_value = "cruise-sim.local")]
     dns_domain: String,
+    /// Give each node a host of its own (127.0.0.1, 127.0.0.2, ...), so a
+    /// node's containers can be told apart by host.
+    #[arg(long)]
+    distinct_node_hosts: bool,
 }
 
 /// The running simulator: state, tasks and the HTTP client for localization.
@@ -288,6 +299,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         am_max_attempts: args.am_max_attempts.max(1),
         service_restart_delay: Duration::from_millis(args.service_restart_delay_ms),
         dns_domain: args.dns_domain.clone(),
+        distinct_node_hosts: args.distinct_node_hosts,
         http_address: http_address.clone(),
     };
     let root_kill = CancellationToken::new();
@@ -309,6 +321,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         .merge(rm::routes())
         .merge(services::routes())
         .route("/sim/capacity", get(get_capacity).put(put_capacity))
+        .route("/sim/decommission", post(post_decommission))
         .route("/sim/containers", get(list_containers))
         .route("/sim/containers/{id}/files/", get(list_files))
         .route("/sim/containers/{id}/files/{*name}", get(get_file))
@@ -395,6 +408,44 @@ fn capacity_json(st: &State) -> Value {
 
 async fn get_capacity(AxState(sim): AxState<Arc<Sim>>) -> Response {
     json_response(StatusCode::OK, &capacity_json(&sim.lock()))
+}
+
+/// What `POST /sim/decommission` takes.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Decommission {
+    node: String,
+    timeout_secs: Option<u64>,
+}
+
+async fn post_decommission(
+    AxState(sim): AxState<Arc<Sim>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let bad = |msg: String| json_response(StatusCode::BAD_REQUEST, &json!({"error": msg}));
+    if let Err(e) = rm::require_json(&headers, "POST /sim/decommission") {
+        return e.into_response();
+    }
+    let d: Decommission = match serde_json::from_slice(&body) {
+        Ok(d) => d,
+        Err(e) => {
+            return bad(format!(
+                "POST /sim/decommission: expected {{\"node\": \"host:port\", \"timeout_secs\": n?}}: {e}"
+            ));
+        }
+    };
+    let r = sim.lock().decommission(&d.node, d.timeout_secs);
+    match r {
+        Ok(()) => {
+            tracing::info!(node = %d.node, timeout_secs = ?d.timeout_secs, "node decommissioning");
+            json_response(
+                StatusCode::OK,
+                &json!({"node": d.node, "state": "DECOMMISSIONING"}),
+            )
+        }
+        Err(e) => bad(format!("POST /sim/decommission: {e}")),
+    }
 }
 
 async fn put_capacity(

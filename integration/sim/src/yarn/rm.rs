@@ -339,7 +339,7 @@ fn node_json(st: &State, sim: &Sim, i: usize) -> Value {
     } else {
         (0, 0)
     };
-    json!({
+    let mut v = json!({
         "rack": "/default-rack",
         "state": n.state.as_str(),
         "id": n.id(),
@@ -362,7 +362,13 @@ fn node_json(st: &State, sim: &Sim, i: usize) -> Value {
         "usedResource": {"memory": um, "vCores": uv},
         "availableResource": {"memory": am, "vCores": av},
         "nodeLabels": [],
-    })
+    });
+    if n.state == NodeState::Decommissioning
+        && let Some(t) = n.decommissioning_timeout
+    {
+        v["decommissioningTimeout"] = json!(t);
+    }
+    v
 }
 
 async fn nodes(AxState(sim): AxState<Arc<Sim>>, Query(q): Q) -> RmResult {

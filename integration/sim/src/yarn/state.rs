@@ -36,6 +36,9 @@ pub(crate) struct Config {
     pub am_max_attempts: u32,
     pub service_restart_delay: Duration,
     pub dns_domain: String,
+    /// Nodes get hosts of their own (`127.0.0.<n+1>`) instead of all
+    /// `127.0.0.1`, so a node's containers can be told by host.
+    pub distinct_node_hosts: bool,
     /// `host:port` of this simulator's HTTP server (known after bind).
     pub http_address: String,
 }
@@ -43,6 +46,9 @@ pub(crate) struct Config {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum NodeState {
     Running,
+    /// Being decommissioned gracefully (`POST /sim/decommission`): nothing
+    /// new is placed on it; its containers run on.
+    Decommissioning,
     Decommissioned,
 }
 
@@ -50,6 +56,7 @@ impl NodeState {
     pub fn as_str(self) -> &'static str {
         match self {
             NodeState::Running => "RUNNING",
+            NodeState::Decommissioning => "DECOMMISSIONING",
             NodeState::Decommissioned => "DECOMMISSIONED",
         }
     }
@@ -64,6 +71,8 @@ pub(crate) struct Node {
     pub vcores: u64,
     pub state: NodeState,
     pub last_health_update: u64,
+    /// `decommissioningTimeout` (seconds) while DECOMMISSIONING, if given.
+    pub decommissioning_timeout: Option<u64>,
 }
 
 impl Node {
@@ -432,14 +441,34 @@ impl State {
 
     fn add_node(&mut self) {
         let i = self.nodes.len();
+        let host = if self.cfg.distinct_node_hosts {
+            format!("127.0.0.{}", (i % 254) + 1)
+        } else {
+            "127.0.0.1".into()
+        };
         self.nodes.push(Node {
-            host: "127.0.0.1".into(),
+            host,
             port: 45454 + i as u16,
             memory_mb: self.cfg.node_memory_mb,
             vcores: self.cfg.node_vcores,
             state: NodeState::Running,
             last_health_update: now_ms(),
+            decommissioning_timeout: None,
         });
+    }
+
+    /// Starts decommissioning node `id` (`host:port`) gracefully.
+    pub fn decommission(&mut self, id: &str, timeout_secs: Option<u64>) -> Result<(), String> {
+        let Some(n) = self.nodes.iter_mut().find(|n| n.id() == id) else {
+            return Err(format!("no node {id}"));
+        };
+        if n.state != NodeState::Running {
+            return Err(format!("node {id} is {}, not RUNNING", n.state.as_str()));
+        }
+        n.state = NodeState::Decommissioning;
+        n.decommissioning_timeout = timeout_secs;
+        n.last_health_update = now_ms();
+        Ok(())
     }
 
     // ---------- resources ----------
@@ -1354,6 +1383,7 @@ impl State {
             }
             let n = &mut self.nodes[i];
             n.state = NodeState::Running;
+            n.decommissioning_timeout = None;
             n.memory_mb = self.cfg.node_memory_mb;
             n.vcores = self.cfg.node_vcores;
             n.last_health_update = now_ms();
