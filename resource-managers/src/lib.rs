@@ -15,7 +15,12 @@
 //!   state) and the YARN Services REST API (the evaluator component: create,
 //!   flex, decommission, destroy).
 //! - [`mesos`]: the Mesos v1 scheduler HTTP API (subscribe, offers, launch,
-//!   kill, acknowledge, reconcile, teardown).
+//!   kill, acknowledge, reconcile, teardown, inverse offers).
+//!
+//! Capacity taken back without naming containers comes as
+//! [`RmEvent::CapacityChanged`] (the AM gives back its newest); taken back
+//! with notice — a Mesos inverse offer, a YARN node decommissioning — as
+//! [`RmEvent::Reclaiming`], naming the containers and the deadline.
 //!
 //! [`http`] holds the HTTP plumbing both remote clients share: failover
 //! between several server addresses, bounded retries with backoff, and
