@@ -2,7 +2,8 @@
 //! stream, real task processes): launching packed offers with the task id as
 //! the container id, the environment, KILL on release, capacity from offers
 //! and its changes, TEARDOWN at shutdown and when dropped, the leader
-//! redirect, re-subscription when heartbeats stop, and the failure modes
+//! redirect, re-subscription when heartbeats stop, inverse offers
+//! (the agent's tasks reclaimed, then ACCEPT_INVERSE_OFFERS), and the failure modes
 //! (task failure with exit code, unreachable master, ERROR event).
 //!
 //! Needs `cargo build -p cruise-sim` first (see `cruise_integration::binary`).
@@ -507,4 +508,125 @@ fn framework_torn_down_when_its_runtime_dies() {
             (!pid_alive(pid)).then_some(())
         }))
         .unwrap();
+}
+
+/// The inverse offers of one agent, as the simulator recorded them.
+async fn inverse_offers(sim: &Sim, agent: &str) -> Vec<Value> {
+    state(sim).await["inverse_offers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|o| o["agent_id"] == agent)
+        .cloned()
+        .collect()
+}
+
+/// Puts `agent` into maintenance starting in `start_in_secs`.
+async fn maintenance(sim: &Sim, agent: &str, start_in_secs: f64) {
+    let r = reqwest::Client::new()
+        .post(format!("{}/sim/inverse_offer", sim.url))
+        .json(&json!({"agent_id": agent, "start_in_secs": start_in_secs}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+}
+
+#[tokio::test]
+async fn inverse_offers_reclaim_the_agents_tasks_then_are_accepted() {
+    // One evaluator per agent.
+    let sim = start_sim(&[
+        "--agents",
+        "3",
+        "--agent-cpus",
+        "1",
+        "--agent-mem-mb",
+        "1024",
+    ]);
+    let out = tempfile::tempdir().unwrap();
+    let (tx, rx) = mpsc::unbounded_channel();
+    let mut ev = Events::new(rx);
+    let rm = MesosRm::start(config(&sim.address()), spec(out.path(), IDLE), tx).unwrap();
+    rm.request(req(2)).await.unwrap();
+    for _ in 0..2 {
+        ev.next("Running", T, running).await;
+    }
+    let st = state(&sim).await;
+    let tasks: BTreeMap<String, String> = st["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| {
+            (
+                t["agent_id"].as_str().unwrap().to_string(),
+                t["task_id"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    let idle = st["agents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["id"].as_str().unwrap().to_string())
+        .find(|a| !tasks.contains_key(a))
+        .unwrap();
+
+    // An agent holding none of our tasks: accepted at once, nothing reclaimed.
+    maintenance(&sim, &idle, 60.0).await;
+    wait_for("the idle agent's inverse offer accepted", T, || async {
+        let io = inverse_offers(&sim, &idle).await;
+        (io.len() == 1 && io[0]["status"] == "ACCEPTED").then_some(())
+    })
+    .await
+    .unwrap();
+
+    // The agent of a task: the task is reclaimed, deadline the window's
+    // start; the inverse offer waits for the task to be given back.
+    let (agent, task) = tasks.iter().next().unwrap();
+    maintenance(&sim, agent, 60.0).await;
+    let (containers, deadline, reason) = ev
+        .next("Reclaiming", T, |e| match e {
+            RmEvent::Reclaiming {
+                containers,
+                deadline,
+                reason,
+            } => Some((containers.clone(), *deadline, reason.clone())),
+            _ => None,
+        })
+        .await;
+    assert_eq!(containers, vec![task.clone()]);
+    let left = deadline.saturating_duration_since(std::time::Instant::now());
+    assert!(
+        left > Duration::from_secs(30) && left <= Duration::from_secs(60),
+        "{left:?}"
+    );
+    assert!(reason.contains(agent.as_str()), "{reason}");
+    assert_eq!(inverse_offers(&sim, agent).await[0]["status"], "PENDING");
+    rm.release(task).await.unwrap();
+    ev.next("the reclaimed task's end", T, |e| {
+        completed(e).filter(|c| &c.0 == task)
+    })
+    .await;
+    wait_for("the inverse offer accepted", T, || async {
+        (inverse_offers(&sim, agent).await[0]["status"] == "ACCEPTED").then_some(())
+    })
+    .await
+    .unwrap();
+
+    // A window that has started already: the deadline is now, not earlier.
+    let (agent2, task2) = tasks.iter().nth(1).unwrap();
+    maintenance(&sim, agent2, 0.0).await;
+    let (containers, deadline) = ev
+        .next("Reclaiming at once", T, |e| match e {
+            RmEvent::Reclaiming {
+                containers,
+                deadline,
+                ..
+            } => Some((containers.clone(), *deadline)),
+            _ => None,
+        })
+        .await;
+    assert_eq!(containers, vec![task2.clone()]);
+    assert!(deadline <= std::time::Instant::now());
+    rm.shutdown().await.unwrap();
 }
