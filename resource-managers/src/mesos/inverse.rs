@@ -9,8 +9,10 @@
 //! the inverse offer is answered with ACCEPT_INVERSE_OFFERS; an inverse
 //! offer for an agent holding none of our tasks is accepted at once. Offers
 //! from an agent under an inverse offer are declined, so nothing new lands
-//! there. RESCIND_INVERSE_OFFER drops the interest (what was announced
-//! stays announced: the AM's plan may already be under way).
+//! there, also after the acceptance (the agent is going away).
+//! RESCIND_INVERSE_OFFER drops the interest and lets the agent's offers in
+//! again (what was announced stays announced: the AM's plan may already be
+//! under way).
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -140,6 +142,7 @@ impl Actor {
                 in_secs = deadline.saturating_duration_since(Instant::now()).as_secs_f64(),
                 "Mesos inverse offer: the agent goes into maintenance"
             );
+            self.maintenance.insert(o.id.clone(), o.agent_id.clone());
             self.draining.insert(
                 o.id.clone(),
                 Pending {
@@ -167,6 +170,7 @@ impl Actor {
         let id = event["rescind_inverse_offer"]["inverse_offer_id"]["value"]
             .as_str()
             .unwrap_or("");
+        self.maintenance.remove(id);
         match self.draining.remove(id) {
             Some(p) => tracing::info!(
                 inverse_offer = id,
@@ -177,9 +181,10 @@ impl Actor {
         }
     }
 
-    /// Whether `agent` is under an inverse offer (its offers are declined).
+    /// Whether `agent` is under an inverse offer, answered or not (its
+    /// offers are declined).
     pub(super) fn draining_agent(&self, agent: &str) -> bool {
-        self.draining.values().any(|p| p.agent_id == agent)
+        self.maintenance.values().any(|a| a == agent)
     }
 
     /// Accepts every pending inverse offer whose agent holds none of our

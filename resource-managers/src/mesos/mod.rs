@@ -199,6 +199,7 @@ impl MesosRm {
             agents: HashMap::new(),
             reported_capacity: None,
             draining: BTreeMap::new(),
+            maintenance: BTreeMap::new(),
             guard,
         };
         Ok(MesosRm {
@@ -306,6 +307,9 @@ struct Actor {
     reported_capacity: Option<u32>,
     /// Inverse offers waiting for our tasks to leave their agents, by id.
     draining: BTreeMap<String, inverse::Pending>,
+    /// Every inverse offer not rescinded → its agent, whose offers are
+    /// declined.
+    maintenance: BTreeMap<String, String>,
     guard: TeardownGuard,
 }
 

@@ -16,14 +16,16 @@ impl Actor {
         let mut valid = Vec::new();
         for o in offers {
             let agent = o["agent_id"]["value"].as_str().unwrap_or("");
-            let checked = check_offer(o).and_then(|()| {
-                if self.draining_agent(agent) {
-                    Err("its agent is going into maintenance (inverse offer)".to_string())
-                } else {
-                    Ok(())
-                }
-            });
-            match checked {
+            if self.draining_agent(agent)
+                && let Some(oid) = o["id"]["value"].as_str()
+            {
+                tracing::debug!(
+                    "declining Mesos offer {oid} from agent {agent}: it is going into maintenance (inverse offer)"
+                );
+                decline.push(json!({"value": oid}));
+                continue;
+            }
+            match check_offer(o) {
                 Ok(()) => valid.push(o.clone()),
                 Err(why) => {
                     let oid = o["id"]["value"].as_str().unwrap_or("");
