@@ -30,13 +30,14 @@
 //!   a split it measured worse.
 //! * **A promise that did not deliver discounts the next.** The policy also
 //!   remembers what the proposal that left a split promised and where it
-//!   went. Back at that split (or at the same roles after a re-partition),
-//!   the model's next gain from there must exceed, by the threshold, how
-//!   far the last promise fell short of what the job measured: a model that
+//!   went. The model's next gain must exceed, by the threshold, how far the
+//!   latest plan's promise, or the last one made from the running roles,
+//!   fell short of what the job measured; until measured, the way back to a
+//!   measured split is judged against that discounted gain. A model that
 //!   overprices the running split makes every split it prices right look
 //!   like a gain, and without this the job wanders from split to split.
-//!   The first promise from a split is taken on the model's word: a move
-//!   is measured and undone if it was worse, a stay never is.
+//!   The first promise is taken on the model's word: a move is measured
+//!   and undone if it was worse, a stay never is.
 //!
 //! What a plan costs is [`ReconfigCostModel`]'s (in `reconfig_cost`).
 
@@ -654,8 +655,12 @@ impl TriggerPolicy {
             .measured
             .iter()
             .find(|e| e.matches(&best_split, snapshot));
+        // How far the model's promises in this job fell short of what was
+        // measured: what the model's gain is worth before it is measured.
+        let shortfall = self.shortfall(&here, m);
+        let discounted = model_gain - shortfall.as_ref().map_or(0.0, |s| s.by);
         // What the model's best is worth: measured if the job has been there.
-        let model_claim = best_is_known.map_or(model_gain, |e| gain(e.epoch_secs));
+        let model_claim = best_is_known.map_or(discounted, |e| gain(e.epoch_secs));
         let back = self
             .measured
             .iter()
@@ -678,12 +683,19 @@ impl TriggerPolicy {
         let e = match best_is_known {
             Some(e) if !e.is(&here) => e,
             _ => {
-                let Some(h) = self.measured.iter().find(|e| e.is(&here)) else {
+                let Some(s) = shortfall.filter(|_| discounted < self.config.min_gain) else {
                     return Ok(None);
                 };
-                return Ok(self
-                    .promised_from_here(h, &here, m, model_gain)
-                    .map(|r| stay(h, r)));
+                let reason = format!(
+                    "{} promised {:.1}% and delivered {:.1}%; the model's {:.1}% less \
+                     that shortfall is below the {:.1}% threshold",
+                    s.what,
+                    s.promised * 100.0,
+                    s.delivered * 100.0,
+                    model_gain * 100.0,
+                    self.config.min_gain * 100.0
+                );
+                return Ok(Some(stay(s.from, reason)));
             }
         };
         if gain(e.epoch_secs) < self.config.min_gain {
@@ -703,59 +715,91 @@ impl TriggerPolicy {
     }
 }
 
+/// A promise of the model that fell short of what the job measured
+/// ([`TriggerPolicy::shortfall`]).
+struct Shortfall<'a> {
+    /// The split the promise was made from.
+    from: &'a MeasuredSplit,
+    /// Which promise, for decisions' reasons.
+    what: String,
+    /// The gain promised.
+    promised: f64,
+    /// The gain measured.
+    delivered: f64,
+    /// `promised − delivered`, > 0.
+    by: f64,
+}
+
 impl TriggerPolicy {
-    /// Why the model's proposal from the running split is not worth a plan,
-    /// if it is not: the job was at these roles before (`h`, measured at
-    /// `h.epoch_secs`), left them for a proposal that promised
-    /// `h.promised_gain`, and the split it went to (measured there, or here
-    /// at `m` seconds an epoch when it only re-partitioned these roles)
-    /// delivered less. The model's gain from here (`model_gain`) is
-    /// discounted by that shortfall: a model that overprices this split
-    /// overpriced it then too, and every split it prices right looks like
-    /// a gain from here. So the job does not move look after look for a
-    /// gain the measurements do not show; a gain the model now predicts
-    /// well beyond the shortfall (a container that slowed down since)
-    /// still plans. `None` when the promise's outcome is not measured.
-    fn promised_from_here(
-        &self,
-        h: &MeasuredSplit,
+    /// How far the model's promises in this job fell short of what the
+    /// job measured, as the larger of two (`None` when neither fell short
+    /// or neither outcome is measured yet):
+    ///
+    /// * **the latest plan's**: the split the job left last, for a
+    ///   proposal that promised a gain, against where it went (here,
+    ///   measured at `m` seconds an epoch, or its own measurement);
+    /// * **the last promise from these roles**: the job was at the
+    ///   running roles before and left them for a proposal; against what
+    ///   the split it went to measured (here at `m` when it only
+    ///   re-partitioned these roles).
+    ///
+    /// The model's next gain is discounted by it before the threshold: a
+    /// model that overprices the running split (its own measurements
+    /// priced in, the other splits' not) makes every split it prices right
+    /// look like a gain, and the job would otherwise wander from split to
+    /// split, each new one unmeasured, or shuffle blocks look after look.
+    /// A gain the model predicts well beyond the shortfall still plans.
+    fn shortfall<'a>(
+        &'a self,
         here: &(BTreeSet<String>, BTreeSet<String>),
         m: f64,
-        model_gain: f64,
-    ) -> Option<String> {
-        if h.promised_gain <= 0.0 {
-            return None;
+    ) -> Option<Shortfall<'a>> {
+        let outcome = |h: &'a MeasuredSplit, what: String| -> Option<Shortfall<'a>> {
+            if h.promised_gain <= 0.0 {
+                return None;
+            }
+            let to = h.went_to.as_ref().map_or_else(
+                || (h.workers.clone(), h.servers.clone()),
+                |t| (t.workers.clone(), t.servers.clone()),
+            );
+            let reached = if &to == here {
+                m
+            } else {
+                self.measured.iter().find(|e| e.is(&to))?.epoch_secs
+            };
+            let delivered = (h.epoch_secs - reached) / h.epoch_secs;
+            let by = h.promised_gain - delivered;
+            let what = if to == (h.workers.clone(), h.servers.clone()) {
+                format!("the last re-partition of {what}")
+            } else {
+                format!(
+                    "the last plan from {what} (to {}W+{}S)",
+                    to.0.len(),
+                    to.1.len()
+                )
+            };
+            (by > 0.0).then_some(Shortfall {
+                from: h,
+                what,
+                promised: h.promised_gain,
+                delivered,
+                by,
+            })
+        };
+        let from_here = self
+            .measured
+            .iter()
+            .find(|e| e.is(here))
+            .and_then(|h| outcome(h, "these roles".into()));
+        let latest = self
+            .measured
+            .last()
+            .filter(|h| !h.is(here))
+            .and_then(|h| outcome(h, h.text()));
+        match (from_here, latest) {
+            (Some(a), Some(b)) => Some(if a.by >= b.by { a } else { b }),
+            (a, b) => a.or(b),
         }
-        let to = h
-            .went_to
-            .as_ref()
-            .map_or_else(|| here.clone(), |t| (t.workers.clone(), t.servers.clone()));
-        let reached = if &to == here {
-            m
-        } else {
-            self.measured.iter().find(|e| e.is(&to))?.epoch_secs
-        };
-        let delivered = (h.epoch_secs - reached) / h.epoch_secs;
-        let shortfall = (h.promised_gain - delivered).max(0.0);
-        let last = if &to == here {
-            "the last re-partition of these roles".to_string()
-        } else {
-            format!(
-                "the last plan from these roles (to {}W+{}S)",
-                to.0.len(),
-                to.1.len()
-            )
-        };
-        (model_gain - shortfall < self.config.min_gain).then(|| {
-            format!(
-                "{last} promised {:.1}% and delivered {:.1}%; \
-                 the model's {:.1}% less that shortfall is below the {:.1}% threshold",
-                h.promised_gain * 100.0,
-                delivered * 100.0,
-                model_gain * 100.0,
-                self.config.min_gain * 100.0
-            )
-        })
     }
 }
 

@@ -1026,3 +1026,55 @@ fn a_split_measured_with_containers_given_back_since_is_judged_by_its_measuremen
     let d = policy.decide(&now, &cfg).unwrap();
     assert!(matches!(d, Decision::Reconfigure(_)), "{d:?}");
 }
+
+/// A plan whose destination measured slower than where the job came from
+/// discounts the model's next promise by that shortfall, wherever the job
+/// is: the way back to the measured split beats a split the model has
+/// never seen measured, which alone it would have preferred.
+#[test]
+fn the_latest_plans_shortfall_discounts_the_next_promise() {
+    let j = job(64, 16, 1000.0);
+    let specs = hetero_specs();
+    let workers = ["net0", "net1", "slow0", "slow1", "slow2", "slow3"];
+    let before = config(&j, &workers, &["fast0", "fast1"], &[]);
+    let at_before = measured(snapshot(&j, &specs, &before, 50), 12.0);
+    let Decision::Reconfigure(best) = TriggerPolicy::default()
+        .decide(&at_before, &before)
+        .unwrap()
+    else {
+        panic!("the model moves the job")
+    };
+    // The job went to `z` for the model's promise; `z` measured 10% slower.
+    let z = config(
+        &j,
+        &workers[..4],
+        &["fast0", "fast1", "slow2", "slow3"],
+        &[],
+    );
+    let z_split = roles_of(&z);
+    let mut to_z = (*best).clone();
+    for (id, t) in to_z.target.iter_mut() {
+        t.role = if z_split.0.contains(id) {
+            Role::Worker
+        } else {
+            Role::Server
+        };
+    }
+    let mut policy = TriggerPolicy::default();
+    policy.leaving(&at_before, Some(&to_z));
+    let at_z = measured(snapshot(&j, &specs, &z, 50), 13.2);
+    // Without that memory, the model's best from `z` claims more than the
+    // 9% the way back measures, and is not `before`'s roles.
+    let Decision::Reconfigure(fresh) = TriggerPolicy::default().decide(&at_z, &z).unwrap() else {
+        panic!("the model moves the job from z")
+    };
+    assert!(fresh.gain > (13.2 - 12.0) / 13.2, "{}", fresh.gain);
+    assert_ne!(roles_of(&fresh.plan.apply(&z).unwrap()), roles_of(&before));
+    // With it, the job goes back.
+    let d = policy.decide(&at_z, &z).unwrap();
+    let Decision::Reconfigure(back) = d else {
+        panic!("expected the way back, got {d:?}")
+    };
+    assert_eq!(roles_of(&back.plan.apply(&z).unwrap()), roles_of(&before));
+    assert_eq!(back.predicted_epoch_secs, 12.0);
+}
