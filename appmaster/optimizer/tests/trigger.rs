@@ -638,17 +638,8 @@ fn a_split_left_for_a_promise_that_fell_short_is_not_left_again_for_less() {
         &["fast0", "fast1", "slow2", "slow3"],
         &[],
     );
-    let z_split = roles_of(&z);
-    assert_ne!(z_split, roles_of(&best.plan.apply(&before).unwrap()));
-    let mut to_z = (*best).clone();
-    to_z.target = best.target.clone();
-    for (id, t) in to_z.target.iter_mut() {
-        t.role = if z_split.0.contains(id) {
-            Role::Worker
-        } else {
-            Role::Server
-        };
-    }
+    assert_ne!(roles_of(&z), roles_of(&best.plan.apply(&before).unwrap()));
+    let to_z = proposed_to(&best, &z);
     let mut policy = TriggerPolicy::default();
     policy.leaving(&at_before(12.0), Some(&to_z));
     assert_eq!(policy.measured[0].promised_gain, best.gain);
@@ -841,6 +832,21 @@ fn roles_of(c: &Configuration) -> (Vec<String>, Vec<String>) {
             .collect::<Vec<_>>()
     };
     (pick(Role::Worker), pick(Role::Server))
+}
+
+/// `p` (its promise and partition) as if it had proposed the roles of `to`,
+/// whose containers are all workers or servers.
+fn proposed_to(p: &cruise_optimizer::Proposal, to: &Configuration) -> cruise_optimizer::Proposal {
+    let workers = roles_of(to).0;
+    let mut p = p.clone();
+    for (id, t) in p.target.iter_mut() {
+        t.role = if workers.contains(id) {
+            Role::Worker
+        } else {
+            Role::Server
+        };
+    }
+    p
 }
 
 fn measured(mut s: Snapshot, epoch_secs: f64) -> Snapshot {
@@ -1051,15 +1057,7 @@ fn the_latest_plans_shortfall_discounts_the_next_promise() {
         &["fast0", "fast1", "slow2", "slow3"],
         &[],
     );
-    let z_split = roles_of(&z);
-    let mut to_z = (*best).clone();
-    for (id, t) in to_z.target.iter_mut() {
-        t.role = if z_split.0.contains(id) {
-            Role::Worker
-        } else {
-            Role::Server
-        };
-    }
+    let to_z = proposed_to(&best, &z);
     let mut policy = TriggerPolicy::default();
     policy.leaving(&at_before, Some(&to_z));
     let at_z = measured(snapshot(&j, &specs, &z, 50), 13.2);
