@@ -126,6 +126,8 @@ pub struct RunPlan {
     pub secs: f64,
     /// What it did and what it predicted, in words.
     pub summary: String,
+    /// The epoch time predicted for where it went.
+    pub predicted_after_secs: Option<f64>,
 }
 
 /// One `cruise run`'s summary.
@@ -220,6 +222,7 @@ pub fn run(s: &Settings, r: &RunSpec<'_>) -> anyhow::Result<Run> {
                     at_secs: p["at_secs"].as_f64().unwrap_or(f64::NAN),
                     secs: p["secs"].as_f64().unwrap_or(f64::NAN),
                     summary: p["summary"].as_str().unwrap_or("").to_string(),
+                    predicted_after_secs: p["predicted_after_secs"].as_f64(),
                 })
                 .collect()
         })
@@ -276,11 +279,19 @@ pub fn last_epochs(r: &Run, n: usize) -> f64 {
 pub fn reached(r: &Run) -> ((u64, u64), Option<f64>, usize) {
     let last = r.epochs.last().map_or((0, 0), |e| (e.2, e.3));
     let settled = r.plans.iter().map(|p| p.at_secs).fold(0.0, f64::max);
+    let (t, n) = median_between(r, settled, f64::INFINITY);
+    ((last.0, last.1), t.filter(|_| n >= 2), n)
+}
+
+/// The median time of the epochs after the first that began at `from` or
+/// later and ended by `until` (the first of them left out when there are
+/// three or more), and over how many.
+fn median_between(r: &Run, from: f64, until: f64) -> (Option<f64>, usize) {
     let after: Vec<f64> = r
         .epochs
         .iter()
         .skip(1)
-        .filter(|e| e.1 - e.0 >= settled)
+        .filter(|e| e.1 - e.0 >= from && e.1 <= until)
         .map(|e| e.0)
         .collect();
     let mut v = if after.len() >= 3 {
@@ -289,7 +300,21 @@ pub fn reached(r: &Run) -> ((u64, u64), Option<f64>, usize) {
         after
     };
     let n = v.len();
-    ((last.0, last.1), (n >= 2).then(|| median(&mut v)), n)
+    ((n >= 1).then(|| median(&mut v)), n)
+}
+
+/// What plan `i` of a run led to: the median time of the epochs that
+/// began after it ended and ended before the next plan began (the first
+/// of them left out when there are three or more), and over how many.
+pub fn outcome(r: &Run, i: usize) -> (Option<f64>, usize) {
+    let Some(p) = r.plans.get(i) else {
+        return (None, 0);
+    };
+    let until = r
+        .plans
+        .get(i + 1)
+        .map_or(f64::INFINITY, |next| next.at_secs - next.secs);
+    median_between(r, p.at_secs, until)
 }
 
 /// `3W+5S`.

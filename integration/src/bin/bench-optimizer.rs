@@ -57,8 +57,8 @@ use anyhow::{Context, bail};
 use cruise_integration::bench::{Row, machine_note, median, print_table};
 use cruise_integration::clusters;
 use cruise_integration::optbench::{
-    CASES, NNZ, Run, RunSpec, Settings, datagen, grid_epoch, last_epochs, path, reached, reversed,
-    run, split,
+    CASES, NNZ, Run, RunSpec, Settings, datagen, grid_epoch, last_epochs, outcome, path, reached,
+    reversed, run, split,
 };
 
 /// The emulated cluster: 2 fast containers, then 6 at half their CPU and a
@@ -377,10 +377,25 @@ fn bench(s: &Settings, a: &Args, n: u32) -> anyhow::Result<()> {
                     split(end.0, end.1),
                     t.map_or("unsettled".to_string(), |t| format!("{t:.3} s"))
                 );
-                for p in &r.plans {
+                for (i, p) in r.plans.iter().enumerate() {
                     println!(
                         "    ended at {:.1} s after {:.2} s: {}",
                         p.at_secs, p.secs, p.summary
+                    );
+                    // The promise beside what came of it.
+                    let (got, over) = outcome(r, i);
+                    println!(
+                        "      predicted {} there, measured {}",
+                        p.predicted_after_secs
+                            .map_or("?".to_string(), |t| format!("{t:.3} s")),
+                        match got {
+                            Some(t) => format!(
+                                "{t:.3} s over {over} epochs{}",
+                                p.predicted_after_secs
+                                    .map_or(String::new(), |q| format!(" ({:.2}×)", t / q))
+                            ),
+                            None => "nothing (no epoch ran wholly before the next plan)".into(),
+                        }
                     );
                 }
                 if let Some(t) = t {

@@ -128,6 +128,9 @@ struct RunningPlan {
     /// How many times it was reported slow (`optimizer.slow_plan_report_secs`).
     reported_slow: u32,
     summary: String,
+    /// The epoch times it was decided on: the running configuration's and
+    /// the target's, predicted.
+    predicted: Option<(f64, f64)>,
 }
 
 /// A plan that ran, for the status endpoint and the summary.
@@ -138,6 +141,10 @@ pub struct PlanRecord {
     pub at_secs: f64,
     /// What it changed and why (predicted epoch times, gain, cost).
     pub summary: String,
+    /// The running configuration's predicted epoch time when it was decided.
+    pub predicted_before_secs: Option<f64>,
+    /// The target's predicted epoch time.
+    pub predicted_after_secs: Option<f64>,
     /// Operations that took effect.
     pub succeeded: usize,
     /// Operations that failed (with their errors).

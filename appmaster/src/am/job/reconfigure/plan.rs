@@ -23,6 +23,14 @@ impl Driver {
         let config = ExecutorConfig {
             max_parallel: self.config.optimizer.max_parallel as usize,
         };
+        let predicted = match &started {
+            Record::PlanStarted {
+                predicted_before_secs,
+                predicted_after_secs,
+                ..
+            } => Some((*predicted_before_secs, *predicted_after_secs)),
+            _ => None,
+        };
         match PlanTracker::new(plan, config) {
             Ok(tracker) => {
                 self.links.history.push(started);
@@ -32,6 +40,7 @@ impl Driver {
                     started: Instant::now(),
                     reported_slow: 0,
                     summary,
+                    predicted,
                 });
             }
             Err(e) => {
@@ -209,6 +218,8 @@ impl Driver {
         let mut record = PlanRecord {
             at_secs: self.started.elapsed().as_secs_f64(),
             summary: running.summary.clone(),
+            predicted_before_secs: running.predicted.map(|p| p.0),
+            predicted_after_secs: running.predicted.map(|p| p.1),
             succeeded: 0,
             failed: Vec::new(),
             skipped: 0,
