@@ -15,8 +15,10 @@ use std::path::Path;
 
 use cruise_optimizer::{
     Configuration, ContainerMetrics, CostModel, Decision, Holding, Operation, Role, Snapshot,
-    TriggerConfig, TriggerPolicy, Uniform, solve, solve_homogeneous,
+    TriggerConfig, TriggerPolicy, Uniform, expected_draw, solve, solve_homogeneous,
 };
+
+use crate::am::snapshot::UNMEASURED_BANDWIDTH;
 
 /// Errors of the what-if tool.
 #[derive(Debug, thiserror::Error)]
@@ -150,13 +152,7 @@ pub fn predict_splits(
         out.push(SplitPrediction {
             workers: w,
             servers: n - w,
-            // An asynchronous job's epoch ends when the workers together
-            // have processed the data set, whoever is slowest.
-            epoch_secs: if snap.job.asynchronous {
-                b.throughput_epoch_secs
-            } else {
-                b.epoch_secs
-            },
+            epoch_secs: b.epoch_secs,
             comp_secs: slowest.map_or(0.0, |x| x.comp_secs),
             comm_secs: slowest.map_or(0.0, |x| x.comm_secs),
             bottleneck: match &b.bottleneck {
@@ -234,17 +230,15 @@ pub fn splits_report(path: &Path, order: &str, json: bool) -> Result<String, Wha
     Ok(out)
 }
 
-/// Resizes a snapshot to `n` containers: idle containers like the average
-/// one are offered, or the newest are marked reclaimed.
+/// Resizes a snapshot to `n` containers: idle containers drawn like the
+/// snapshot's are offered ([`expected_draw`]), or the newest are marked
+/// reclaimed.
 pub fn resize(s: &mut Snapshot, n: usize) {
     let cur = s.containers.len();
     if n > cur {
-        let avg = |f: &dyn Fn(&ContainerMetrics) -> Option<f64>| {
-            let v: Vec<f64> = s.containers.iter().filter_map(f).collect();
-            (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
-        };
-        let speed = avg(&|c| c.cpu_speed);
-        let bw = avg(&|c| Some(c.bandwidth_bytes_per_sec)).unwrap_or(1e9);
+        let speed = expected_draw(s.containers.iter().filter_map(|c| c.cpu_speed));
+        let bw = expected_draw(s.containers.iter().map(|c| c.bandwidth_bytes_per_sec))
+            .unwrap_or(UNMEASURED_BANDWIDTH);
         for k in 0..n - cur {
             s.containers
                 .push(ContainerMetrics::offered(format!("offered{k}"), speed, bw));
@@ -295,6 +289,10 @@ pub fn report(
             best.evaluations,
             if best.exact {
                 "the best split is proven best under the cost model"
+            } else if snap.job.asynchronous {
+                "asynchronous workers: every role assignment up to 8 containers \
+                 (a local search above), each model split improved by block \
+                 moves, not proven best"
             } else {
                 "it stopped early (more containers than the exhaustive search \
                  takes, or its node budget ran out): the best split found so \

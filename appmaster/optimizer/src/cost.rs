@@ -137,8 +137,12 @@ pub enum Bottleneck {
 /// Predicted epoch time of a configuration, with its parts.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Breakdown {
-    /// Epoch time `C = max_i C_i` in seconds.
+    /// The predicted epoch time in seconds: the slowest worker's
+    /// ([`Breakdown::slowest_worker_secs`]) for workers held together by
+    /// clocks, [`Breakdown::throughput_epoch_secs`] for asynchronous ones.
     pub epoch_secs: f64,
+    /// The slowest worker's epoch `C = max_i C_i`, seconds.
+    pub slowest_worker_secs: f64,
     /// Active workers (holding at least one input block), in container order.
     pub workers: Vec<WorkerCost>,
     /// Number of servers holding at least one model block.
@@ -659,7 +663,12 @@ impl CostModel {
             .throughput_epoch(&workers, &servers)
             .min(slowest.total_secs);
         Ok(Breakdown {
-            epoch_secs: slowest.total_secs,
+            epoch_secs: if self.job.asynchronous {
+                throughput_epoch_secs
+            } else {
+                slowest.total_secs
+            },
+            slowest_worker_secs: slowest.total_secs,
             workers: out,
             active_servers: servers.len(),
             bottleneck,

@@ -92,9 +92,10 @@
 //! * Push traffic is part of the bytes per mini-batch, and a server's processing time
 //!   (per byte, and per worker's mini-batch for the requests themselves) bounds it
 //!   apart from its link: the slower of the two, not their sum.
-//! * An asynchronous job's epoch for a given partition is the data set over the
-//!   workers' summed throughput, the servers shared max-min fairly
-//!   ([`Breakdown::throughput_epoch_secs`]).
+//! * An asynchronous job's epoch is the data set over the workers' summed
+//!   throughput, the servers shared max-min fairly
+//!   ([`Breakdown::throughput_epoch_secs`]); the solvers and the trigger
+//!   judge such a job by it.
 //! * Computation and communication may overlap (workers that pull ahead): a worker's
 //!   epoch is `max(comp, comm) + f · min(comp, comm)` with `f` measured (`f = 1` is
 //!   Cruise's sum), and measured round-trip latency is part of the communication.
@@ -120,7 +121,7 @@ pub use executor::{
     PlanExecutor, PlanTracker, SkipReason,
 };
 pub use plan::{Configuration, Holding, OpKind, Operation, Plan, PlannedOp, Table};
-pub use snapshot::{ContainerMetrics, Job, Link, Role, Snapshot};
+pub use snapshot::{ContainerMetrics, Job, Link, Role, Snapshot, expected_draw};
 pub use solver::{
     HomogeneousSolution, SearchOptions, Solution, Split, Uniform, solve, solve_for_roles,
     solve_heterogeneous, solve_heterogeneous_with, solve_homogeneous, solve_input_for,

@@ -70,10 +70,10 @@ pub struct Job {
     /// Workers train asynchronously (no clock holds them together): an
     /// epoch ends when the workers together have processed the data set, so
     /// its time is the data set over their summed throughput, whatever the
-    /// split of the input blocks among them. The trigger then compares
-    /// configurations by their roles, each with its best partition, and a
-    /// plan that would only move input between the same workers gains
-    /// nothing.
+    /// split of the input blocks among them. The solvers and the trigger
+    /// then judge configurations by that throughput, not by the slowest
+    /// worker, and a plan that would only move input between the same
+    /// workers gains nothing.
     #[serde(default)]
     pub asynchronous: bool,
     /// The running configuration's epoch time as measured since it began
@@ -227,6 +227,22 @@ impl ContainerMetrics {
             reclaimed: false,
         }
     }
+}
+
+/// What a container the resource manager has not given yet is expected to
+/// be, from the containers the job has seen (held now or before): the
+/// harmonic mean of their figures. A container's costs grow with the
+/// inverse of its speed and of its bandwidth (seconds per record, per
+/// byte), so the expected cost of a container drawn like those seen is the
+/// mean of those inverses: pricing it at the arithmetic mean of the speeds
+/// would promise, on a cluster of some fast and some slow containers, a
+/// container faster than most that come. `None` when nothing was seen.
+pub fn expected_draw(seen: impl IntoIterator<Item = f64>) -> Option<f64> {
+    let (n, inverse) = seen
+        .into_iter()
+        .filter(|v| v.is_finite() && *v > 0.0)
+        .fold((0usize, 0.0), |(n, s), v| (n + 1, s + 1.0 / v));
+    (n > 0).then(|| n as f64 / inverse)
 }
 
 /// A measured bandwidth between two containers (from real transfers), bytes/s.
@@ -419,4 +435,21 @@ fn positive(field: &str, v: f64) -> Result<(), OptimizerError> {
         ));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::expected_draw;
+
+    #[test]
+    fn an_expected_draw_costs_what_a_random_container_costs() {
+        // Two containers at 4 MB/s and two at 100 MB/s: a byte costs
+        // (1/4 + 1/100) / 2 s per MB on average, so 1 / 0.13 = 7.69 MB/s,
+        // where the arithmetic mean (52 MB/s) would promise a fast one.
+        let v = expected_draw([4.0, 4.0, 100.0, 100.0]).unwrap();
+        assert!((v - 1.0 / 0.13).abs() < 1e-9, "{v}");
+        assert_eq!(expected_draw([5.0]), Some(5.0));
+        assert_eq!(expected_draw([0.0, f64::NAN]), None);
+        assert_eq!(expected_draw(std::iter::empty()), None);
+    }
 }

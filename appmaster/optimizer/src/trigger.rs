@@ -806,9 +806,10 @@ impl TriggerPolicy {
 /// The running configuration's predicted epoch time (reclaimed containers
 /// included: they still run until the plan empties them; infinite when it
 /// cannot train). Asynchronous workers each go at their own pace whatever
-/// input they hold: the configuration is worth its best input partition,
-/// its model split as it is (a better model split needs moves, which a plan
-/// pays for).
+/// input they hold: the configuration is worth its workers' summed
+/// throughput with its model split as it is (a better model split needs
+/// moves, which a plan pays for), priced on an input partition that evens
+/// out their passes.
 fn current_epoch_secs(snapshot: &Snapshot, current: &Configuration) -> Result<f64, OptimizerError> {
     let now = CostModel::including_reclaimed(snapshot)?;
     let evaluated = || {

@@ -187,6 +187,18 @@ pub struct Metrics {
     load_bytes_per_sec: Window,
     /// Mini-batches all workers have reported, warm-up included.
     worker_batches: u64,
+    /// What was measured of the evaluators that left: with those held now,
+    /// what the resource manager's containers are like.
+    departed: Vec<Departed>,
+}
+
+/// What was measured of an evaluator that left the job.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Departed {
+    /// Its capacity (bulk transfers), else its mini-batch transfers' rate, bytes/s.
+    pub bandwidth: Option<f64>,
+    /// Its CPU calibration.
+    pub cpu_speed: Option<f64>,
 }
 
 /// A JSON view of the measurements (status endpoint, snapshot files).
@@ -263,6 +275,7 @@ impl Metrics {
             fan_out: BTreeMap::new(),
             load_bytes_per_sec: Window::new(window),
             worker_batches: 0,
+            departed: Vec::new(),
         }
     }
 
@@ -522,11 +535,24 @@ impl Metrics {
         }
     }
 
-    /// Forgets an evaluator that left.
+    /// Forgets an evaluator that left, keeping what it was like
+    /// ([`Metrics::departed`]).
     pub fn forget(&mut self, id: EvaluatorId) {
+        let departed = Departed {
+            bandwidth: self.capacity(id).or_else(|| self.node_bandwidth(id)),
+            cpu_speed: self.get(id).and_then(|e| e.cpu_speed),
+        };
+        if departed.bandwidth.is_some() || departed.cpu_speed.is_some() {
+            self.departed.push(departed);
+        }
         self.evals.remove(&id);
         self.links.retain(|&(a, b), _| a != id && b != id);
         self.bulk.retain(|&(a, b), _| a != id && b != id);
+    }
+
+    /// What was measured of the evaluators that left, in the order they left.
+    pub fn departed(&self) -> &[Departed] {
+        &self.departed
     }
 
     /// Measured bandwidth between two evaluators (either direction; the

@@ -6,7 +6,9 @@
 use std::collections::BTreeSet;
 
 use cruise_container::protocol::EvaluatorId;
-use cruise_optimizer::{Configuration, ContainerMetrics, CostModel, Holding, Job, Snapshot};
+use cruise_optimizer::{
+    Configuration, ContainerMetrics, CostModel, Holding, Job, Snapshot, expected_draw,
+};
 
 use super::Role;
 use super::metrics::Metrics;
@@ -163,14 +165,17 @@ pub fn build_snapshot(
         .map(|e| m.capacity(e.id).or_else(|| m.node_bandwidth(e.id)))
         .collect();
     snap(&mut bw, job.bandwidth_noise_tolerance);
-    let measured_bw: Vec<f64> = bw.iter().flatten().copied().collect();
-    let mean_bw = if measured_bw.is_empty() {
-        m.mean_capacity()
-            .or_else(|| m.mean_bandwidth())
-            .unwrap_or(UNMEASURED_BANDWIDTH)
-    } else {
-        measured_bw.iter().sum::<f64>() / measured_bw.len() as f64
-    };
+    // A container not measured yet (offered, or just joined) is priced as
+    // one drawn like those the job has seen, held now or before.
+    let seen_bw = bw
+        .iter()
+        .flatten()
+        .copied()
+        .chain(m.departed().iter().filter_map(|d| d.bandwidth));
+    let draw_bw = expected_draw(seen_bw)
+        .or_else(|| m.mean_capacity())
+        .or_else(|| m.mean_bandwidth())
+        .unwrap_or(UNMEASURED_BANDWIDTH);
     // CPU: the workers' measured compute cost per record, per unit of
     // calibrated CPU speed, scaled back by each container's speed. Per-worker
     // differences in training come from who shares a core with whom at the
@@ -217,7 +222,7 @@ pub fn build_snapshot(
         serve: &serve,
         serve_fixed: &serve_fixed,
     };
-    let (mut snapshot, config) = assemble(&job, evals, m, per_container, mean_bw, bytes);
+    let (mut snapshot, config) = assemble(&job, evals, m, per_container, draw_bw, bytes);
     let (latency, serial_fraction) = fit_latency(&job, m, &snapshot, &config);
     snapshot.job.latency_secs_per_mini_batch = latency;
     snapshot.job.serial_fraction = serial_fraction;
@@ -437,7 +442,7 @@ fn assemble(
     evals: &[EvalFacts],
     m: &Metrics,
     per: PerContainer<'_>,
-    mean_bw: f64,
+    draw_bw: f64,
     bytes: Bytes,
 ) -> (Snapshot, Configuration) {
     let PerContainer {
@@ -448,8 +453,13 @@ fn assemble(
         serve,
         serve_fixed,
     } = per;
-    let speeds: Vec<f64> = speed.iter().flatten().copied().collect();
-    let mean_speed = (!speeds.is_empty()).then(|| speeds.iter().sum::<f64>() / speeds.len() as f64);
+    let draw_speed = expected_draw(
+        speed
+            .iter()
+            .flatten()
+            .copied()
+            .chain(m.departed().iter().filter_map(|d| d.cpu_speed)),
+    );
     let mut containers = Vec::new();
     let mut config = Configuration::default();
     for (i, e) in evals.iter().enumerate() {
@@ -459,7 +469,7 @@ fn assemble(
             role: e.role,
             compute_secs_per_record: comp[i],
             cpu_speed: speed[i],
-            bandwidth_bytes_per_sec: bw[i].unwrap_or(mean_bw),
+            bandwidth_bytes_per_sec: bw[i].unwrap_or(draw_bw),
             server_secs_per_byte: serve[i],
             request_secs_per_server: requests[i],
             server_secs_per_mini_batch: serve_fixed[i],
@@ -480,8 +490,8 @@ fn assemble(
     for k in 0..job.spare {
         containers.push(ContainerMetrics::offered(
             ContainerName::Offer(k).to_string(),
-            mean_speed,
-            mean_bw,
+            draw_speed,
+            draw_bw,
         ));
         config.containers.insert(
             ContainerName::Offer(k).to_string(),
@@ -740,8 +750,8 @@ mod tests {
         assert_eq!((new.id.as_str(), new.role), ("new0", Role::Idle));
         assert_eq!(
             new.cpu_speed,
-            Some(3.0),
-            "new containers get the mean speed"
+            Some(2.0 / (1.0 / 2.0 + 1.0 / 4.0)),
+            "a new container costs the mean of the seen containers' costs"
         );
         assert_eq!(
             s.containers[0].cpu_speed,
@@ -760,6 +770,38 @@ mod tests {
                 (h.role, h.input.len() as u32, h.model.len() as u32)
             );
         }
+    }
+
+    /// A new container is priced as one drawn like every container the job
+    /// has seen, also those it released: releasing its slow containers does
+    /// not make the next ones fast.
+    #[test]
+    fn a_new_container_is_drawn_like_the_containers_seen_before() {
+        const MB: f64 = 1e6;
+        let mut m = Metrics::new(4, 0);
+        for id in 1..=3 {
+            m.cpu_speed(EvaluatorId(id), 1.0);
+        }
+        // Bulk transfers: 1 and 2 at 100 MB/s, 3 at 4 MB/s.
+        m.bulk(EvaluatorId(1), EvaluatorId(2), 100_000_000, 1.0);
+        m.bulk(EvaluatorId(3), EvaluatorId(1), 4_000_000, 1.0);
+        m.forget(EvaluatorId(3));
+        assert_eq!(m.departed().len(), 1);
+        let evals = vec![
+            facts(EvaluatorId(1), Role::Worker, &[0, 1], &[], false),
+            facts(EvaluatorId(2), Role::Server, &[], &[0, 1, 2], false),
+        ];
+        let (s, _) = build_snapshot(job_facts(2, 3, 1), &evals, &m);
+        let new = &s.containers[2];
+        assert_eq!(new.role, Role::Idle);
+        // (1/100 + 1/100 + 1/4) / 3 seconds per MB: 11.1 MB/s, not the
+        // 100 MB/s of the two held, nor their mean with it (68 MB/s).
+        let expected = 3.0 / (2.0 / (100.0 * MB) + 1.0 / (4.0 * MB));
+        assert!(
+            (new.bandwidth_bytes_per_sec - expected).abs() < 1e-6 * expected,
+            "{} vs {expected}",
+            new.bandwidth_bytes_per_sec
+        );
     }
 
     #[test]
