@@ -152,7 +152,13 @@ pub fn predict_splits(
         out.push(SplitPrediction {
             workers: w,
             servers: n - w,
-            epoch_secs: b.epoch_secs,
+            // An asynchronous job's epoch ends when the workers together
+            // have processed the data set, whoever is slowest.
+            epoch_secs: if snap.job.asynchronous {
+                b.throughput_epoch_secs
+            } else {
+                b.epoch_secs
+            },
             comp_secs: slowest.map_or(0.0, |x| x.comp_secs),
             comm_secs: slowest.map_or(0.0, |x| x.comm_secs),
             bottleneck: match &b.bottleneck {
@@ -289,10 +295,6 @@ pub fn report(
             best.evaluations,
             if best.exact {
                 "the best split is proven best under the cost model"
-            } else if snap.job.asynchronous {
-                "asynchronous workers: every role assignment up to 8 containers \
-                 (a local search above), each model split improved by block \
-                 moves, not proven best"
             } else {
                 "it stopped early (more containers than the exhaustive search \
                  takes, or its node budget ran out): the best split found so \

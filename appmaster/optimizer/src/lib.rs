@@ -93,9 +93,10 @@
 //!   (per byte, and per worker's mini-batch for the requests themselves) bounds it
 //!   apart from its link: the slower of the two, not their sum.
 //! * An asynchronous job's epoch is the data set over the workers' summed
-//!   throughput, the servers shared max-min fairly
-//!   ([`Breakdown::throughput_epoch_secs`]); the solvers and the trigger
-//!   judge such a job by it.
+//!   throughput, each worker's answers waiting behind the others' requests
+//!   at the servers (approximate mean value analysis,
+//!   [`Breakdown::throughput_epoch_secs`]); the trigger prices the running
+//!   configuration by it and targets by the solvers' upper bound of it.
 //! * Computation and communication may overlap (workers that pull ahead): a worker's
 //!   epoch is `max(comp, comm) + f · min(comp, comm)` with `f` measured (`f = 1` is
 //!   Cruise's sum), and measured round-trip latency is part of the communication.

@@ -70,10 +70,10 @@ pub struct Job {
     /// Workers train asynchronously (no clock holds them together): an
     /// epoch ends when the workers together have processed the data set, so
     /// its time is the data set over their summed throughput, whatever the
-    /// split of the input blocks among them. The solvers and the trigger
-    /// then judge configurations by that throughput, not by the slowest
-    /// worker, and a plan that would only move input between the same
-    /// workers gains nothing.
+    /// split of the input blocks among them. The trigger then prices the
+    /// running configuration by that throughput (targets by the solvers'
+    /// upper bound of it), and a plan that would only move input between
+    /// the same workers gains nothing.
     #[serde(default)]
     pub asynchronous: bool,
     /// The running configuration's epoch time as measured since it began

@@ -1076,3 +1076,55 @@ fn the_latest_plans_shortfall_discounts_the_next_promise() {
     assert_eq!(roles_of(&back.plan.apply(&z).unwrap()), roles_of(&before));
     assert_eq!(back.predicted_epoch_secs, 12.0);
 }
+
+/// Two containers with fast CPUs on slow links (a, b) and two slower ones
+/// on fast links (c, d), the job asynchronous at a, b, c | d. Per
+/// mini-batch of 100 records, a and b compute 5 ms and move 400 kB over
+/// 4 MB/s (100 ms, overlapped): 10 mini-batches a second each; c computes
+/// 7.5 ms and moves it over 100 MB/s: 133 a second, its answers from d
+/// (4 ms) hardly waiting behind a's and b's. Together about 15,300
+/// records a second: 0.65 s an epoch, which no other split beats. The
+/// solvers' epoch charges c three workers' requests at d on every
+/// mini-batch (12 ms) and prices these roles at 0.95 s, above c alone
+/// (0.75 s): judged by it, the job would drop a and b and their
+/// throughput. Clocked, it rightly does (the slowest worker holds the
+/// others back).
+#[test]
+fn an_asynchronous_job_keeps_the_workers_that_add_throughput() {
+    let mut j = Job {
+        total_records: 10_000,
+        mini_batch_size: 100,
+        bytes_per_mini_batch: 800_000.0,
+        link_bytes_per_mini_batch: Some(400_000.0),
+        serial_fraction: 0.0,
+        asynchronous: true,
+        ..job(10, 4, 100.0)
+    };
+    let specs = vec![
+        spec("a", 5e-5, 4e6, 0.0),
+        spec("b", 5e-5, 4e6, 0.0),
+        spec("c", 7.5e-5, 1e8, 0.0),
+        spec("d", 7.5e-5, 1e8, 0.0),
+    ];
+    let cfg = config(&j, &["a", "b", "c"], &["d"], &[]);
+    let policy = TriggerPolicy::default();
+    let d = policy
+        .decide(&snapshot(&j, &specs, &cfg, 50), &cfg)
+        .unwrap();
+    match d {
+        Decision::Stay {
+            current_epoch_secs, ..
+        } => {
+            assert!(
+                (0.64..0.67).contains(&current_epoch_secs),
+                "{current_epoch_secs}"
+            );
+        }
+        other => panic!("expected Stay, got {other:?}"),
+    }
+    j.asynchronous = false;
+    let d = policy
+        .decide(&snapshot(&j, &specs, &cfg, 50), &cfg)
+        .unwrap();
+    assert!(matches!(d, Decision::Reconfigure(_)), "{d:?}");
+}

@@ -27,13 +27,6 @@
 //!   the current one, and block counts are aligned with the current ones where that
 //!   costs nothing, so a job at its optimum gets back its own configuration.
 //!
-//! * An asynchronous job ([`crate::Job::asynchronous`]) is judged by its
-//!   workers' summed throughput ([`crate::cost::Breakdown::epoch_secs`]),
-//!   which the bounds above do not bound: its roles are enumerated up to
-//!   eight containers (every assignment priced with the heuristic partition,
-//!   the best few improved by single model-block moves), and found by the
-//!   local search above; the model split is not proven best.
-//!
 //! Files: the closed form in `homogeneous.rs`, the search over role assignments in
 //! `search.rs`, the branch and bound over the model split in `split.rs`.
 
@@ -42,7 +35,7 @@ mod search;
 mod split;
 
 pub use homogeneous::{HomogeneousSolution, Split, Uniform, solve_homogeneous};
-use search::{Search, distance, exhaustive, exhaustive_async, finish};
+use search::{Search, distance, exhaustive, finish};
 
 use std::cmp::Reverse;
 
@@ -56,11 +49,6 @@ use crate::snapshot::Role;
 /// under the 1e-9 within which the exact solver must match brute force, so the tie
 /// rules can never cost more than that.
 const REL_EPS: f64 = 1e-10;
-
-/// Up to this many containers an asynchronous job's roles are enumerated
-/// ([`search::exhaustive_async`]: 3^8 = 6561 partitions priced); above, the
-/// local search.
-const ASYNC_EXHAUSTIVE_UP_TO: usize = 8;
 
 /// Default [`SearchOptions::node_budget`].
 const NODE_BUDGET: usize = 500_000;
@@ -151,7 +139,7 @@ pub fn solve_for_roles(model: &CostModel, roles: &[Role]) -> Result<Solution, Op
             model.job().input_blocks
         ))
     })?;
-    let exhaustive = model.len() <= options.exhaustive_up_to && !model.job().asynchronous;
+    let exhaustive = model.len() <= options.exhaustive_up_to;
     let part = search.refine(roles, part, options.budget_for(model.len()));
     let exact = exhaustive && search.nodes.get() > 0;
     let bar = part.t * (1.0 + REL_EPS);
@@ -270,11 +258,7 @@ pub fn solve_heterogeneous_with(
     }
     let mut search = Search::new(model, options.node_budget);
     let current: Vec<Role> = model.current_placements().iter().map(|p| p.role).collect();
-    let asynchronous = model.job().asynchronous;
-    if asynchronous && n <= ASYNC_EXHAUSTIVE_UP_TO.min(options.exhaustive_up_to) {
-        return exhaustive_async(model, &search, &current);
-    }
-    if !asynchronous && n <= options.exhaustive_up_to {
+    if n <= options.exhaustive_up_to {
         return exhaustive(model, &search, &current);
     }
     let mut starts = greedy_starts(model, &mut search);
@@ -544,72 +528,6 @@ mod tests {
         assert_eq!(sol.target["cpu2"].role, Role::Worker);
         assert_eq!(sol.target["net"].model_blocks, 8);
         assert_eq!(sol.target["cpu1"].input_blocks, 20);
-    }
-
-    /// Two containers with fast CPUs on slow links (a, b), two slower ones
-    /// on fast links (c, d); the job asynchronous, running a, b, c | d.
-    /// Per mini-batch of 100 records: a and b compute 5 ms and move 400 kB
-    /// over 4 MB/s (100 ms, overlapped: 10 mini-batches a second each); c
-    /// computes 7.5 ms and moves it over 100 MB/s (4 ms): 133.3 a second;
-    /// d serves 4 ms of link per mini-batch, 250 a second, more than the
-    /// 153.3 asked. Together 15,333 records a second: 0.652 s an epoch of
-    /// 10,000. The slowest worker's model charges c three workers' load on
-    /// d (12 ms) and prices the same roles at 0.95 s, above c alone (0.75 s):
-    /// judged by it, the job would drop the two slow-link workers and lose
-    /// their throughput.
-    #[test]
-    fn asynchronous_workers_are_judged_by_their_summed_throughput() {
-        let mut j = job(10_000, 100, 800_000.0, 10, 4);
-        j.link_bytes_per_mini_batch = Some(400_000.0);
-        j.serial_fraction = 0.0;
-        j.asynchronous = true;
-        let c =
-            |id: &str, comp: f64, bw: f64, role: Role, input: u32, model: u32| ContainerMetrics {
-                role,
-                compute_secs_per_record: Some(comp),
-                server_secs_per_byte: Some(0.0),
-                request_secs_per_server: Some(0.0),
-                server_secs_per_mini_batch: Some(0.0),
-                input_blocks: input,
-                model_blocks: model,
-                ..ContainerMetrics::offered(id.into(), None, bw)
-            };
-        let snap = |j: Job| Snapshot {
-            policy: None,
-            job: j,
-            containers: vec![
-                c("a", 5e-5, 4e6, Role::Worker, 3, 0),
-                c("b", 5e-5, 4e6, Role::Worker, 3, 0),
-                c("c", 7.5e-5, 1e8, Role::Worker, 4, 0),
-                c("d", 7.5e-5, 1e8, Role::Server, 0, 4),
-            ],
-            links: vec![],
-        };
-        let model = CostModel::new(&snap(j.clone())).unwrap();
-        let now = model.evaluate(&model.current()).unwrap();
-        let expected = 10_000.0 / (100.0 * (10.0 + 10.0 + 1.0 / 0.0075));
-        assert!((now.epoch_secs - expected).abs() < 1e-9, "{now:?}");
-        assert!(now.slowest_worker_secs > 0.9, "{now:?}");
-        let best = solve(&model).unwrap();
-        assert!((best.epoch_secs - expected).abs() < 1e-9, "{best:?}");
-        for (id, role) in [
-            ("a", Role::Worker),
-            ("b", Role::Worker),
-            ("c", Role::Worker),
-        ] {
-            assert_eq!(best.target[id].role, role, "{best:?}");
-        }
-        assert_eq!(best.target["d"].model_blocks, 4);
-        // Clocked, the same containers are judged by the slowest worker:
-        // the solver drops a worker.
-        j.asynchronous = false;
-        let clocked = solve(&CostModel::new(&snap(j)).unwrap()).unwrap();
-        let workers = clocked
-            .target
-            .values()
-            .filter(|p| p.role == Role::Worker)
-            .count();
-        assert!(workers < 3, "{clocked:?}");
     }
 
     #[test]

@@ -26,7 +26,16 @@ pub(super) fn exhaustive(
     current: &[Role],
 ) -> Result<Solution, OptimizerError> {
     let n = model.len();
-    let roles_of = |code: u64| roles_of(n, code);
+    // Assignment `code`: container `i`'s role is base-3 digit `i` (worker, server, idle).
+    let roles_of = |mut code: u64| -> Vec<Role> {
+        (0..n)
+            .map(|_| {
+                let r = [Role::Worker, Role::Server, Role::Idle][(code % 3) as usize];
+                code /= 3;
+                r
+            })
+            .collect()
+    };
     let total = u32::try_from(n)
         .ok()
         .and_then(|n| 3u64.checked_pow(n))
@@ -107,78 +116,6 @@ pub(super) fn exhaustive(
     finish(model, search, &roles, part, window, total as usize, exact)
 }
 
-/// The best configuration of an asynchronous job over all `3^N` role
-/// assignments. The branch and bound's bounds hold for the slowest
-/// worker's epoch, not for asynchronous workers' throughput, so every
-/// assignment is priced with its heuristic partition
-/// ([`Search::partition`]); the best few are then improved by single
-/// model-block moves and the best of those is taken (ties: the closest to
-/// `current`). Exact over the roles, not over the model split.
-pub(super) fn exhaustive_async(
-    model: &CostModel,
-    search: &Search<'_>,
-    current: &[Role],
-) -> Result<Solution, OptimizerError> {
-    /// Assignments whose model split is improved by moves.
-    const REFINED: usize = 4;
-    let n = model.len();
-    let total = u32::try_from(n)
-        .ok()
-        .and_then(|n| 3u64.checked_pow(n))
-        .ok_or_else(|| {
-            OptimizerError::invalid(
-                "containers",
-                format!("3^{n} role assignments cannot be enumerated"),
-            )
-        })?;
-    let mut priced: Vec<(f64, usize, u64)> = Vec::new();
-    for code in 0..total {
-        let roles = roles_of(n, code);
-        if let Some(part) = search.partition(&roles)
-            && (0..n).all(|j| roles[j] != Role::Server || part.l[j] > 0)
-        {
-            priced.push((part.t, distance(&roles, current), code));
-        }
-    }
-    priced.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
-    let mut best: Option<(Part, Vec<Role>, usize)> = None;
-    for &(_, d, code) in priced.iter().take(REFINED) {
-        let roles = roles_of(n, code);
-        let Some(part) = search.partition(&roles) else {
-            continue;
-        };
-        let part = search.moves(
-            &Search::members(&roles, Role::Worker),
-            &Search::members(&roles, Role::Server),
-            part,
-        );
-        let replace = match &best {
-            None => true,
-            Some((b, _, bd)) => better(part.t, b.t) || (!better(b.t, part.t) && d < *bd),
-        };
-        if replace {
-            best = Some((part, roles, d));
-        }
-    }
-    let (part, roles, _) = best.ok_or_else(|| {
-        OptimizerError::Infeasible("no role assignment has a worker and a server".into())
-    })?;
-    let bar = part.t * (1.0 + REL_EPS);
-    finish(model, search, &roles, part, bar, priced.len(), false)
-}
-
-/// Role assignment `code` of `n` containers: container `i`'s role is base-3
-/// digit `i` (worker, server, idle).
-fn roles_of(n: usize, mut code: u64) -> Vec<Role> {
-    (0..n)
-        .map(|_| {
-            let r = [Role::Worker, Role::Server, Role::Idle][(code % 3) as usize];
-            code /= 3;
-            r
-        })
-        .collect()
-}
-
 pub(super) fn distance(a: &[Role], b: &[Role]) -> usize {
     a.iter().zip(b).filter(|(x, y)| x != y).count()
 }
@@ -238,10 +175,7 @@ impl Ord for Key {
 /// A partition for fixed roles: blocks per container (model order) and its epoch time.
 #[derive(Debug, Clone)]
 pub(super) struct Part {
-    /// The epoch time it is judged by ([`Search::objective`]).
     pub(super) t: f64,
-    /// Its slowest worker's epoch: what the input blocks are dealt to even out.
-    pub(super) span: f64,
     pub(super) k: Vec<u32>,
     pub(super) l: Vec<u32>,
 }
@@ -343,35 +277,12 @@ impl<'a> Search<'a> {
             .collect();
         let mut counts = Vec::with_capacity(w);
         let active = crate::cost::holding(&srv);
-        let span = split::spread(m, workers, &g, active, &mut counts);
+        let t = split::spread(m, workers, &g, active, &mut counts);
         let mut k = vec![0u32; m.len()];
         for (&i, &c) in workers.iter().zip(&counts) {
             k[i] = c;
         }
-        let t = self.objective(&k, &srv, span);
-        Part { t, span, k, l }
-    }
-
-    /// The epoch time of input counts `k` (model order) with servers `srv`
-    /// `(index, model blocks)` whose slowest worker takes `span`: `span`
-    /// itself for workers held together by clocks; for asynchronous ones
-    /// the data set over their summed throughput
-    /// ([`CostModel::throughput_epoch`]), which their input counts do not
-    /// change (each goes at its own pace through what it holds). The input
-    /// is still dealt to even out their passes over it, so that every
-    /// block is trained on as often; the epoch is what they process
-    /// together.
-    fn objective(&self, k: &[u32], srv: &[(usize, u32)], span: f64) -> f64 {
-        if !self.m.job().asynchronous {
-            return span;
-        }
-        let workers: Vec<(usize, u32)> = k
-            .iter()
-            .enumerate()
-            .filter(|&(_, &c)| c > 0)
-            .map(|(i, &c)| (i, c))
-            .collect();
-        self.m.throughput_epoch(&workers, srv).min(span)
+        Part { t, k, l }
     }
 
     /// The per-block costs of `roles` with at least `lmin` model blocks per server, or
@@ -410,11 +321,6 @@ impl<'a> Search<'a> {
         let workers = Self::members(roles, Role::Worker);
         let servers = Self::members(roles, Role::Server);
         let part = self.moves(&workers, &servers, part);
-        if self.m.job().asynchronous {
-            // The branch and bound's bounds hold for the slowest worker's
-            // epoch, not for the throughput of asynchronous workers.
-            return part;
-        }
         let Some(fixed) = split::Fixed::new(self.m, &workers, &servers, 0) else {
             return part;
         };
@@ -558,13 +464,6 @@ impl<'a> Search<'a> {
         let srv: Vec<(usize, u32)> = servers.iter().map(|&j| (j, l[j])).collect();
         let active = crate::cost::holding(&srv);
         let w = workers.len();
-        // The input is dealt to even out the slowest worker's epoch, which
-        // for asynchronous workers is not the epoch judged.
-        let t_bar = if m.job().asynchronous {
-            self.data(&workers, &servers, l.clone()).span * (1.0 + REL_EPS)
-        } else {
-            t_bar
-        };
         // Data: any counts within [1, kmax_i(T)] summing to K are optimal.
         let mut lo = Vec::with_capacity(w);
         let mut hi = Vec::with_capacity(w);
@@ -593,12 +492,11 @@ impl<'a> Search<'a> {
                 for (x, &i) in workers.iter().enumerate() {
                     k[i] = counts[x];
                 }
-                let span = workers
+                let t = workers
                     .iter()
                     .map(|&i| m.worker_time(i, k[i], m.comm_per_batch(i, w, &srv).0, active))
                     .fold(0.0, f64::max);
-                let t = self.objective(&k, &srv, span);
-                Part { t, span, k, l }
+                Part { t, k, l }
             }
             None => self.data(&workers, &servers, l),
         }
