@@ -156,6 +156,8 @@ impl DataPlane {
             FuturesUnordered::new();
         let mut sent_goaway = false;
         let mut acked = false;
+        // Bytes of values handed to the writer since this task last yielded.
+        let mut unwritten = 0usize;
         loop {
             if acked && in_flight.is_empty() {
                 break;
@@ -168,9 +170,25 @@ impl DataPlane {
                     progress.fetch_add(1, Ordering::Relaxed);
                     if let Ok(PeerResponse::Values(v)) = &result {
                         self.inner.counters.bytes_out.fetch_add(v.byte_len() as u64, Ordering::Relaxed);
+                        unwritten += v.byte_len();
                     }
                     if tx.send(ToClient::Response { id, result }).await.is_err() {
                         return;
+                    }
+                    // Answers are written by the writer task while this one
+                    // reads the next request's values out of the store. Woken
+                    // by the send, the writer runs only once this task yields
+                    // (on a multi-thread runtime it sits in this thread's
+                    // LIFO slot, which no other thread takes), and requests
+                    // already read do not make it yield: the 16 parts of a
+                    // 64 MiB pull were all read out of the store, 10 ms,
+                    // before the first byte was written. Yielding once a
+                    // megabyte of values is queued lets the writer start on
+                    // them and, on a multi-thread runtime, another thread
+                    // take this task's next request meanwhile.
+                    if unwritten >= protocol::auth::WRITE_BATCH_BYTES {
+                        unwritten = 0;
+                        tokio::task::yield_now().await;
                     }
                 }
                 _ = self.inner.leaving.cancelled(), if !sent_goaway => {
