@@ -156,7 +156,8 @@ impl DataPlane {
             FuturesUnordered::new();
         let mut sent_goaway = false;
         let mut acked = false;
-        // Bytes of values handed to the writer since this task last yielded.
+        // Bytes of values (and probes' blobs) handed to the writer since
+        // this task last yielded.
         let mut unwritten = 0usize;
         loop {
             if acked && in_flight.is_empty() {
@@ -168,9 +169,13 @@ impl DataPlane {
                 _ = self.inner.faults.broken() => return,
                 Some((id, result)) = in_flight.next(), if !in_flight.is_empty() => {
                     progress.fetch_add(1, Ordering::Relaxed);
-                    if let Ok(PeerResponse::Values(v)) = &result {
-                        self.inner.counters.bytes_out.fetch_add(v.byte_len() as u64, Ordering::Relaxed);
-                        unwritten += v.byte_len();
+                    match &result {
+                        Ok(PeerResponse::Values(v)) => {
+                            self.inner.counters.bytes_out.fetch_add(v.byte_len() as u64, Ordering::Relaxed);
+                            unwritten += v.byte_len();
+                        }
+                        Ok(PeerResponse::Blob(b)) => unwritten += b.len(),
+                        _ => {}
                     }
                     if tx.send(ToClient::Response { id, result }).await.is_err() {
                         return;
