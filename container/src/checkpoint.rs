@@ -6,18 +6,32 @@
 //! HDFS:
 //!
 //! ```text
-//! <dir>/ckpt-000007/t0-b00003.blk   one file per block (BlockData::encode)
+//! <dir>/ckpt-000007/t0-b00003.blk   a model block (BlockData::encode)
+//! <dir>/ckpt-000007/t2-b00011.blk   the worker-local state of input block 11
 //! <dir>/ckpt-000007/MANIFEST.json   written last: what the checkpoint holds
 //! ```
 //!
-//! Evaluators write the blocks they own ([`write_blocks`]): each block is
-//! copied under its own lock (training goes on; nothing pauses the job),
-//! encoded and hashed off the async threads, and written whole. The AM then
-//! publishes the checkpoint ([`publish`]): the manifest — the job's progress
-//! and every block with its size and SHA-256 — is written beside the blocks
-//! under a temporary name and renamed into place, so a checkpoint without
-//! its manifest was never published. Older checkpoints beyond the last
-//! [`KEEP`] are then deleted.
+//! Evaluators write the blocks they own ([`write_blocks`]): every model
+//! block, and, for apps whose worker-local state checkpoints hold
+//! ([`crate::apps::state_in_checkpoints`]: NMF's row factors), the state
+//! block (table `STATE`) of every input block. Each block is copied under
+//! its own lock (training goes on; nothing pauses the job; a state block
+//! waits for the mini-batch computing on it), encoded and hashed off the
+//! async threads, and written whole. The AM then publishes the checkpoint
+//! ([`publish`]): the manifest — the job's progress and every block with
+//! its size and SHA-256 — is written beside the blocks under a temporary
+//! name and renamed into place, so a checkpoint without its manifest was
+//! never published. Older checkpoints beyond the last [`KEEP`] are then
+//! deleted.
+//!
+//! State blocks are listed like model blocks (`tables` names `STATE` with
+//! one block per input block, and every one is listed), so the manifest's
+//! [`FORMAT`] is unchanged: a manifest without them (an app without
+//! checkpointed state, or one written before they were) is read as before,
+//! and the input blocks it is used for draw their state afresh. A worker
+//! loading input blocks from a checkpoint's state ([`SavedState`], on a
+//! resume or when a lost worker's blocks are re-read) restores each
+//! block's state from it ([`read_state`]).
 //!
 //! Reading ([`latest`], [`read_block`]) trusts nothing: a manifest that
 //! does not parse, names another job, or lists a block whose file is
@@ -33,8 +47,8 @@ use sha2::{Digest, Sha256};
 
 use cruise_hdfs::{FileSystem, HdfsError};
 
-use crate::protocol::{BlockId, EvaluatorId, MODEL_TABLE, TableId};
-use crate::store::{BlockData, Store, StoreError};
+use crate::protocol::{BlockId, EvaluatorId, MODEL_TABLE, STATE_TABLE, TableId};
+use crate::store::{BlockData, StateBlock, Store, StoreError};
 
 /// Checkpoints kept: the newest and the one before (a torn newest one
 /// falls back to it).
@@ -44,6 +58,8 @@ pub const KEEP: usize = 2;
 pub const MANIFEST: &str = "MANIFEST.json";
 
 /// The manifest's version; a checkpoint of another version is not read.
+/// Worker-local state blocks came without a new version: they are listed
+/// as another table's blocks, which a manifest of version 1 may hold.
 pub const FORMAT: u32 = 1;
 
 /// Errors of writing or reading a checkpoint; each names the file.
@@ -142,6 +158,35 @@ impl Manifest {
             .find(|b| b.table == table && b.block == block)
     }
 
+    /// The blocks of `table` the checkpoint holds (`None` when it holds
+    /// none of that table).
+    pub fn blocks_of(&self, table: TableId) -> Option<u32> {
+        self.tables.iter().find(|t| t.0 == table).map(|t| t.1)
+    }
+
+    /// The worker-local state the checkpoint, in `folder`, holds of input
+    /// `blocks`: `None` when it holds none of them, or holds the state of
+    /// another number of input blocks than `input_blocks` (then its blocks
+    /// are not this input's).
+    pub fn saved_state(
+        &self,
+        folder: &str,
+        blocks: impl IntoIterator<Item = BlockId>,
+        input_blocks: u32,
+    ) -> Option<SavedState> {
+        if self.blocks_of(STATE_TABLE) != Some(input_blocks) {
+            return None;
+        }
+        let files: Vec<BlockFile> = blocks
+            .into_iter()
+            .filter_map(|b| self.file_of(STATE_TABLE, b).cloned())
+            .collect();
+        (!files.is_empty()).then(|| SavedState {
+            folder: folder.to_string(),
+            files,
+        })
+    }
+
     /// Checks that every block of every listed table is listed once.
     fn check_complete(&self, uri: &str) -> Result<(), CheckpointError> {
         let corrupt = |message: String| CheckpointError::Corrupt {
@@ -183,6 +228,17 @@ impl Manifest {
     }
 }
 
+/// Worker-local state blocks of a checkpoint that a worker loading their
+/// input blocks restores instead of drawing them afresh
+/// ([`Manifest::saved_state`], [`read_state`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SavedState {
+    /// The checkpoint's folder.
+    pub folder: String,
+    /// The state blocks' files (table `STATE`).
+    pub files: Vec<BlockFile>,
+}
+
 /// `dir/name`, whatever `dir` ends with.
 pub fn join(dir: &str, name: &str) -> String {
     format!("{}/{name}", dir.trim_end_matches('/'))
@@ -214,42 +270,100 @@ fn sha256_hex(bytes: &[u8]) -> String {
     s
 }
 
-/// Writes the model blocks owned here into the checkpoint folder `folder`
-/// and returns their files. Each block is copied under its own lock, one at
-/// a time; a block moved away meanwhile is not written here (its new owner
+/// Writes the model blocks owned here, and with `state` the worker-local
+/// state blocks owned here, into the checkpoint folder `folder` and
+/// returns their files. Each block is copied under its own lock, one at a
+/// time; a block moved away meanwhile is not written here (its new owner
 /// has it).
 pub async fn write_blocks(
     fs: &FileSystem,
     store: &Store,
     folder: &str,
+    state: bool,
 ) -> Result<Vec<BlockFile>, CheckpointError> {
     let mut out = Vec::new();
     for block in store.local_blocks(MODEL_TABLE) {
-        let Some(copy) = store.keyed_snapshot(block) else {
-            continue;
-        };
-        let (bytes, sha256) = tokio::task::spawn_blocking(move || {
-            let bytes = BlockData::Keyed(copy).encode();
-            let sum = sha256_hex(&bytes);
-            (bytes, sum)
-        })
-        .await
-        .map_err(|e| CheckpointError::Encode(e.to_string()))?;
-        let file = format!("t{MODEL_TABLE}-b{:05}.blk", block.0);
-        let uri = join(folder, &file);
-        let len = bytes.len() as u64;
-        fs.create(&uri, Bytes::from(bytes), true)
-            .await
-            .map_err(io(&uri))?;
-        out.push(BlockFile {
-            table: MODEL_TABLE,
-            block,
-            file,
-            bytes: len,
-            sha256,
-        });
+        if let Some(copy) = store.keyed_snapshot(block) {
+            out.push(write_block(fs, folder, MODEL_TABLE, block, BlockData::Keyed(copy)).await?);
+        }
+    }
+    if state {
+        for block in store.local_blocks(STATE_TABLE) {
+            if let Some(copy) = store.with_state(block, |s| s.clone()) {
+                out.push(
+                    write_block(fs, folder, STATE_TABLE, block, BlockData::State(copy)).await?,
+                );
+            }
+        }
     }
     Ok(out)
+}
+
+/// Encodes and hashes one block's copy off the async threads, and writes
+/// it whole into `folder`.
+async fn write_block(
+    fs: &FileSystem,
+    folder: &str,
+    table: TableId,
+    block: BlockId,
+    copy: BlockData,
+) -> Result<BlockFile, CheckpointError> {
+    let (bytes, sha256) = tokio::task::spawn_blocking(move || {
+        let bytes = copy.encode();
+        let sum = sha256_hex(&bytes);
+        (bytes, sum)
+    })
+    .await
+    .map_err(|e| CheckpointError::Encode(e.to_string()))?;
+    let file = format!("t{table}-b{:05}.blk", block.0);
+    let uri = join(folder, &file);
+    let len = bytes.len() as u64;
+    fs.create(&uri, Bytes::from(bytes), true)
+        .await
+        .map_err(io(&uri))?;
+    Ok(BlockFile {
+        table,
+        block,
+        file,
+        bytes: len,
+        sha256,
+    })
+}
+
+/// Reads the worker-local state of input block `block` from `saved`:
+/// `None` when it does not hold that block's. The file is checked as
+/// [`read_block`] does, and must hold a state block.
+pub async fn read_state(
+    fs: &FileSystem,
+    saved: &SavedState,
+    block: BlockId,
+) -> Result<Option<StateBlock>, CheckpointError> {
+    let Some(f) = saved
+        .files
+        .iter()
+        .find(|f| f.table == STATE_TABLE && f.block == block)
+    else {
+        return Ok(None);
+    };
+    match read_block(fs, &saved.folder, f).await? {
+        BlockData::State(s) => Ok(Some(s)),
+        other => Err(CheckpointError::Corrupt {
+            uri: join(&saved.folder, &f.file),
+            message: format!(
+                "it holds a {} block where the manifest lists worker-local state",
+                kind_name(&other)
+            ),
+        }),
+    }
+}
+
+/// The kind of a block, in words.
+fn kind_name(data: &BlockData) -> &'static str {
+    match data {
+        BlockData::Keyed(_) => "model",
+        BlockData::Input(_) => "input",
+        BlockData::State(_) => "state",
+    }
 }
 
 /// Reads one block of the checkpoint in `folder`, checking its size and

@@ -39,7 +39,9 @@ fn filled_store() -> Store {
 /// Writes checkpoint `id` of `store`'s blocks under `dir` and publishes it.
 async fn take(fs: &FileSystem, store: &Store, dir: &str, id: u64) {
     let folder = checkpoint::folder(dir, id);
-    let blocks = checkpoint::write_blocks(fs, store, &folder).await.unwrap();
+    let blocks = checkpoint::write_blocks(fs, store, &folder, false)
+        .await
+        .unwrap();
     assert_eq!(blocks.len(), BLOCKS as usize);
     let m = Manifest {
         format: FORMAT,
@@ -114,7 +116,7 @@ async fn a_jobs_checkpoints_are_deleted_through_webhdfs() {
     take(&fs, &store, &dir, 1).await;
     take(&fs, &store, &dir, 2).await;
     // A torn checkpoint: blocks written, never published.
-    checkpoint::write_blocks(&fs, &store, &checkpoint::folder(&dir, 3))
+    checkpoint::write_blocks(&fs, &store, &checkpoint::folder(&dir, 3), false)
         .await
         .unwrap();
     assert_eq!(checkpoint::delete_all(&fs, &dir).await.unwrap(), 3);

@@ -198,6 +198,7 @@ async fn evaluator_is_reused_for_worker_then_server() {
     };
     conn.send(AmToEval::LoadInput {
         blocks: vec![(BlockId(0), split)],
+        state: None,
     })
     .await
     .unwrap();

@@ -12,6 +12,16 @@
 //! | [`nmf`] | `row: col,val col,val ...` | column factors, keyed by column | row factors | squared error per entry |
 //! | [`lda`] | `doc word:count ...` | word-topic counts by word, plus topic totals | document topics, assignments | −log-likelihood per token |
 //!
+//! Checkpoints hold NMF's row factors ([`state_in_checkpoints`]): a
+//! resumed job and a lost worker's re-read input blocks restore them
+//! (when [`App::state_fits`] the block). LDA's document state is not in
+//! them: its assignments must agree with the word-topic counts on the
+//! servers, and a checkpoint copies each block at its own moment (a
+//! state block and the count blocks it was counted into disagree by what
+//! was sampled in between, and by the pushes still on their way): the
+//! sampler would remove tokens from counts that never held them and keep
+//! tokens the counts lost. LDA's state is drawn afresh as at the start.
+//!
 //! Each app also ships a seeded data generator with a known ground truth
 //! (used by `cruise datagen` and when a job has no input).
 //!
@@ -95,6 +105,13 @@ pub trait App: Send + Sync + 'static {
         None
     }
 
+    /// Whether `state`, the worker-local state of an input block read back
+    /// from a checkpoint ([`state_in_checkpoints`]), fits `input` so that
+    /// it can be restored; one that does not is drawn afresh.
+    fn state_fits(&self, _input: &InputBlock, _state: &StateBlock) -> bool {
+        false
+    }
+
     /// The model keys rows `rows` of `input` need, sorted and without duplicates.
     fn keys(&self, input: &InputBlock, rows: Range<usize>, out: &mut Vec<Key>);
 
@@ -135,6 +152,15 @@ pub trait App: Send + Sync + 'static {
     fn derived_metric(&self, _stats: &Stats) -> Option<(&'static str, f64)> {
         None
     }
+}
+
+/// Whether checkpoints hold the worker-local state of `app`'s input
+/// blocks, so that a resumed job, or a lost worker's blocks re-read by
+/// another, restore it instead of drawing it afresh. NMF's row factors
+/// are; LDA's assignments are not (see the module's doc); MLR and Lasso
+/// have none.
+pub fn state_in_checkpoints(app: AppKind) -> bool {
+    matches!(app, AppKind::Nmf)
 }
 
 /// The model parameters of the job's app, derived from the configuration.

@@ -21,7 +21,9 @@
 //! - The row factors `L` are worker-local state (`StateBlock::floats`,
 //!   records × rank, in record order) that lives and moves with its input
 //!   block, initially uniform in `[0, init_scale)` (deterministic in the row
-//!   id and the job seed).
+//!   id and the job seed). Checkpoints hold them, so a resumed job and a
+//!   lost worker's blocks re-read elsewhere take them back from the
+//!   newest checkpoint instead of drawing them again.
 //!
 //! # Step
 //!
@@ -228,6 +230,10 @@ impl App for Nmf {
             floats,
             ints: Vec::new(),
         })
+    }
+
+    fn state_fits(&self, input: &InputBlock, state: &StateBlock) -> bool {
+        self.state_ok(input, state) && state.ints.is_empty()
     }
 
     fn keys(&self, input: &InputBlock, rows: Range<usize>, out: &mut Vec<Key>) {

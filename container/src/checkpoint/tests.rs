@@ -2,7 +2,7 @@ use std::sync::Arc;
 
 use super::*;
 use crate::protocol::{Key, OwnershipUpdate, ValueBatch};
-use crate::store::{OpKind, Pending, StoreOp, SumModel, block_of_key};
+use crate::store::{OpKind, Pending, StateBlock, StoreOp, SumModel, block_of_key};
 
 const BLOCKS: u32 = 4;
 const JOB: &str = "job_test_ckpt";
@@ -43,7 +43,9 @@ fn filled_store() -> Store {
 
 /// Writes checkpoint `id` of `store` under `dir` and publishes it.
 async fn take(fs: &FileSystem, store: &Store, dir: &str, id: u64) -> Manifest {
-    let files = write_blocks(fs, store, &folder(dir, id)).await.unwrap();
+    let files = write_blocks(fs, store, &folder(dir, id), false)
+        .await
+        .unwrap();
     let m = Manifest {
         format: FORMAT,
         job_id: JOB.into(),
@@ -109,7 +111,9 @@ async fn a_torn_block_is_detected_and_the_previous_checkpoint_used() {
     assert!(err.contains(&torn), "{err}");
     assert_eq!(latest(&fs, &dir, JOB).await.unwrap().id, 1);
     // Unpublished (no manifest): skipped as well.
-    write_blocks(&fs, &store, &folder(&dir, 3)).await.unwrap();
+    write_blocks(&fs, &store, &folder(&dir, 3), false)
+        .await
+        .unwrap();
     assert_eq!(latest(&fs, &dir, JOB).await.unwrap().id, 1);
     // A job resumed from 1 numbers its checkpoints after the torn ones.
     assert_eq!(highest_id(&fs, &dir).await.unwrap(), Some(3));
@@ -187,4 +191,137 @@ async fn a_restored_block_applies_what_queued_while_it_was_read() {
     assert!(rx.await.unwrap().is_ok());
     let v = s.keyed_snapshot(b).unwrap().values[&key].clone();
     assert_eq!(v, vec![8.0], "the checkpoint's 7 plus the queued 1");
+}
+
+/// Input blocks whose worker-local state a test store holds.
+const INPUT_BLOCKS: u32 = 3;
+
+/// The state of input block `b` in a test store.
+fn state_of(b: u32) -> StateBlock {
+    StateBlock {
+        floats: (0..10 * (b + 1))
+            .map(|i| i as f32 / 7.0 + b as f32)
+            .collect(),
+        ints: vec![b, 40 + b],
+    }
+}
+
+/// [`filled_store`] that also holds the worker-local state of every input
+/// block.
+fn store_with_state() -> Store {
+    let s = filled_store();
+    // Adds the state table; the model table filled stays.
+    s.configure(&[(STATE_TABLE, INPUT_BLOCKS)], Arc::new(SumModel));
+    for b in 0..INPUT_BLOCKS {
+        s.put_block(STATE_TABLE, BlockId(b), BlockData::State(state_of(b)))
+            .unwrap();
+    }
+    s
+}
+
+/// The manifest of checkpoint 1 holding the model and the worker-local
+/// state, its files `blocks`.
+fn state_manifest(blocks: Vec<BlockFile>) -> Manifest {
+    Manifest {
+        format: FORMAT,
+        job_id: JOB.into(),
+        id: 1,
+        epoch: 1,
+        records_done: 100,
+        tables: vec![(MODEL_TABLE, BLOCKS), (STATE_TABLE, INPUT_BLOCKS)],
+        blocks,
+        published_unix_secs: 0,
+    }
+}
+
+#[tokio::test]
+async fn worker_state_round_trips_listed_with_its_size_and_checksum() {
+    let t = tempfile::tempdir().unwrap();
+    let (fs, dir) = (FileSystem::default(), dir_of(&t));
+    let store = store_with_state();
+    let f1 = folder(&dir, 1);
+    let files = write_blocks(&fs, &store, &f1, true).await.unwrap();
+    let state_files: Vec<&BlockFile> = files.iter().filter(|f| f.table == STATE_TABLE).collect();
+    assert_eq!(state_files.len(), INPUT_BLOCKS as usize, "{files:?}");
+    for f in &state_files {
+        let bytes = std::fs::read(join(&f1, &f.file)).unwrap();
+        assert_eq!(bytes.len() as u64, f.bytes);
+        assert_eq!(sha256_hex(&bytes), f.sha256);
+    }
+    let m = state_manifest(files);
+    publish(&fs, &dir, &m).await.unwrap();
+    let read = latest(&fs, &dir, JOB).await.unwrap();
+    assert_eq!(read, m);
+    assert_eq!(read.blocks_of(STATE_TABLE), Some(INPUT_BLOCKS));
+
+    // A worker loading blocks 2 and 0 restores each one's own state.
+    let saved = read
+        .saved_state(&f1, [BlockId(2), BlockId(0)], INPUT_BLOCKS)
+        .unwrap();
+    assert_eq!(saved.files.len(), 2);
+    for b in [2, 0] {
+        let got = read_state(&fs, &saved, BlockId(b)).await.unwrap();
+        assert_eq!(got, Some(state_of(b)), "block {b}");
+    }
+    assert_eq!(read_state(&fs, &saved, BlockId(1)).await.unwrap(), None);
+    // Another input's blocks, or a checkpoint without state: none.
+    assert!(read.saved_state(&f1, [BlockId(0)], 4).is_none());
+    assert!(
+        take(&fs, &store, &dir, 2)
+            .await
+            .saved_state(&folder(&dir, 2), [BlockId(0)], INPUT_BLOCKS)
+            .is_none()
+    );
+    // Without `state` nothing but the model is written.
+    let model_only = write_blocks(&fs, &store, &folder(&dir, 3), false)
+        .await
+        .unwrap();
+    assert!(model_only.iter().all(|f| f.table == MODEL_TABLE));
+}
+
+#[tokio::test]
+async fn a_missing_or_flipped_state_block_is_detected_naming_the_file() {
+    let t = tempfile::tempdir().unwrap();
+    let (fs, dir) = (FileSystem::default(), dir_of(&t));
+    let store = store_with_state();
+    let f1 = folder(&dir, 1);
+    let mut files = write_blocks(&fs, &store, &f1, true).await.unwrap();
+    // A manifest listing the state table must list every block of it.
+    let last = files.pop().unwrap();
+    let mut m = state_manifest(files.clone());
+    publish(&fs, &dir, &m).await.unwrap();
+    let err = check(&fs, &dir, 1, JOB).await.unwrap_err().to_string();
+    assert!(err.contains("block 2 of table 2 is missing"), "{err}");
+
+    files.push(last);
+    m.blocks = files;
+    std::fs::remove_file(join(&f1, MANIFEST)).unwrap();
+    publish(&fs, &dir, &m).await.unwrap();
+    assert_eq!(check(&fs, &dir, 1, JOB).await.unwrap(), m);
+    let saved = m.saved_state(&f1, [BlockId(1)], INPUT_BLOCKS).unwrap();
+    let uri = join(&f1, &saved.files[0].file);
+    let mut bytes = std::fs::read(&uri).unwrap();
+    bytes[20] ^= 0x01;
+    std::fs::write(&uri, &bytes).unwrap();
+    let err = read_state(&fs, &saved, BlockId(1))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains(&uri) && err.contains("SHA-256"), "{err}");
+
+    // A model block's file listed as state is refused for what it holds.
+    let model = m.file_of(MODEL_TABLE, BlockId(0)).unwrap().clone();
+    let wrong = SavedState {
+        folder: f1.clone(),
+        files: vec![BlockFile {
+            table: STATE_TABLE,
+            block: BlockId(0),
+            ..model
+        }],
+    };
+    let err = read_state(&fs, &wrong, BlockId(0))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("holds a model block"), "{err}");
 }

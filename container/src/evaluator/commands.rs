@@ -17,7 +17,7 @@ use cruise_hdfs::{FileSystem, Split};
 
 use super::{EvaluatorEnv, EvaluatorError, EvaluatorOptions, STOP_GRACE};
 use crate::apps::{self, App};
-use crate::checkpoint::{self, BlockFile};
+use crate::checkpoint::{self, BlockFile, SavedState};
 use crate::peer::{DataPlane, PeerSettings};
 use crate::protocol::{
     AmToEval, BlockId, EvalToAm, EvaluatorId, FrameOptions, JobSetup, OwnershipUpdate, TableId,
@@ -177,7 +177,7 @@ pub(super) async fn handle(
             create_blocks(table, blocks, job, links).await?
         }
         AmToEval::DropInput { blocks } => drop_input(blocks, job, links).await?,
-        AmToEval::LoadInput { blocks } => load_input(blocks, job, links),
+        AmToEval::LoadInput { blocks, state } => load_input(blocks, state, job, links),
         AmToEval::StartWorker(task) => start_worker(task, job, links, roles).await?,
         AmToEval::StopWorker => stop_task(&mut roles.worker, TaskKind::Worker, links).await?,
         AmToEval::StartServer => start_server(job, links, roles).await?,
@@ -229,11 +229,12 @@ async fn drop_input(blocks: Vec<BlockId>, job: &Job, links: &Links) -> Result<()
     links.send(EvalToAm::InputDropped { blocks }).await
 }
 
-/// Reads input splits into blocks, off the control loop.
-fn load_input(blocks: Vec<(BlockId, Split)>, job: &Job, links: &Links) {
+/// Reads input splits into blocks, off the control loop; their
+/// worker-local state is restored from `state` where it holds it.
+fn load_input(blocks: Vec<(BlockId, Split)>, state: Option<SavedState>, job: &Job, links: &Links) {
     let (fs, app, store) = (job.fs.clone(), Arc::clone(&job.app), job.dp.store().clone());
     links.answer_later("loading input", async move {
-        let blocks = ps::load_input(fs, app, store, blocks).await?;
+        let blocks = ps::load_input(fs, app, store, blocks, state).await?;
         Ok::<_, PsError>(Some(EvalToAm::InputLoaded { blocks }))
     });
 }
@@ -292,11 +293,13 @@ fn dump_model(job: &Job, links: &Links) {
 }
 
 /// Writes the blocks held here to checkpoint `id` in `folder`, off the
-/// control loop.
+/// control loop: the model blocks, and the worker-local state blocks of
+/// apps whose state checkpoints hold.
 fn write_checkpoint(id: u64, folder: String, job: &Job, links: &Links) {
     let (fs, store) = (job.fs.clone(), job.dp.store().clone());
+    let state = apps::state_in_checkpoints(job.app.kind());
     links.answer_later("writing a checkpoint", async move {
-        let result = checkpoint::write_blocks(&fs, &store, &folder)
+        let result = checkpoint::write_blocks(&fs, &store, &folder, state)
             .await
             .map_err(|e| e.to_string());
         Ok::<_, EvaluatorError>(Some(EvalToAm::CheckpointWritten { id, result }))

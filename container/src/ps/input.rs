@@ -1,5 +1,7 @@
 //! A worker's input: its splits read, parsed by the app and stored as
-//! input blocks (with the app's worker-local state beside them).
+//! input blocks (with the app's worker-local state beside them: restored
+//! from a checkpoint when the AM names one that holds it and it fits the
+//! block, drawn afresh otherwise).
 
 use std::sync::Arc;
 
@@ -7,8 +9,9 @@ use cruise_hdfs::{FileSystem, Split, line_number_at, read_split};
 
 use super::PsError;
 use crate::apps::App;
+use crate::checkpoint::{self, SavedState};
 use crate::protocol::{BlockId, INPUT_TABLE, STATE_TABLE, TableId};
-use crate::store::{BlockData, InputBlock, SlotKind, Store};
+use crate::store::{BlockData, InputBlock, SlotKind, StateBlock, Store};
 
 /// Reads one split and parses it with the app; returns the records and the
 /// bytes they came from. Parse errors name the file and line.
@@ -47,18 +50,29 @@ pub async fn read_input(
     }
 }
 
-/// Loads input blocks from their splits. Returns `(block, records, bytes)` per block.
+/// Loads input blocks from their splits, each block's worker-local state
+/// restored from `saved` where it holds it. Returns `(block, records,
+/// bytes)` per block.
 pub async fn load_input(
     fs: FileSystem,
     app: Arc<dyn App>,
     store: Store,
     blocks: Vec<(BlockId, Split)>,
+    saved: Option<SavedState>,
 ) -> Result<Vec<(BlockId, u64, u64)>, PsError> {
     let mut loaded = Vec::with_capacity(blocks.len());
+    let mut restored = Vec::new();
     for (block, split) in blocks {
         let (input, bytes) = read_input(&fs, &app, &split).await?;
         let records = input.len() as u64;
-        if let Some(state) = app.init_state(block, &input) {
+        let state = match saved_state(&fs, &app, saved.as_ref(), block, &input).await {
+            Some(s) => {
+                restored.push(block);
+                Some(s)
+            }
+            None => app.init_state(block, &input),
+        };
+        if let Some(state) = state {
             put_read(&store, STATE_TABLE, block, BlockData::State(state))?;
         }
         put_read(
@@ -69,7 +83,44 @@ pub async fn load_input(
         )?;
         loaded.push((block, records, bytes));
     }
+    if let Some(saved) = saved.filter(|_| !restored.is_empty()) {
+        tracing::info!(
+            folder = %saved.folder,
+            ?restored,
+            "worker-local state of input blocks restored from a checkpoint"
+        );
+    }
     Ok(loaded)
+}
+
+/// The worker-local state of input block `block` in `saved`, if it holds
+/// it and it fits `input`. A state that cannot be read or does not fit is
+/// drawn afresh, with a warning naming the file: the model and the input
+/// are intact, only the block's state starts over.
+async fn saved_state(
+    fs: &FileSystem,
+    app: &Arc<dyn App>,
+    saved: Option<&SavedState>,
+    block: BlockId,
+    input: &InputBlock,
+) -> Option<StateBlock> {
+    let saved = saved.filter(|_| app.has_state())?;
+    match checkpoint::read_state(fs, saved, block).await {
+        Ok(Some(state)) if app.state_fits(input, &state) => Some(state),
+        Ok(Some(_)) => {
+            tracing::warn!(
+                "the worker-local state of input block {block} in checkpoint {} does not fit \
+                 the block read from the input; it is drawn afresh",
+                saved.folder
+            );
+            None
+        }
+        Ok(None) => None,
+        Err(e) => {
+            tracing::warn!("input block {block}: {e}; its worker-local state is drawn afresh");
+            None
+        }
+    }
 }
 
 /// Stores a block read from the job's input. The AM has this evaluator

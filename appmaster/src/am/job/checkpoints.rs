@@ -1,24 +1,30 @@
 //! Checkpoints, as part of the job's event loop: when one is due, the
-//! evaluators holding model blocks are asked to write theirs
-//! (`Checkpoint`; each copies each block under its own lock, so training
-//! never pauses); once every block is written the manifest is published off
-//! the loop, on the job's tracker (`cruise_container::checkpoint::publish`:
-//! written, renamed into place, older checkpoints pruned), and the loop
-//! hears of it as [`Event::CheckpointPublished`]. This module owns the
-//! checkpoint being taken and the published ones, newest last, that a lost
-//! server's blocks are restored from (`reconfigure/recovery.rs`).
+//! evaluators holding model blocks — and, for apps whose worker-local
+//! state checkpoints hold (`apps::state_in_checkpoints`: NMF), those
+//! holding state blocks — are asked to write theirs (`Checkpoint`; each
+//! copies each block under its own lock, so training never pauses); once
+//! every block is written the manifest is published off the loop, on the
+//! job's tracker (`cruise_container::checkpoint::publish`: written,
+//! renamed into place, older checkpoints pruned), and the loop hears of it
+//! as [`Event::CheckpointPublished`]. This module owns the checkpoint being
+//! taken and the published ones, newest last, that a lost server's blocks
+//! are restored from, and a lost worker's blocks take their state from
+//! (`reconfigure/recovery.rs`).
 //!
-//! One checkpoint is taken at a time, never while a plan runs or a lost
-//! server's blocks are being restored (a block moving while checkpoints
-//! are written could be written by neither end). One that cannot be
-//! completed — an evaluator failed to write, was lost, or a block moved
-//! meanwhile — is given up with a warning; the next is taken when due.
+//! One checkpoint is taken at a time, never while a plan runs, a lost
+//! server's blocks are being restored or (apps with checkpointed state) a
+//! lost worker's blocks are being re-read (a block moving while
+//! checkpoints are written could be written by neither end; a block being
+//! re-read has no state to write yet). One that cannot be completed — an
+//! evaluator failed to write, was lost, or a block moved meanwhile — is
+//! given up with a warning; the next is taken when due.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
+use cruise_container::apps::state_in_checkpoints;
 use cruise_container::checkpoint::{self, BlockFile, MAX_CHECKPOINT_TIME, Manifest};
-use cruise_container::protocol::{AmToEval, EvaluatorId, MODEL_TABLE};
+use cruise_container::protocol::{AmToEval, EvaluatorId, MODEL_TABLE, STATE_TABLE, TableId};
 use cruise_hdfs::FileSystem;
 
 use crate::am::{CheckpointInfo, Event};
@@ -115,6 +121,16 @@ impl Driver {
         &self.config.checkpoint.dir
     }
 
+    /// The tables a checkpoint holds, with their blocks: the model, and
+    /// the worker-local state of apps whose state checkpoints hold.
+    fn checkpointed_tables(&self) -> Vec<(TableId, u32)> {
+        let mut tables = vec![(MODEL_TABLE, self.config.store.model_blocks)];
+        if state_in_checkpoints(self.config.job.app) {
+            tables.push((STATE_TABLE, self.splits.len() as u32));
+        }
+        tables
+    }
+
     /// Training started: the time to the first checkpoint counts from now.
     pub(super) fn checkpoints_start(&mut self) {
         self.ck.last_at = Some(Instant::now());
@@ -130,6 +146,7 @@ impl Driver {
             || self.ck.taking.is_some()
             || self.rc.plan_running()
             || self.restoring()
+            || (self.rereading() && state_in_checkpoints(self.config.job.app))
             || epochs >= self.config.job.epochs
         {
             return;
@@ -149,9 +166,9 @@ impl Driver {
         self.ck.last_at = Some(Instant::now());
         let folder = checkpoint::folder(self.checkpoint_dir(), id);
         let holders: BTreeSet<EvaluatorId> = self
-            .owners
-            .owners_of(MODEL_TABLE)
+            .checkpointed_tables()
             .into_iter()
+            .flat_map(|(table, _)| self.owners.owners_of(table))
             .filter(|e| {
                 self.evaluators
                     .get(e)
@@ -210,9 +227,9 @@ impl Driver {
     }
 
     /// Every holder has written: publishes the manifest off the loop, if
-    /// every model block is in it.
+    /// every block of every table it holds is in it.
     fn publish_checkpoint(&mut self) {
-        let model_blocks = self.config.store.model_blocks;
+        let tables = self.checkpointed_tables();
         let Some(t) = self.ck.taking.as_mut() else {
             return;
         };
@@ -221,13 +238,19 @@ impl Driver {
         for f in t.files.drain(..) {
             by_block.entry((f.table, f.block)).or_insert(f);
         }
-        if by_block.len() != model_blocks as usize {
-            let why = format!(
-                "{} of the {model_blocks} model blocks were written (a block moved meanwhile)",
-                by_block.len()
-            );
-            self.give_up_checkpoint(&why);
-            return;
+        for &(table, n) in &tables {
+            let written = by_block.keys().filter(|k| k.0 == table).count();
+            if written != n as usize {
+                let what = if table == MODEL_TABLE {
+                    "model blocks"
+                } else {
+                    "worker-local state blocks"
+                };
+                let why =
+                    format!("{written} of the {n} {what} were written (a block moved meanwhile)");
+                self.give_up_checkpoint(&why);
+                return;
+            }
         }
         t.publishing = true;
         let manifest = Manifest {
@@ -236,7 +259,7 @@ impl Driver {
             id: t.id,
             epoch: t.epoch,
             records_done: t.records_done,
-            tables: vec![(MODEL_TABLE, model_blocks)],
+            tables,
             blocks: by_block.into_values().collect(),
             published_unix_secs: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)

@@ -1,11 +1,15 @@
 //! A resumed job (`cruise run --resume`, `am/resume.rs`): while loading,
 //! each server reads its model blocks from the checkpoint the job resumes
 //! from (`RestoreBlocks`, answered by `BlocksRestored`) instead of creating
-//! them; when training starts, the epochs, records and clocks the
-//! checkpoint had reached are carried over, so the job trains only the
-//! epochs that remain.
+//! them, and each worker reading its input blocks restores their
+//! worker-local state from it where it holds it (NMF's row factors: the
+//! `state` of `LoadInput`) instead of drawing it afresh; when training
+//! starts, the epochs, records and clocks the checkpoint had reached are
+//! carried over, so the job trains only the epochs that remain.
 
+use cruise_container::checkpoint::SavedState;
 use cruise_container::protocol::{AmToEval, BlockId, EvaluatorId, MODEL_TABLE};
+use cruise_hdfs::Split;
 
 use crate::am::{AmError, CheckpointInfo, Progress, Role};
 
@@ -30,6 +34,15 @@ impl Driver {
             files,
         };
         self.ask(id, msg, Answer::BlocksCreated).await;
+    }
+
+    /// The worker-local state of input `blocks` in the checkpoint the job
+    /// resumes from, if it was resumed and the checkpoint holds it.
+    pub(super) fn resumed_state(&self, blocks: &[(BlockId, Split)]) -> Option<SavedState> {
+        let r = self.resume.as_ref()?;
+        let input_blocks = self.splits.len() as u32;
+        r.manifest
+            .saved_state(&r.folder, blocks.iter().map(|b| b.0), input_blocks)
     }
 
     /// While loading, server `id` loaded its model blocks from the

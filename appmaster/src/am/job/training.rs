@@ -128,8 +128,13 @@ impl Driver {
                 .map(|b| (BlockId(b as u32), self.splits[b].clone()))
                 .collect();
             self.rc.load_started.insert(id, Instant::now());
-            self.ask(id, AmToEval::LoadInput { blocks }, Answer::InputLoaded)
-                .await;
+            let state = self.resumed_state(&blocks);
+            self.ask(
+                id,
+                AmToEval::LoadInput { blocks, state },
+                Answer::InputLoaded,
+            )
+            .await;
         }
     }
 

@@ -29,6 +29,10 @@ pub enum AmToEval {
     LoadInput {
         /// Block id and the split it holds.
         blocks: Vec<(BlockId, Split)>,
+        /// The worker-local state of these blocks in a checkpoint (a
+        /// resumed job, a lost worker's blocks re-read): restored instead
+        /// of drawn afresh, for each block it holds and that fits.
+        state: Option<crate::checkpoint::SavedState>,
     },
     /// Drop these input blocks (a scale-in re-reads them elsewhere); only
     /// for blocks without worker-local state.
@@ -87,8 +91,10 @@ pub enum AmToEval {
     /// Send the model blocks owned here to the AM: [`EvalToAm::ModelPart`]s,
     /// then [`EvalToAm::ModelDumped`].
     DumpModel,
-    /// Write the model blocks owned here into a checkpoint's folder, each
-    /// copied under its own lock while training goes on. Answered by
+    /// Write the model blocks owned here, and the worker-local state
+    /// blocks of apps whose state checkpoints hold
+    /// ([`crate::apps::state_in_checkpoints`]), into a checkpoint's folder,
+    /// each copied under its own lock while training goes on. Answered by
     /// [`EvalToAm::CheckpointWritten`].
     Checkpoint {
         /// The checkpoint's number.

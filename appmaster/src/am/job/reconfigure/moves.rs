@@ -148,7 +148,12 @@ impl Driver {
             .iter()
             .filter_map(|&b| self.splits.get(b.index()).map(|s| (b, s.clone())))
             .collect();
-        self.send(to, AmToEval::LoadInput { blocks: splits }).await;
+        // Only blocks without worker-local state are re-read on a scale-in.
+        let msg = AmToEval::LoadInput {
+            blocks: splits,
+            state: None,
+        };
+        self.send(to, msg).await;
     }
 
     /// Input blocks loaded while training: a reload has landed. Returns

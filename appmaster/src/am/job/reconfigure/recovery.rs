@@ -5,9 +5,12 @@
 //! lost worker no longer holds their clocks back.
 //!
 //! - A lost worker's input blocks are re-read from the job's input by the
-//!   surviving workers, the least loaded first. Its worker-local state is
-//!   rebuilt as at the start (NMF's row factors are drawn again; state is
-//!   not checkpointed).
+//!   surviving workers, the least loaded first. Their worker-local state
+//!   is restored from the newest published checkpoint where it holds it
+//!   (NMF's row factors, as they were then: `LoadInput`'s `state`), and
+//!   drawn afresh as at the start otherwise (no checkpoint yet, an app
+//!   whose state checkpoints do not hold, a state file that cannot be
+//!   read).
 //! - A lost server's model blocks are restored from the newest published
 //!   checkpoint onto the surviving servers (workers if none is left), the
 //!   least loaded first: each is told `RestoreBlocks` — its slots take the
@@ -234,6 +237,12 @@ impl Driver {
         !self.rc.restores.is_empty()
     }
 
+    /// Whether a lost worker's input blocks are being re-read (their
+    /// worker-local state has no live owner until they land).
+    pub(in crate::am::job) fn rereading(&self) -> bool {
+        !self.rc.recoveries.is_empty()
+    }
+
     /// The workers that would remain without `id`, but for those the
     /// running plan deletes or switches.
     fn survivors(&self, id: EvaluatorId) -> impl Iterator<Item = EvaluatorId> + '_ {
@@ -329,17 +338,32 @@ impl Driver {
             .map(|w| (self.owners.blocks_of(INPUT_TABLE, w).len(), w))
             .collect();
         for (to, blocks) in deal(load, blocks) {
-            let splits = blocks
-                .iter()
-                .filter_map(|&b| self.splits.get(b.index()).map(|s| (b, s.clone())))
-                .collect();
-            self.rc.recoveries.push(Recovery {
-                to,
-                blocks,
-                since: Instant::now(),
-            });
-            self.send(to, AmToEval::LoadInput { blocks: splits }).await;
+            self.send_reread(to, blocks).await;
         }
+    }
+
+    /// Tells `to` to re-read input `blocks` of a lost worker, their
+    /// worker-local state restored from the newest published checkpoint
+    /// where it holds it, and remembers it.
+    async fn send_reread(&mut self, to: EvaluatorId, blocks: Vec<BlockId>) {
+        let splits = blocks
+            .iter()
+            .filter_map(|&b| self.splits.get(b.index()).map(|s| (b, s.clone())))
+            .collect();
+        let state = self.ck.newest().and_then(|m| {
+            let folder = checkpoint::folder(&self.config.checkpoint.dir, m.id);
+            m.saved_state(&folder, blocks.iter().copied(), self.splits.len() as u32)
+        });
+        self.rc.recoveries.push(Recovery {
+            to,
+            blocks,
+            since: Instant::now(),
+        });
+        let msg = AmToEval::LoadInput {
+            blocks: splits,
+            state,
+        };
+        self.send(to, msg).await;
     }
 
     /// Stops the running plan because `lost` was lost (see the module's
@@ -455,17 +479,7 @@ impl Driver {
                 return Ok(());
             };
             tracing::warn!("{text}; evaluator {at} reads its input block again");
-            let splits = self
-                .splits
-                .get(block.index())
-                .map(|s| vec![(block, s.clone())])
-                .unwrap_or_default();
-            self.rc.recoveries.push(Recovery {
-                to: at,
-                blocks: vec![block],
-                since: Instant::now(),
-            });
-            self.send(at, AmToEval::LoadInput { blocks: splits }).await;
+            self.send_reread(at, vec![block]).await;
             return Ok(());
         }
         if table != INPUT_TABLE {
