@@ -259,6 +259,103 @@ async fn killed_worker_is_survived(c: CruiseConfig) {
     survived_by_one(cluster, id, am::Role::Worker, |e| e.input_blocks == 6).await;
 }
 
+/// NMF on `rows` rows of 80 columns, rank 3, in `dir`.
+fn nmf_data(dir: &Path, rows: u64) -> String {
+    use cruise_appmaster::datagen::GenSpec;
+    use cruise_container::apps::nmf;
+    let spec = GenSpec::Nmf(nmf::GenParams {
+        rows,
+        columns: 80,
+        rank: 3,
+        density: 0.4,
+        noise: 0.1,
+        seed: 12,
+    });
+    let mut out = Vec::new();
+    spec.write(&mut out).unwrap();
+    let path = dir.join("nmf.txt");
+    std::fs::write(&path, out).unwrap();
+    path.display().to_string()
+}
+
+/// The job's next progress event.
+async fn next_progress(cluster: &mut Cluster) -> Progress {
+    match tokio::time::timeout(WAIT, cluster.progress.recv()).await {
+        Ok(Some(p)) => p,
+        Ok(None) => panic!("the job ended; status {:?}", cluster.status()),
+        Err(_) => panic!("no progress in {WAIT:?}; status {:?}", cluster.status()),
+    }
+}
+
+/// Epochs before an NMF worker is killed (with a checkpoint every epoch,
+/// the newest is of about this epoch then).
+const NMF_KILL_AFTER_EPOCH: u32 = 12;
+
+/// A killed NMF worker's input blocks are re-read by the other worker with
+/// their row factors from the newest checkpoint: the epochs after the
+/// loss train on about where the checkpoint left the job, not from row
+/// factors drawn again (which bring the loss back towards the first
+/// epoch's).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_nmf_worker_s_row_factors_come_back_from_the_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = nmf_data(dir.path(), 600);
+    let mut c = config(10_000);
+    c.job.app = cruise_conf::AppKind::Nmf;
+    c.nmf.columns = 80;
+    c.nmf.rank = 3;
+    c.nmf.step_size = 0.1;
+    c.optimizer.enabled = false;
+    c.checkpoint.every_epochs = 1;
+    c.checkpoint.every_secs = 0;
+    c.validate().unwrap();
+    let mut cluster = Cluster::start(c, input, dir.path().join("work"));
+    let st = cluster
+        .await_status(WAIT, |s| {
+            s.checkpoint
+                .as_ref()
+                .is_some_and(|c| c.epoch >= NMF_KILL_AFTER_EPOCH)
+        })
+        .await
+        .unwrap_or_else(|e| panic!("no checkpoint published: {e}"));
+    let ckpt = st.checkpoint.unwrap();
+    let (_, container) = training_worker(&mut cluster).await;
+    assert!(cluster.kill_evaluator(&container));
+    // The job's progress, in order: every epoch's loss until the loss is
+    // heard of (its blocks sent to be re-read), then the next three
+    // epochs' (the first ends after the blocks landed: an epoch counts the
+    // records of every block).
+    let mut losses = std::collections::BTreeMap::new();
+    let mut lost_at = None;
+    let mut after = Vec::new();
+    while after.len() < 3 {
+        match next_progress(&mut cluster).await {
+            Progress::Phase(p) if p.contains("re-read by the other workers") => {
+                lost_at = losses.keys().next_back().copied();
+            }
+            Progress::Epoch(e) if lost_at.is_some() => after.push(e.stats.mean_loss()),
+            Progress::Epoch(e) => {
+                losses.insert(e.epoch, e.stats.mean_loss());
+            }
+            _ => {}
+        }
+    }
+    let first = losses[&1];
+    let before = losses[&ckpt.epoch];
+    eprintln!(
+        "NMF loss: epoch 1 {first}, epoch {} {before} (checkpoint {}), lost after epoch {:?}; \
+         the next epochs {after:?}",
+        ckpt.epoch, ckpt.folder, lost_at
+    );
+    let worst = after.iter().copied().fold(0.0, f64::max);
+    assert!(
+        worst <= before + 0.1 * (first - before),
+        "after the loss the loss rose to {worst} (at the checkpoint {before}, \
+         the first epoch {first})"
+    );
+    cancel(cluster).await;
+}
+
 /// With `job.max_failures = 0` the first lost worker fails the job, and the
 /// message says why it was not survived.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

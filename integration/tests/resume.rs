@@ -9,6 +9,11 @@
 //! finished job runs nothing and succeeds; a work directory without a
 //! checkpoint is refused, naming it.
 //!
+//! An NMF job resumed the same way takes its row factors (worker-local
+//! state) back from the checkpoint: the first epoch after the resume
+//! trains on from where the checkpoint's epoch ended, not from row factors
+//! drawn again.
+//!
 //! Multi-process: `cruise run` and its evaluators are OS processes.
 
 use std::path::{Path, PathBuf};
@@ -37,11 +42,15 @@ fn cruise() -> Command {
 }
 
 fn job(work: &Path) -> Command {
+    job_of(work, "mlr", EPOCHS)
+}
+
+fn job_of(work: &Path, app: &str, epochs: u32) -> Command {
     let mut c = cruise();
     c.args(["run", "--json", "--work-dir"]).arg(work);
     c.args(["--containers", "4", "--workers", "2"])
-        .args(["--epochs", &EPOCHS.to_string()])
-        .args(["--set", "job.app=mlr"])
+        .args(["--epochs", &epochs.to_string()])
+        .args(["--set", &format!("job.app={app}")])
         .args(["--set", "optimizer.enabled=false"])
         .args(["--set", "checkpoint.every_epochs=1"])
         .args(["--set", "checkpoint.every_secs=0"]);
@@ -221,4 +230,90 @@ async fn a_work_dir_without_a_checkpoint_is_refused_naming_it() {
     assert!(err.contains("no usable checkpoint in"), "{err}");
     assert!(err.contains("MANIFEST.json"), "{err}");
     assert!(err.contains(&dir.path().display().to_string()), "{err}");
+}
+
+/// The NMF job's epochs; it is killed once a checkpoint of at least
+/// [`NMF_KILL_AFTER_EPOCH`] is published.
+const NMF_EPOCHS: u32 = 14;
+const NMF_KILL_AFTER_EPOCH: u64 = 5;
+
+/// An epoch's mean loss in a summary (an epoch carried over from the
+/// history has its mean loss times its records, and no terms).
+fn epoch_loss(e: &Value) -> f64 {
+    let st = &e["stats"];
+    let terms = match st["loss_terms"].as_u64().unwrap() {
+        0 => st["records"].as_u64().unwrap(),
+        n => n,
+    };
+    st["loss_sum"].as_f64().unwrap() / terms as f64
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resumed_nmf_job_takes_its_row_factors_from_the_checkpoint() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let work = dir.path();
+    let mut am = Spawned::spawn(job_of(work, "nmf", NMF_EPOCHS)).unwrap();
+    let epoch = wait_for("a checkpoint manifest on disk", WAIT, || async {
+        newest_checkpoint_epoch(work).filter(|&e| e >= NMF_KILL_AFTER_EPOCH)
+    })
+    .await
+    .unwrap();
+    sigkill(am.child.id().unwrap());
+    am.wait(WAIT).await.unwrap();
+    // The checkpoint the job resumes from (the resumed job's own
+    // checkpoints soon prune it).
+    let newest = manifests(work)
+        .into_iter()
+        .filter_map(|m| std::fs::read(m).ok())
+        .filter_map(|b| serde_json::from_slice::<Value>(&b).ok())
+        .max_by_key(|m| m["id"].as_u64())
+        .unwrap();
+
+    let mut resumed = Spawned::spawn(resume(work)).unwrap();
+    let s = finished_evaluating_all(&mut resumed, WAIT).await.unwrap();
+    let from = s["resumed_from"]["epoch"].as_u64().unwrap_or(0) as usize;
+    assert!(from as u64 >= epoch, "resumed from epoch {from}: {s}");
+    assert_eq!(
+        s["resumed_from"]["id"], newest["id"],
+        "resumed from the newest checkpoint: {s}"
+    );
+
+    // Row factors drawn again would start the next epoch where the job's
+    // first started: its loss far above the checkpoint's epoch's.
+    let epochs = s["epochs"].as_array().unwrap();
+    assert_eq!(epochs.len(), NMF_EPOCHS as usize);
+    let (first, at_checkpoint, next) = (
+        epoch_loss(&epochs[0]),
+        epoch_loss(&epochs[from - 1]),
+        epoch_loss(&epochs[from]),
+    );
+    eprintln!(
+        "NMF loss: epoch 1 {first}, epoch {from} (checkpoint) {at_checkpoint}, \
+         epoch {} (first resumed) {next}",
+        from + 1
+    );
+    assert!(
+        next <= at_checkpoint + 0.1 * (first - at_checkpoint),
+        "the first epoch after the resume has loss {next}; the checkpoint's epoch {at_checkpoint}, \
+         the job's first {first}"
+    );
+
+    // The checkpoint lists every input block's row factors.
+    let tables = newest["tables"].as_array().unwrap();
+    let state_blocks = tables
+        .iter()
+        .find(|t| t[0] == 2)
+        .and_then(|t| t[1].as_u64())
+        .unwrap_or_else(|| panic!("no worker-local state table in {newest}"));
+    let listed = newest["blocks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|b| b["table"] == 2)
+        .count();
+    assert!(
+        state_blocks > 0 && listed as u64 == state_blocks,
+        "{newest}"
+    );
 }
