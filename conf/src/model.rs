@@ -655,7 +655,8 @@ impl MesosConfig {
 
 /// `[checkpoint]`: periodic checkpoints of the model, taken while training
 /// goes on (each server copies each of its blocks under that block's own
-/// lock and writes it; the AM then publishes a manifest).
+/// lock and writes it, and for NMF each worker its input blocks' row
+/// factors; the AM then publishes a manifest).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct CheckpointConfig {
