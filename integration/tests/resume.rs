@@ -232,9 +232,10 @@ async fn a_work_dir_without_a_checkpoint_is_refused_naming_it() {
     assert!(err.contains(&dir.path().display().to_string()), "{err}");
 }
 
-/// The NMF job's epochs; it is killed once a checkpoint of at least
-/// [`NMF_KILL_AFTER_EPOCH`] is published.
-const NMF_EPOCHS: u32 = 14;
+/// The NMF job's epochs (an epoch takes a few tens of milliseconds: far
+/// more than it runs before the kill); it is killed once a checkpoint of
+/// at least [`NMF_KILL_AFTER_EPOCH`] is published.
+const NMF_EPOCHS: u32 = 300;
 const NMF_KILL_AFTER_EPOCH: u64 = 5;
 
 /// An epoch's mean loss in a summary (an epoch carried over from the
@@ -271,7 +272,10 @@ async fn a_resumed_nmf_job_takes_its_row_factors_from_the_checkpoint() {
         .unwrap();
 
     let mut resumed = Spawned::spawn(resume(work)).unwrap();
-    let s = finished_evaluating_all(&mut resumed, WAIT).await.unwrap();
+    let s = match finished_evaluating_all(&mut resumed, WAIT).await {
+        Ok(s) => s,
+        Err(e) => panic!("{e:#}: {}", resumed.stderr()),
+    };
     let from = s["resumed_from"]["epoch"].as_u64().unwrap_or(0) as usize;
     assert!(from as u64 >= epoch, "resumed from epoch {from}: {s}");
     assert_eq!(
