@@ -95,8 +95,8 @@ pub async fn load_input(
 
 /// The worker-local state of input block `block` in `saved`, if it holds
 /// it and it fits `input`. A state that cannot be read or does not fit is
-/// drawn afresh, with a warning naming the file: the model and the input
-/// are intact, only the block's state starts over.
+/// drawn afresh, with a warning naming the file or the checkpoint: the
+/// model and the input are intact, only the block's state starts over.
 async fn saved_state(
     fs: &FileSystem,
     app: &Arc<dyn App>,
@@ -138,4 +138,79 @@ fn put_read(store: &Store, table: TableId, block: BlockId, data: BlockData) -> R
     }
     store.put_block(table, block, data)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use cruise_conf::NmfConfig;
+
+    use super::*;
+    use crate::apps::nmf::{self, Nmf};
+
+    /// An NMF worker's store and app, and a split of three rows (rank 2).
+    fn setup(dir: &std::path::Path) -> (Arc<dyn App>, Store, Split) {
+        let c = NmfConfig {
+            columns: 10,
+            rank: 2,
+            ..NmfConfig::default()
+        };
+        let app: Arc<dyn App> = Arc::new(Nmf::new(&c, &nmf::params(&c).unwrap(), 5).unwrap());
+        let store = Store::new(crate::protocol::EvaluatorId(1));
+        store.configure(&[(INPUT_TABLE, 1), (STATE_TABLE, 1)], app.model());
+        let text = b"4: 0,1.0 3,2.0\n9: 1,0.5\n2:\n";
+        let path = dir.join("rows.txt");
+        std::fs::write(&path, text).unwrap();
+        let split = Split {
+            uri: path.display().to_string(),
+            start: 0,
+            end: text.len() as u64,
+        };
+        (app, store, split)
+    }
+
+    /// A checkpoint in `dir` holding `state` as input block 0's.
+    async fn saved(fs: &FileSystem, dir: &std::path::Path, state: StateBlock) -> SavedState {
+        let holder = Store::new(crate::protocol::EvaluatorId(2));
+        holder.configure(&[(STATE_TABLE, 1)], Arc::new(crate::store::SumModel));
+        holder
+            .put_block(STATE_TABLE, BlockId(0), BlockData::State(state))
+            .unwrap();
+        let folder = checkpoint::folder(&dir.join("ckpt").display().to_string(), 1);
+        let files = checkpoint::write_blocks(fs, &holder, &folder, true)
+            .await
+            .unwrap();
+        SavedState { folder, files }
+    }
+
+    #[tokio::test]
+    async fn a_loaded_block_restores_its_state_from_the_checkpoint_when_it_fits() {
+        let t = tempfile::tempdir().unwrap();
+        let fs = FileSystem::default();
+        let (app, store, split) = setup(t.path());
+        let trained = StateBlock {
+            floats: vec![0.1, 0.2, 0.3, 0.4, 0.5, 0.6],
+            ints: Vec::new(),
+        };
+        let s = saved(&fs, t.path(), trained.clone()).await;
+        let blocks = vec![(BlockId(0), split.clone())];
+        load_input(fs.clone(), Arc::clone(&app), store.clone(), blocks, Some(s))
+            .await
+            .unwrap();
+        assert_eq!(store.with_state(BlockId(0), |s| s.clone()), Some(trained));
+
+        // A state of another shape (the input changed) is drawn afresh.
+        let (app, store, split) = setup(t.path());
+        let short = StateBlock {
+            floats: vec![0.1, 0.2],
+            ints: Vec::new(),
+        };
+        let s = saved(&fs, &t.path().join("other"), short).await;
+        let input = read_input(&fs, &app, &split).await.unwrap().0;
+        let blocks = vec![(BlockId(0), split)];
+        load_input(fs, Arc::clone(&app), store.clone(), blocks, Some(s))
+            .await
+            .unwrap();
+        let fresh = app.init_state(BlockId(0), &input);
+        assert_eq!(store.with_state(BlockId(0), |s| s.clone()), fresh);
+    }
 }
