@@ -76,6 +76,11 @@ pub struct SplitPrediction {
     pub servers: usize,
     /// Predicted epoch seconds.
     pub epoch_secs: f64,
+    /// The solvers' epoch seconds: the slowest worker's, every worker's
+    /// requests always queued at every server. For an asynchronous job an
+    /// upper bound of `epoch_secs`, which the trigger prices targets by;
+    /// otherwise the same.
+    pub bound_secs: f64,
     /// The slowest worker's computation and communication seconds per epoch.
     pub comp_secs: f64,
     /// See `comp_secs`.
@@ -159,6 +164,7 @@ pub fn predict_splits(
             } else {
                 b.epoch_secs
             },
+            bound_secs: b.epoch_secs,
             comp_secs: slowest.map_or(0.0, |x| x.comp_secs),
             comm_secs: slowest.map_or(0.0, |x| x.comm_secs),
             bottleneck: match &b.bottleneck {

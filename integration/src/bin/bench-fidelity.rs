@@ -214,8 +214,15 @@ impl Grid {
 }
 
 /// What one source snapshot predicts for every grid configuration
-/// (listed order W = 1..n-1, then reversed).
-fn predict(cruise: &Path, snap: &Path, by_shape: &[String]) -> anyhow::Result<Vec<f64>> {
+/// (listed order W = 1..n-1, then reversed): its `field` of `cruise plan
+/// --splits --json` (`epoch_secs`, the prediction; `bound_secs`, what the
+/// trigger prices targets by).
+fn predict(
+    cruise: &Path,
+    snap: &Path,
+    by_shape: &[String],
+    field: &str,
+) -> anyhow::Result<Vec<f64>> {
     let mut out = Vec::new();
     for order in 0..2 {
         let ids: Vec<&str> = if order == 0 {
@@ -239,7 +246,7 @@ fn predict(cruise: &Path, snap: &Path, by_shape: &[String]) -> anyhow::Result<Ve
         }
         let v: Value = serde_json::from_slice(&o.stdout).context("cruise plan --json")?;
         for s in v["splits"].as_array().context("no splits")? {
-            out.push(s["epoch_secs"].as_f64().unwrap_or(f64::NAN));
+            out.push(s[field].as_f64().unwrap_or(f64::NAN));
         }
     }
     Ok(out)
@@ -283,6 +290,8 @@ struct Fidelity {
     regret: f64,
     error: f64,
     predicted_best: usize,
+    /// The regret of the bound's best (`bound_secs`), NaN when not known.
+    bound_regret: f64,
 }
 
 /// A named source of predictions and how good they were.
@@ -321,6 +330,7 @@ fn fidelity_of(predicted: &[f64], measured: &[f64]) -> Fidelity {
         regret: measured[pb] / measured[mb],
         error: median(&mut errors),
         predicted_best: pb,
+        bound_regret: f64::NAN,
     }
 }
 
@@ -438,6 +448,7 @@ fn bench(s: &Settings, a: &Args) -> anyhow::Result<()> {
     }
     let mut summary = Vec::new();
     let mut regrets = Vec::new();
+    let mut bound_regrets = Vec::new();
     let mut errors = Vec::new();
     for grid in &grids {
         let (rows, f) = evaluate(&s.cruise, grid)?;
@@ -448,6 +459,9 @@ fn bench(s: &Settings, a: &Args) -> anyhow::Result<()> {
             if which.starts_with("start") {
                 regrets.push(fid.regret);
                 errors.push(fid.error);
+                if fid.bound_regret.is_finite() {
+                    bound_regrets.push(fid.bound_regret);
+                }
             }
         }
         summary.extend(f.into_iter().map(|(which, fid)| Row {
@@ -491,6 +505,21 @@ fn bench(s: &Settings, a: &Args) -> anyhow::Result<()> {
                 ratio: Some(worst),
                 target: format!("≤ {WORST_TARGET:.2}×"),
                 pass: Some(worst <= WORST_TARGET),
+            },
+            Row {
+                figure: format!(
+                    "the bound's best (what the trigger prices targets by): median / worst regret ({} snapshots)",
+                    bound_regrets.len()
+                ),
+                value: format!(
+                    "{:.3} / {:.3}",
+                    median(&mut bound_regrets.clone()),
+                    bound_regrets.iter().copied().fold(f64::NAN, f64::max)
+                ),
+                reference: "measured grid".into(),
+                ratio: None,
+                target: "reported".into(),
+                pass: None,
             },
             Row {
                 figure: "median absolute prediction error per configuration".into(),
@@ -601,9 +630,14 @@ fn evaluate(cruise: &Path, g: &Grid) -> anyhow::Result<(Vec<Row>, Vec<Source>)> 
         )
     };
     let mut predictions: Vec<Option<Vec<f64>>> = Vec::new();
+    let mut bounds: Vec<Option<Vec<f64>>> = Vec::new();
     for g in grid {
         predictions.push(match &g.snapshot {
-            Some(p) => Some(predict(cruise, p, &g.by_shape)?),
+            Some(p) => Some(predict(cruise, p, &g.by_shape, "epoch_secs")?),
+            None => None,
+        });
+        bounds.push(match &g.snapshot {
+            Some(p) => Some(predict(cruise, p, &g.by_shape, "bound_secs")?),
             None => None,
         });
     }
@@ -633,16 +667,22 @@ fn evaluate(cruise: &Path, g: &Grid) -> anyhow::Result<(Vec<Row>, Vec<Source>)> 
     let mut all = Vec::new();
     for (src, p) in predictions.iter().enumerate() {
         let Some(p) = p else { continue };
-        let f = fidelity(p, &measured);
+        let bound = bounds[src].as_ref().map(|b| fidelity(b, &measured));
+        let f = Fidelity {
+            bound_regret: bound.map_or(f64::NAN, |b| b.regret),
+            ..fidelity(p, &measured)
+        };
         all.push(f);
         if let Some((_, name)) = starts.iter().find(|x| x.0 == src) {
             rows.push(Row {
                 figure: format!("from the {name} snapshot ({})", label(src)),
                 value: format!(
-                    "ρ {:.2}, median error {:.0}%, predicted best {}",
+                    "ρ {:.2}, median error {:.0}%, predicted best {}; the bound's best {} ({:.2}×)",
                     f.rho,
                     f.error * 100.0,
-                    label(f.predicted_best)
+                    label(f.predicted_best),
+                    bound.map_or("—".to_string(), |b| label(b.predicted_best)),
+                    f.bound_regret
                 ),
                 reference: "measured grid".into(),
                 ratio: Some(f.regret),
@@ -671,6 +711,7 @@ fn evaluate(cruise: &Path, g: &Grid) -> anyhow::Result<(Vec<Row>, Vec<Source>)> 
             regret: med(&|f| f.regret),
             error: med(&|f| f.error),
             predicted_best: 0,
+            bound_regret: med(&|f| f.bound_regret),
         };
         rows.push(Row {
             figure: format!("median over all {} snapshots", all.len()),
