@@ -125,7 +125,7 @@ pub use plan::{Configuration, Holding, OpKind, Operation, Plan, PlannedOp, Table
 pub use snapshot::{ContainerMetrics, Job, Link, Role, Snapshot, expected_draw};
 pub use solver::{
     HomogeneousSolution, SearchOptions, Solution, Split, Uniform, solve, solve_for_roles,
-    solve_heterogeneous, solve_heterogeneous_with, solve_homogeneous, solve_input_for,
+    solve_heterogeneous, solve_heterogeneous_with, solve_homogeneous,
 };
 pub use trigger::{
     Decision, Looks, MeasuredSplit, OpCost, OpCostEstimate, PolicyState, Proposal,

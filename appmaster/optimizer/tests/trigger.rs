@@ -232,6 +232,17 @@ fn hetero_specs() -> Vec<Spec> {
     ]
 }
 
+/// The heterogeneous cluster misconfigured: the fast-network containers
+/// work, the fast CPUs serve.
+fn misconfigured() -> (Job, Vec<Spec>, Configuration) {
+    let j = job(64, 16, 1000.0);
+    let before = config(&j, &MISCONFIGURED_WORKERS, &["fast0", "fast1"], &[]);
+    (j, hetero_specs(), before)
+}
+
+/// The workers of [`misconfigured`].
+const MISCONFIGURED_WORKERS: [&str; 6] = ["net0", "net1", "slow0", "slow1", "slow2", "slow3"];
+
 #[test]
 fn converges_in_one_step_and_then_stays() {
     let j = job(64, 16, 1000.0);
@@ -618,10 +629,7 @@ fn a_repartition_that_did_not_deliver_is_not_repeated_for_the_same_promise() {
 /// promised, or not measured, the proposal stands.
 #[test]
 fn a_split_left_for_a_promise_that_fell_short_is_not_left_again_for_less() {
-    let j = job(64, 16, 1000.0);
-    let specs = hetero_specs();
-    let workers = ["net0", "net1", "slow0", "slow1", "slow2", "slow3"];
-    let before = config(&j, &workers, &["fast0", "fast1"], &[]);
+    let (j, specs, before) = misconfigured();
     let at_before = |secs| measured(snapshot(&j, &specs, &before, 50), secs);
     let Decision::Reconfigure(best) = TriggerPolicy::default()
         .decide(&at_before(12.0), &before)
@@ -634,7 +642,7 @@ fn a_split_left_for_a_promise_that_fell_short_is_not_left_again_for_less() {
     // gain, and measured `z` 10% slower than here.
     let z = config(
         &j,
-        &workers[..4],
+        &MISCONFIGURED_WORKERS[..4],
         &["fast0", "fast1", "slow2", "slow3"],
         &[],
     );
@@ -1039,10 +1047,7 @@ fn a_split_measured_with_containers_given_back_since_is_judged_by_its_measuremen
 /// never seen measured, which alone it would have preferred.
 #[test]
 fn the_latest_plans_shortfall_discounts_the_next_promise() {
-    let j = job(64, 16, 1000.0);
-    let specs = hetero_specs();
-    let workers = ["net0", "net1", "slow0", "slow1", "slow2", "slow3"];
-    let before = config(&j, &workers, &["fast0", "fast1"], &[]);
+    let (j, specs, before) = misconfigured();
     let at_before = measured(snapshot(&j, &specs, &before, 50), 12.0);
     let Decision::Reconfigure(best) = TriggerPolicy::default()
         .decide(&at_before, &before)
@@ -1053,7 +1058,7 @@ fn the_latest_plans_shortfall_discounts_the_next_promise() {
     // The job went to `z` for the model's promise; `z` measured 10% slower.
     let z = config(
         &j,
-        &workers[..4],
+        &MISCONFIGURED_WORKERS[..4],
         &["fast0", "fast1", "slow2", "slow3"],
         &[],
     );

@@ -146,54 +146,6 @@ pub fn solve_for_roles(model: &CostModel, roles: &[Role]) -> Result<Solution, Op
     finish(model, &search, roles, part, bar, 1, exact)
 }
 
-/// The best input partition for fixed roles and a fixed model split
-/// (`model_blocks[i]` on container `i`, aligned with [`CostModel::ids`]): each next
-/// input block to the worker whose epoch time grows least. What a running
-/// configuration is worth when only its input may be dealt again. Fails when there is
-/// no worker or no server holding blocks, or more workers than input blocks.
-pub fn solve_input_for(
-    model: &CostModel,
-    roles: &[Role],
-    model_blocks: &[u32],
-) -> Result<Solution, OptimizerError> {
-    if roles.len() != model.len() || model_blocks.len() != model.len() {
-        return Err(OptimizerError::invalid(
-            "roles",
-            format!(
-                "{} roles and {} model counts for {} containers",
-                roles.len(),
-                model_blocks.len(),
-                model.len()
-            ),
-        ));
-    }
-    let workers = Search::members(roles, Role::Worker);
-    let servers: Vec<usize> = Search::members(roles, Role::Server)
-        .into_iter()
-        .filter(|&j| model_blocks[j] > 0)
-        .collect();
-    if workers.is_empty() || servers.is_empty() || workers.len() > model.job().input_blocks as usize
-    {
-        return Err(OptimizerError::Infeasible(format!(
-            "roles need at least one worker, one server holding blocks, and at most {} workers",
-            model.job().input_blocks
-        )));
-    }
-    let search = Search::new(model, 0);
-    let l = (0..model.len())
-        .map(|j| {
-            if servers.contains(&j) {
-                model_blocks[j]
-            } else {
-                0
-            }
-        })
-        .collect();
-    let part = search.data(&workers, &servers, l);
-    let bar = part.t * (1.0 + REL_EPS);
-    finish(model, &search, roles, part, bar, 1, true)
-}
-
 /// Settings of the heterogeneous search.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SearchOptions {
