@@ -81,6 +81,10 @@ pub struct SplitPrediction {
     /// upper bound of `epoch_secs`, which the trigger prices targets by;
     /// otherwise the same.
     pub bound_secs: f64,
+    /// The bound with the blocks split as the solver splits them for
+    /// these roles (unevenly where containers differ), as the trigger
+    /// prices a target of them.
+    pub solved_bound_secs: f64,
     /// The slowest worker's computation and communication seconds per epoch.
     pub comp_secs: f64,
     /// See `comp_secs`.
@@ -150,6 +154,12 @@ pub fn predict_splits(
             target.insert(id.clone(), p);
         }
         let b = model.evaluate(&target)?;
+        let roles: Vec<Role> = model
+            .ids()
+            .iter()
+            .map(|id| target.get(id).map_or(Role::Idle, |p| p.role))
+            .collect();
+        let solved = cruise_optimizer::solve_for_roles(&model, &roles)?;
         let slowest = b
             .workers
             .iter()
@@ -165,6 +175,7 @@ pub fn predict_splits(
                 b.epoch_secs
             },
             bound_secs: b.epoch_secs,
+            solved_bound_secs: solved.epoch_secs,
             comp_secs: slowest.map_or(0.0, |x| x.comp_secs),
             comm_secs: slowest.map_or(0.0, |x| x.comm_secs),
             bottleneck: match &b.bottleneck {
@@ -744,6 +755,12 @@ mod tests {
         assert!((s[2].epoch_secs - 0.84).abs() < 1e-9, "{s:?}");
         // e1 and e2 hold 3 blocks each and tie.
         assert!(s[2].bottleneck.starts_with("compute of e"), "{s:?}");
+        // Alike containers: no split of 8 blocks over 3 workers beats 3, 3, 2,
+        // and the solver's split is never worse than the dealt one.
+        assert!((s[2].solved_bound_secs - 0.84).abs() < 1e-9, "{s:?}");
+        for x in &s {
+            assert!(x.solved_bound_secs <= x.bound_secs * (1.0 + 1e-9), "{x:?}");
+        }
         let e = predict_splits(&snap, &["e1".into(), "e9".into()]).unwrap_err();
         assert!(e.to_string().contains("e9"), "{e}");
         let e = predict_splits(&snap, &["e1".into(), "e1".into()]).unwrap_err();

@@ -141,6 +141,8 @@ pub struct Run {
     /// The optimizer's names of the evaluators (`e<id>`) in container start
     /// order: the order roles are dealt in.
     pub start_order: Vec<String>,
+    /// The job's id (its history is `jobs/history/<id>.jsonl` in the work directory).
+    pub job_id: String,
 }
 
 /// One run: `n` containers of `cluster`, `workers` of them working first.
@@ -257,7 +259,23 @@ pub fn run(s: &Settings, r: &RunSpec<'_>) -> anyhow::Result<Run> {
         plans,
         emulation: v["emulation"].as_str().unwrap_or("none").to_string(),
         start_order: evals.into_iter().map(|e| e.2).collect(),
+        job_id: v["job_id"].as_str().unwrap_or("").to_string(),
     })
+}
+
+/// Keeps a run's history in `dir` as `<name>.jsonl` (what the optimizer
+/// decided at each look, its plans and epochs; `cruise report` reads it).
+pub fn keep_history(s: &Settings, r: &Run, dir: &Path, name: &str) -> anyhow::Result<PathBuf> {
+    // The local runtime's jobs live in `jobs/` under the work directory.
+    let from = s
+        .work
+        .join("jobs")
+        .join("history")
+        .join(format!("{}.jsonl", r.job_id));
+    let to = dir.join(format!("{name}.jsonl"));
+    std::fs::copy(&from, &to)
+        .with_context(|| format!("keeping {} as {}", from.display(), to.display()))?;
+    Ok(to)
 }
 
 /// The median epoch time of a grid run, first epoch (warm-up) left out.

@@ -215,8 +215,9 @@ impl Grid {
 
 /// What one source snapshot predicts for every grid configuration
 /// (listed order W = 1..n-1, then reversed): its `field` of `cruise plan
-/// --splits --json` (`epoch_secs`, the prediction; `bound_secs`, what the
-/// trigger prices targets by).
+/// --splits --json` (`epoch_secs`, the prediction; `solved_bound_secs`,
+/// what the trigger prices a target of those roles by: the bound with the
+/// blocks split as the solver splits them).
 fn predict(
     cruise: &Path,
     snap: &Path,
@@ -290,7 +291,9 @@ struct Fidelity {
     regret: f64,
     error: f64,
     predicted_best: usize,
-    /// The regret of the bound's best (`bound_secs`), NaN when not known.
+    /// The regret of the bound's best (`solved_bound_secs`: the roles the
+    /// bound ranks first, measured as the grid ran them, with even
+    /// splits), NaN when not known.
     bound_regret: f64,
 }
 
@@ -508,7 +511,7 @@ fn bench(s: &Settings, a: &Args) -> anyhow::Result<()> {
             },
             Row {
                 figure: format!(
-                    "the bound's best (what the trigger prices targets by): median / worst regret ({} snapshots)",
+                    "the bound's best, blocks split by the solver (what the trigger prices targets by): median / worst regret ({} snapshots)",
                     bound_regrets.len()
                 ),
                 value: format!(
@@ -637,7 +640,7 @@ fn evaluate(cruise: &Path, g: &Grid) -> anyhow::Result<(Vec<Row>, Vec<Source>)> 
             None => None,
         });
         bounds.push(match &g.snapshot {
-            Some(p) => Some(predict(cruise, p, &g.by_shape, "bound_secs")?),
+            Some(p) => Some(predict(cruise, p, &g.by_shape, "solved_bound_secs")?),
             None => None,
         });
     }

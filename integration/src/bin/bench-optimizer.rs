@@ -47,7 +47,7 @@
 //! ```text
 //! cargo run --release -p cruise-integration --bin bench-optimizer [-- --reps R]
 //!     [--cases small,medium,large] [--cluster SPEC] [--mechanism auto|kernel|process]
-//!     [--set KEY=VALUE ...]
+//!     [--set KEY=VALUE ...] [--keep DIR]
 //! ```
 
 use std::time::Instant;
@@ -57,8 +57,8 @@ use anyhow::{Context, bail};
 use cruise_integration::bench::{Row, machine_note, median, print_table};
 use cruise_integration::clusters;
 use cruise_integration::optbench::{
-    CASES, NNZ, Run, RunSpec, Settings, datagen, grid_epoch, last_epochs, outcome, path, reached,
-    reversed, run, split,
+    CASES, NNZ, Run, RunSpec, Settings, datagen, grid_epoch, keep_history, last_epochs, outcome,
+    path, reached, reversed, run, split,
 };
 
 /// The emulated cluster: 2 fast containers, then 6 at half their CPU and a
@@ -82,6 +82,7 @@ const USAGE: &str = "\
 Usage: bench-optimizer [--reps R] [--cases small,medium,large]
                        [--cluster SPEC | --generated SEED/INDEX]
                        [--mechanism auto|kernel|process] [--set KEY=VALUE ...]
+                       [--keep DIR]
 
 The optimizer's choice against a grid search of every worker/server split
 on an emulated cluster of unequal containers (MLR at three model sizes).
@@ -98,6 +99,9 @@ About 5 minutes per repetition of the default 8 containers on 2 cores.
   --mechanism M     kernel (namespaces, tc, cgroups; needs root), process
                     (throttling inside the evaluators) or auto (default)
   --set KEY=VALUE   a configuration override passed to every `cruise run`
+  --keep DIR        keep each optimizer run's snapshots (the one of each plan
+                    and the last look's; `cruise plan` reads them) and its
+                    history (every decision; `cruise report` reads it) in DIR
 ";
 
 struct Args {
@@ -106,6 +110,7 @@ struct Args {
     cluster: String,
     mechanism: String,
     sets: Vec<String>,
+    keep: Option<std::path::PathBuf>,
 }
 
 fn args() -> anyhow::Result<Args> {
@@ -116,6 +121,7 @@ fn args() -> anyhow::Result<Args> {
         cluster: CLUSTER.to_string(),
         mechanism: "auto".into(),
         sets: Vec::new(),
+        keep: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -145,6 +151,7 @@ fn args() -> anyhow::Result<Args> {
             }
             "--mechanism" => a.mechanism = value()?,
             "--set" => a.sets.push(value()?),
+            "--keep" => a.keep = Some(value()?.into()),
             other => bail!("unknown argument {other:?}\n\n{USAGE}"),
         }
     }
@@ -161,6 +168,9 @@ fn main() -> anyhow::Result<()> {
         ..cruise_conf::EmulationConfig::default()
     };
     let shapes = emu.parsed()?;
+    if let Some(dir) = &a.keep {
+        std::fs::create_dir_all(dir).with_context(|| format!("--keep {}", dir.display()))?;
+    }
     let n = shapes.len() as u32;
     if n < 2 {
         bail!(
@@ -204,7 +214,7 @@ fn bench(s: &Settings, a: &Args, n: u32) -> anyhow::Result<()> {
         let orders = [a.cluster.clone(), reversed(&a.cluster)];
         let mut grid: Vec<Vec<f64>> = vec![Vec::new(); 2 * (n as usize - 1)];
         let mut opt: Vec<Vec<(Run, u32)>> = vec![Vec::new(), Vec::new()];
-        for _ in 0..a.reps {
+        for rep in 0..a.reps {
             for (o, cluster) in orders.iter().enumerate() {
                 for w in 1..n {
                     let r = run(
@@ -225,6 +235,11 @@ fn bench(s: &Settings, a: &Args, n: u32) -> anyhow::Result<()> {
                 }
             }
             for (x, start) in [1, n - 1].into_iter().enumerate() {
+                // Kept runs are named by case, start and repetition.
+                let kept = a.keep.as_ref().map(|dir| {
+                    let name = format!("{}-from{start}w-{}", case.name, rep + 1);
+                    (dir.join(&name), name)
+                });
                 let r = run(
                     s,
                     &RunSpec {
@@ -235,9 +250,18 @@ fn bench(s: &Settings, a: &Args, n: u32) -> anyhow::Result<()> {
                         workers: start,
                         optimizer: true,
                         epochs: case.opt_epochs,
-                        sets: Vec::new(),
+                        sets: kept
+                            .iter()
+                            .map(|(path, _)| {
+                                format!("optimizer.snapshot_file={}.json", path.display())
+                            })
+                            .collect(),
                     },
                 )?;
+                if let (Some(dir), Some((_, name))) = (&a.keep, &kept) {
+                    let history = keep_history(s, &r, dir, name)?;
+                    println!("kept: {} and {name}*.json", history.display());
+                }
                 opt[x].push((r, start));
             }
         }
