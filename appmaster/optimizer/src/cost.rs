@@ -114,6 +114,12 @@ pub struct WorkerCost {
     pub total_secs: f64,
     /// What bounds its communication.
     pub comm_bound: CommBound,
+    /// Communication seconds per epoch with its answers queued behind the
+    /// other workers' requests as they come (asynchronous workers, see
+    /// [`CostModel::throughput_epoch`]), the job's latency included:
+    /// [`WorkerCost::comm_secs`] or less.
+    #[serde(default)]
+    pub queued_comm_secs: f64,
 }
 
 /// Whether the slowest worker is bound by compute or by communication.
@@ -517,6 +523,12 @@ impl CostModel {
     /// at the same rate `λ` unless its own cap is lower, `λ` the largest no
     /// server exceeds).
     pub fn throughput_epoch(&self, workers: &[(usize, u32)], servers: &[(usize, u32)]) -> f64 {
+        self.queued(workers, servers).epoch_secs
+    }
+
+    /// [`CostModel::throughput_epoch`] with each worker's communication
+    /// per mini-batch under the queues.
+    fn queued(&self, workers: &[(usize, u32)], servers: &[(usize, u32)]) -> Queued {
         let s = holding(servers);
         let mut rows: Vec<QueuedWorker> = Vec::with_capacity(workers.len());
         for &(i, k) in workers {
@@ -546,24 +558,42 @@ impl CostModel {
                 records: self.records(k) / nb,
             });
         }
-        let records_per_sec = self
-            .queued_rates(&rows, servers.len())
+        let (rates, answers) = self.queued_rates(&rows, servers.len());
+        let records_per_sec = rates
             .iter()
             .zip(&rows)
             .map(|(x, w)| x * w.records)
             .sum::<f64>()
             .min(self.max_min_records_per_sec(&rows, servers.len()));
-        if records_per_sec > 0.0 && records_per_sec.is_finite() {
+        let epoch_secs = if records_per_sec > 0.0 && records_per_sec.is_finite() {
             self.job.total_records as f64 / records_per_sec
         } else {
             f64::INFINITY
+        };
+        let mut comm = answers
+            .iter()
+            .zip(&rows)
+            .map(|(answer, w)| w.own.max(*answer) + w.latency);
+        Queued {
+            epoch_secs,
+            comm_per_batch: workers
+                .iter()
+                .map(|&(_, k)| {
+                    if self.batches(k) == 0 {
+                        0.0
+                    } else {
+                        comm.next().unwrap_or(0.0)
+                    }
+                })
+                .collect(),
         }
     }
 
     /// Each worker's mini-batches a second with the servers' queues
     /// (see [`CostModel::throughput_epoch`]): the damped fixed point of
-    /// `X_i = 1 / t_i(R_i·)`, `R_ij = s_ij · (1 + Σ_{k≠i} X_k · R_kj)`.
-    fn queued_rates(&self, rows: &[QueuedWorker], servers: usize) -> Vec<f64> {
+    /// `X_i = 1 / t_i(R_i·)`, `R_ij = s_ij · (1 + Σ_{k≠i} X_k · R_kj)`;
+    /// and each worker's slowest answer there, `max_j R_ij`.
+    fn queued_rates(&self, rows: &[QueuedWorker], servers: usize) -> (Vec<f64>, Vec<f64>) {
         /// Iterations at most, and the relative change that ends them.
         const ROUNDS: usize = 500;
         const SETTLED: f64 = 1e-9;
@@ -605,7 +635,11 @@ impl CostModel {
                 break;
             }
         }
-        x
+        let answers = r
+            .iter()
+            .map(|rn| rn.iter().copied().fold(0.0, f64::max))
+            .collect();
+        (x, answers)
     }
 
     /// Records a second with the servers shared max-min fairly up to
@@ -705,12 +739,14 @@ impl CostModel {
             .map(|(i, p)| (i, p.input_blocks))
             .collect();
         let w = workers.len();
+        let queued = self.queued(&workers, &servers);
         let mut out = Vec::with_capacity(w);
-        for &(i, k) in &workers {
+        for (&(i, k), queued_comm) in workers.iter().zip(&queued.comm_per_batch) {
             let (g, bound) = self.comm_per_batch(i, w, &servers);
             let nb = self.batches(k);
             let (comp, comm) = self.parts(i, k, g, holding(&servers));
             out.push(WorkerCost {
+                queued_comm_secs: (nb as f64 * queued_comm).min(comm),
                 container: self.ids[i].clone(),
                 records: self.records(k),
                 mini_batches: nb,
@@ -739,9 +775,7 @@ impl CostModel {
                 bound: slowest.comm_bound.clone(),
             }
         };
-        let throughput_epoch_secs = self
-            .throughput_epoch(&workers, &servers)
-            .min(slowest.total_secs);
+        let throughput_epoch_secs = queued.epoch_secs.min(slowest.total_secs);
         Ok(Breakdown {
             epoch_secs: slowest.total_secs,
             workers: out,
@@ -750,6 +784,16 @@ impl CostModel {
             throughput_epoch_secs,
         })
     }
+}
+
+/// What [`CostModel::queued`] finds.
+struct Queued {
+    /// [`CostModel::throughput_epoch`].
+    epoch_secs: f64,
+    /// Per worker given (0 for one without a mini-batch): its communication
+    /// per mini-batch, the longer of its own link's time and its slowest
+    /// answer under the queues, and the job's latency.
+    comm_per_batch: Vec<f64>,
 }
 
 /// One asynchronous worker as [`CostModel::throughput_epoch`] prices it,
