@@ -58,7 +58,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::error::OptimizerError;
-use crate::snapshot::{Job, Role, Snapshot};
+use crate::snapshot::{Job, Role, Snapshot, WaitFit};
 
 /// The role and block counts of one container in a configuration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -116,8 +116,8 @@ pub struct WorkerCost {
     pub comm_bound: CommBound,
     /// Communication seconds per epoch with its answers queued behind the
     /// other workers' requests as they come (asynchronous workers, see
-    /// [`CostModel::throughput_epoch`]), the job's latency included:
-    /// [`WorkerCost::comm_secs`] or less.
+    /// [`CostModel::throughput_epoch`]), its latency
+    /// ([`Job::queued_fit`]) included.
     #[serde(default)]
     pub queued_comm_secs: f64,
 }
@@ -459,6 +459,15 @@ impl CostModel {
         epoch_of(&self.job, comp, comm)
     }
 
+    /// The latency and serial fraction the queued throughput prices with
+    /// ([`Job::queued_fit`], else the job's own).
+    fn queued_fit(&self) -> WaitFit {
+        self.job.queued_fit.unwrap_or(WaitFit {
+            latency_secs_per_mini_batch: self.job.latency_secs_per_mini_batch,
+            serial_fraction: self.job.serial_fraction,
+        })
+    }
+
     /// Per-mini-batch communication seconds of worker `i`, with `w` active workers and
     /// the given servers `(index, model blocks)`; returns the bounding server index
     /// (`None` when the worker's own link bounds it).
@@ -530,6 +539,7 @@ impl CostModel {
     /// per mini-batch under the queues.
     fn queued(&self, workers: &[(usize, u32)], servers: &[(usize, u32)]) -> Queued {
         let s = holding(servers);
+        let fit = self.queued_fit();
         let mut rows: Vec<QueuedWorker> = Vec::with_capacity(workers.len());
         for &(i, k) in workers {
             let nb = self.batches(k) as f64;
@@ -547,12 +557,12 @@ impl CostModel {
                     0.0
                 });
             }
-            // Per mini-batch: computation (with the requests' own cost)
-            // and the latency, from the epoch's parts with no transfer.
-            let (comp, latency) = self.parts(i, k, 0.0, s);
+            // Per mini-batch: computation (with the requests' own cost),
+            // from the epoch's parts with no transfer.
+            let (comp, _) = self.parts(i, k, 0.0, s);
             rows.push(QueuedWorker {
                 comp: comp / nb,
-                latency: latency / nb,
+                latency: fit.latency_secs_per_mini_batch,
                 own,
                 load,
                 records: self.records(k) / nb,
@@ -600,8 +610,9 @@ impl CostModel {
         /// The share of a round's new rates taken (the map is decreasing:
         /// undamped, it oscillates).
         const DAMPING: f64 = 0.5;
+        let f = self.queued_fit().serial_fraction;
         let per_batch =
-            |w: &QueuedWorker, answer: f64| self.epoch_of(w.comp, w.own.max(answer) + w.latency);
+            |w: &QueuedWorker, answer: f64| overlap(f, w.comp, w.own.max(answer) + w.latency);
         let mut x: Vec<f64> = rows
             .iter()
             .map(|w| {
@@ -649,7 +660,7 @@ impl CostModel {
         let caps: Vec<f64> = rows
             .iter()
             .map(|w| {
-                let t = self.epoch_of(w.comp, w.own + w.latency);
+                let t = overlap(self.queued_fit().serial_fraction, w.comp, w.own + w.latency);
                 if t > 0.0 { 1.0 / t } else { f64::INFINITY }
             })
             .collect();
@@ -746,7 +757,7 @@ impl CostModel {
             let nb = self.batches(k);
             let (comp, comm) = self.parts(i, k, g, holding(&servers));
             out.push(WorkerCost {
-                queued_comm_secs: (nb as f64 * queued_comm).min(comm),
+                queued_comm_secs: nb as f64 * queued_comm,
                 container: self.ids[i].clone(),
                 records: self.records(k),
                 mini_batches: nb,
@@ -822,7 +833,13 @@ pub(crate) fn holding(servers: &[(usize, u32)]) -> usize {
 /// `max(comp, comm) + f · min(comp, comm)` with `f = job.serial_fraction`.
 #[inline]
 pub(crate) fn epoch_of(job: &Job, comp: f64, comm: f64) -> f64 {
-    comp.max(comm) + job.serial_fraction * comp.min(comm)
+    overlap(job.serial_fraction, comp, comm)
+}
+
+/// `max(comp, comm) + f · min(comp, comm)`.
+#[inline]
+fn overlap(f: f64, comp: f64, comm: f64) -> f64 {
+    comp.max(comm) + f * comp.min(comm)
 }
 
 /// `⌈D·k / (K·B)⌉` in exact integer arithmetic.
@@ -863,6 +880,11 @@ mod tests {
     }
 
     fn two_by_two_with(links: Vec<Link>, f: f64, latency: f64) -> (CostModel, Target) {
+        let (snap, target) = two_by_two_job(links, f, latency);
+        (CostModel::new(&snap).unwrap(), target)
+    }
+
+    fn two_by_two_job(links: Vec<Link>, f: f64, latency: f64) -> (Snapshot, Target) {
         let snap = Snapshot {
             policy: None,
             job: Job {
@@ -878,14 +900,13 @@ mod tests {
             ],
             links,
         };
-        let model = CostModel::new(&snap).unwrap();
         let target = target(&[
             ("w1", Role::Worker, 6, 0),
             ("w2", Role::Worker, 4, 0),
             ("s1", Role::Server, 0, 1),
             ("s2", Role::Server, 0, 3),
         ]);
-        (model, target)
+        (snap, target)
     }
 
     /// The two-by-two case as an idle snapshot with its resolved costs,
@@ -950,6 +971,32 @@ mod tests {
             close(b.workers[0].total_secs, w1);
             close(b.workers[1].comm_secs, 10.0);
         }
+    }
+
+    // The throughput prices with its own fit (`Job::queued_fit`), the bound
+    // with the job's: the case above at f = 0.5, λ = 0.5 for the bound and
+    // f = 0, λ = 0 for the throughput prices the throughput as a job of
+    // f = 0, λ = 0 does, and the bound at 13 s as before.
+    #[test]
+    fn the_throughput_prices_with_its_own_fit() {
+        let with_fit = |f: f64, latency: f64, queued_fit: Option<WaitFit>| {
+            let (mut snap, target) = two_by_two_job(vec![], f, latency);
+            snap.job.queued_fit = queued_fit;
+            CostModel::new(&snap).unwrap().evaluate(&target).unwrap()
+        };
+        let zero = WaitFit {
+            latency_secs_per_mini_batch: 0.0,
+            serial_fraction: 0.0,
+        };
+        let own = with_fit(0.5, 0.5, Some(zero));
+        let plain = with_fit(0.0, 0.0, None);
+        close(own.epoch_secs, 13.0);
+        close(own.throughput_epoch_secs, plain.throughput_epoch_secs);
+        assert!(own.throughput_epoch_secs < with_fit(0.5, 0.5, None).throughput_epoch_secs);
+        close(
+            own.workers[0].queued_comm_secs,
+            plain.workers[0].queued_comm_secs,
+        );
     }
 
     // The two-by-two case (serial) with a cost per server on the workers: w1

@@ -40,7 +40,7 @@
 //!     input_blocks: 256, model_blocks: 64,
 //!     remaining_epochs: 50.0, input_bytes: 0, model_bytes: 0,
 //!     serial_fraction: 1.0, latency_secs_per_mini_batch: 0.0, asynchronous: false,
-//!     measured_epoch_secs: None,
+//!     measured_epoch_secs: None, queued_fit: None,
 //! };
 //! let u = Uniform {
 //!     compute_secs_per_record: 1e-4,
@@ -83,8 +83,10 @@
 //! `input_blocks`, `model_blocks`, `mini_batches` (default 0), `reclaimed` (default
 //! false). `links` and the job's `input_bytes`/`model_bytes`, `serial_fraction`
 //! (default 1: computation and communication add up, as in Cruise) and
-//! `latency_secs_per_mini_batch` (default 0) are optional. Unknown fields are
-//! rejected. Parse with [`Snapshot::from_json`].
+//! `latency_secs_per_mini_batch` (default 0) are optional, and so is
+//! `queued_fit` (`{"latency_secs_per_mini_batch", "serial_fraction"}`: the
+//! pair an asynchronous job's throughput prices with; default: the job's
+//! own). Unknown fields are rejected. Parse with [`Snapshot::from_json`].
 //!
 //! ## What differs from the original Cruise
 //!
@@ -96,7 +98,10 @@
 //!   throughput, each worker's answers waiting behind the others' requests
 //!   at the servers (approximate mean value analysis,
 //!   [`Breakdown::throughput_epoch_secs`]); the trigger prices the running
-//!   configuration by it and targets by the solvers' upper bound of it.
+//!   configuration by it and targets by the solvers' upper bound of it. Each
+//!   view has its own measured latency and overlap ([`Job::queued_fit`]):
+//!   what one explains of the running configuration's waits, the other
+//!   does not.
 //! * Computation and communication may overlap (workers that pull ahead): a worker's
 //!   epoch is `max(comp, comm) + f · min(comp, comm)` with `f` measured (`f = 1` is
 //!   Cruise's sum), and measured round-trip latency is part of the communication.
@@ -122,7 +127,7 @@ pub use executor::{
     PlanExecutor, PlanTracker, SkipReason,
 };
 pub use plan::{Configuration, Holding, OpKind, Operation, Plan, PlannedOp, Table};
-pub use snapshot::{ContainerMetrics, Job, Link, Role, Snapshot, expected_draw};
+pub use snapshot::{ContainerMetrics, Job, Link, Role, Snapshot, WaitFit, expected_draw};
 pub use solver::{
     HomogeneousSolution, SearchOptions, Solution, Split, Uniform, solve, solve_for_roles,
     solve_heterogeneous, solve_heterogeneous_with, solve_homogeneous,

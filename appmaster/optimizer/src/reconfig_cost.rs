@@ -379,6 +379,7 @@ mod tests {
             latency_secs_per_mini_batch: 0.0,
             asynchronous: false,
             measured_epoch_secs: None,
+            queued_fit: None,
         }
     }
 

@@ -85,6 +85,28 @@ pub struct Job {
     /// holding input has measured.
     #[serde(default)]
     pub measured_epoch_secs: Option<f64>,
+    /// For asynchronous workers, the latency and serial fraction fitted
+    /// against their communication with each answer queued behind the
+    /// requests the others make as they come, which is how
+    /// [`crate::CostModel::throughput_epoch`] prices it; the fields above
+    /// are fitted against the slowest-worker bound's (every worker's
+    /// requests always queued at every server), which the solvers price.
+    /// Each view explains the running configuration's waits its own way,
+    /// and one's latency added to the other's queues counts them twice.
+    /// `None`: the throughput uses the fields above.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queued_fit: Option<WaitFit>,
+}
+
+/// A latency and a serial fraction fitted together (see
+/// [`Job::queued_fit`]).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WaitFit {
+    /// As [`Job::latency_secs_per_mini_batch`].
+    pub latency_secs_per_mini_batch: f64,
+    /// As [`Job::serial_fraction`].
+    pub serial_fraction: f64,
 }
 
 fn one() -> f64 {
@@ -124,6 +146,7 @@ impl Job {
             latency_secs_per_mini_batch: 0.0,
             measured_epoch_secs: None,
             asynchronous: false,
+            queued_fit: None,
         }
     }
 
@@ -349,16 +372,23 @@ impl Job {
             non_negative("job.link_bytes_per_mini_batch", v)?;
         }
         non_negative("job.remaining_epochs", j.remaining_epochs)?;
-        if !(0.0..=1.0).contains(&j.serial_fraction) {
-            return Err(OptimizerError::invalid(
-                "job.serial_fraction",
-                format!("{} is not within [0, 1]", j.serial_fraction),
-            ));
+        let fits = std::iter::once(("job", j.serial_fraction, j.latency_secs_per_mini_batch))
+            .chain(j.queued_fit.map(|q| {
+                (
+                    "job.queued_fit",
+                    q.serial_fraction,
+                    q.latency_secs_per_mini_batch,
+                )
+            }));
+        for (at, serial_fraction, latency) in fits {
+            if !(0.0..=1.0).contains(&serial_fraction) {
+                return Err(OptimizerError::invalid(
+                    format!("{at}.serial_fraction"),
+                    format!("{serial_fraction} is not within [0, 1]"),
+                ));
+            }
+            non_negative(&format!("{at}.latency_secs_per_mini_batch"), latency)?;
         }
-        non_negative(
-            "job.latency_secs_per_mini_batch",
-            j.latency_secs_per_mini_batch,
-        )?;
         if let Some(v) = j.measured_epoch_secs {
             positive("job.measured_epoch_secs", v)?;
         }

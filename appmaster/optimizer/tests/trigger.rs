@@ -40,6 +40,7 @@ fn job(k: u32, l: u32, epochs: f64) -> Job {
         latency_secs_per_mini_batch: 0.0,
         measured_epoch_secs: None,
         asynchronous: false,
+        queued_fit: None,
     }
 }
 

@@ -121,6 +121,7 @@ impl Inst {
                 latency_secs_per_mini_batch: self.lat,
                 measured_epoch_secs: None,
                 asynchronous: false,
+                queued_fit: None,
             },
             containers,
             links: self
