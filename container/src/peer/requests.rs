@@ -596,6 +596,23 @@ mod answer_tests {
         (planes, cancel)
     }
 
+    /// [`two_planes`] with every block created on the server (evaluator
+    /// 2) and owned by it in both planes' tables.
+    async fn two_planes_server_owns_all(model: &Arc<Rows>) -> (Vec<DataPlane>, CancellationToken) {
+        let (planes, cancel) = two_planes(model).await;
+        let server = planes[1].id();
+        let all: Vec<BlockId> = BlockId::all(16).collect();
+        planes[1].store().create_blocks(MODEL_TABLE, &all).unwrap();
+        let owners: Vec<_> = all.iter().map(|&b| (MODEL_TABLE, b, server)).collect();
+        for p in &planes {
+            p.store().apply_ownership(&OwnershipUpdate {
+                version: 1,
+                owners: owners.clone(),
+            });
+        }
+        (planes, cancel)
+    }
+
     /// The values of `keys` read through `plane`.
     async fn read(plane: &DataPlane, keys: &[Key]) -> ValueBatch {
         let got = plane
@@ -666,17 +683,7 @@ mod answer_tests {
     #[tokio::test]
     async fn a_given_back_buffer_holds_the_next_answer_alone() {
         let model = Arc::new(Rows { zeros: false });
-        let (planes, _cancel) = two_planes(&model).await;
-        let server = planes[1].id();
-        let all: Vec<BlockId> = BlockId::all(16).collect();
-        planes[1].store().create_blocks(MODEL_TABLE, &all).unwrap();
-        let owners: Vec<_> = all.iter().map(|&b| (MODEL_TABLE, b, server)).collect();
-        for p in &planes {
-            p.store().apply_ownership(&OwnershipUpdate {
-                version: 1,
-                owners: owners.clone(),
-            });
-        }
+        let (planes, _cancel) = two_planes_server_owns_all(&model).await;
         // 36 MiB, then 33 MiB of other keys: both above the 32 MiB from
         // which buffers are kept.
         let first: Vec<Key> = (0..9216u64).collect();
@@ -693,6 +700,72 @@ mod answer_tests {
             assert!(v.data == want);
             given_back = Some(v.data.as_ptr());
             planes[0].recycle(v.data);
+        }
+        for p in &planes {
+            p.stop().await;
+        }
+    }
+
+    /// Pushes of several 4 MiB parts, sent without waiting for their answers
+    /// and followed by small pushes and pulls of the same keys from the same
+    /// caller, are applied in the order they were sent: each pull reads
+    /// every push issued before it and none issued after it. The owner
+    /// reads, applies and answers one connection's requests in order; a
+    /// change that applies a part apart from its connection's task while
+    /// reading the next must keep this.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn pushes_of_many_parts_are_applied_in_order_with_the_requests_around_them() {
+        let model = Arc::new(Rows { zeros: true });
+        let (planes, _cancel) = two_planes_server_owns_all(&model).await;
+        // 12 MiB of keys: three parts of 4 MiB for the pushes and pulls.
+        let keys: Vec<Key> = (0..3072u64).collect();
+        let op = |kind: OpKind, keys: &[Key], delta: f32| StoreOp {
+            kind,
+            table: MODEL_TABLE,
+            keys: keys.to_vec(),
+            values: if kind == OpKind::Get {
+                ValueBatch::default()
+            } else {
+                let mut v = ValueBatch::default();
+                for _ in keys {
+                    v.push(&[delta; 1024]);
+                }
+                v
+            },
+        };
+        let mut waits = Vec::new();
+        let mut expected = Vec::new();
+        let mut total = 0.0f32;
+        for round in 0..4 {
+            let delta = (round + 1) as f32;
+            waits.push(planes[0].execute(op(OpKind::Update, &keys, delta)));
+            expected.push(None);
+            total += delta;
+            // A small push of a few of the same keys behind the large one.
+            waits.push(planes[0].execute(op(OpKind::Update, &keys[..4], 0.5)));
+            expected.push(None);
+            waits.push(planes[0].execute(op(OpKind::Get, &keys, 0.0)));
+            expected.push(Some((total, total + 0.5 * (round + 1) as f32)));
+        }
+        let answers = futures::future::join_all(waits).await;
+        for (got, want) in answers.into_iter().zip(expected) {
+            let got = got.unwrap();
+            let Some((rest, first)) = want else {
+                assert_eq!(got, PeerResponse::Done);
+                continue;
+            };
+            let PeerResponse::Values(v) = got else {
+                panic!("not values: {got:?}");
+            };
+            assert_eq!(v.lens, vec![1024; keys.len()]);
+            for (i, row) in v.data.chunks(1024).enumerate() {
+                let want = if i < 4 { first } else { rest };
+                assert!(
+                    row.iter().all(|&x| x == want),
+                    "key {i}: {} not {want}",
+                    row[0]
+                );
+            }
         }
         for p in &planes {
             p.stop().await;
