@@ -706,63 +706,72 @@ mod answer_tests {
         }
     }
 
-    /// Pushes of several 4 MiB parts, sent without waiting for their answers
-    /// and followed by small pushes and pulls of the same keys from the same
-    /// caller, are applied in the order they were sent: each pull reads
-    /// every push issued before it and none issued after it. The owner
-    /// reads, applies and answers one connection's requests in order; a
-    /// change that applies a part apart from its connection's task while
-    /// reading the next must keep this.
+    /// Pushes (updates and overwrites) of one or several 4 MiB parts, sent
+    /// without waiting for their answers and followed at once by small
+    /// pushes and pulls of the same keys from the same caller, are applied
+    /// in the order they were sent: each pull reads every push issued
+    /// before it and none issued after it, and a small overwrite behind a
+    /// large one is the one that stays. The owner reads, applies and
+    /// answers one connection's requests in order; a change that applies a
+    /// part apart from its connection's task while reading the next must
+    /// keep this.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn pushes_of_many_parts_are_applied_in_order_with_the_requests_around_them() {
         let model = Arc::new(Rows { zeros: true });
         let (planes, _cancel) = two_planes_server_owns_all(&model).await;
-        // 12 MiB of keys: three parts of 4 MiB for the pushes and pulls.
+        // 12 MiB of keys: three parts of 4 MiB; the first 1024 keys, one.
         let keys: Vec<Key> = (0..3072u64).collect();
-        let op = |kind: OpKind, keys: &[Key], delta: f32| StoreOp {
-            kind,
-            table: MODEL_TABLE,
-            keys: keys.to_vec(),
-            values: if kind == OpKind::Get {
-                ValueBatch::default()
-            } else {
-                let mut v = ValueBatch::default();
-                for _ in keys {
-                    v.push(&[delta; 1024]);
-                }
-                v
-            },
-        };
+        let (all, one_part, few) = (&keys[..], &keys[..1024], &keys[..4]);
+        let mut ops: Vec<(OpKind, &[Key], f32)> = Vec::new();
+        for round in 0..4 {
+            let r = (round + 1) as f32;
+            ops.extend([
+                (OpKind::Update, all, r),
+                (OpKind::Get, few, 0.0),
+                (OpKind::Update, one_part, 0.5),
+                (OpKind::Get, few, 0.0),
+                (OpKind::Put, one_part, 10.0 * r),
+                (OpKind::Put, few, -r),
+                (OpKind::Get, all, 0.0),
+            ]);
+        }
+        // Each key's value (all 1024 floats alike) as the ops are issued,
+        // and what each pull must read.
+        let mut model_now = vec![0.0f32; keys.len()];
         let mut waits = Vec::new();
         let mut expected = Vec::new();
-        let mut total = 0.0f32;
-        for round in 0..4 {
-            let delta = (round + 1) as f32;
-            waits.push(planes[0].execute(op(OpKind::Update, &keys, delta)));
-            expected.push(None);
-            total += delta;
-            // A small push of a few of the same keys behind the large one.
-            waits.push(planes[0].execute(op(OpKind::Update, &keys[..4], 0.5)));
-            expected.push(None);
-            waits.push(planes[0].execute(op(OpKind::Get, &keys, 0.0)));
-            expected.push(Some((total, total + 0.5 * (round + 1) as f32)));
+        for (kind, ks, x) in ops {
+            let mut values = ValueBatch::default();
+            if kind != OpKind::Get {
+                for &k in ks {
+                    values.push(&[x; 1024]);
+                    let v = &mut model_now[k as usize];
+                    *v = if kind == OpKind::Put { x } else { *v + x };
+                }
+            }
+            waits.push(planes[0].execute(StoreOp {
+                kind,
+                table: MODEL_TABLE,
+                keys: ks.to_vec(),
+                values,
+            }));
+            expected.push((kind == OpKind::Get).then(|| model_now[..ks.len()].to_vec()));
         }
         let answers = futures::future::join_all(waits).await;
-        for (got, want) in answers.into_iter().zip(expected) {
+        for (n, (got, want)) in answers.into_iter().zip(expected).enumerate() {
             let got = got.unwrap();
-            let Some((rest, first)) = want else {
+            let Some(want) = want else {
                 assert_eq!(got, PeerResponse::Done);
                 continue;
             };
             let PeerResponse::Values(v) = got else {
                 panic!("not values: {got:?}");
             };
-            assert_eq!(v.lens, vec![1024; keys.len()]);
-            for (i, row) in v.data.chunks(1024).enumerate() {
-                let want = if i < 4 { first } else { rest };
+            assert_eq!(v.lens, vec![1024; want.len()]);
+            for (i, (row, &w)) in v.data.chunks(1024).zip(&want).enumerate() {
                 assert!(
-                    row.iter().all(|&x| x == want),
-                    "key {i}: {} not {want}",
+                    row.iter().all(|&x| x == w),
+                    "op {n}, key {i}: {} not {w}",
                     row[0]
                 );
             }
