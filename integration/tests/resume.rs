@@ -12,7 +12,10 @@
 //! An NMF job resumed the same way takes its row factors (worker-local
 //! state) back from the checkpoint: the first epoch after the resume
 //! trains on from where the checkpoint's epoch ended, not from row factors
-//! drawn again.
+//! drawn again. An LDA job resumed so counts every token of its corpus
+//! once: its word-topic counts agree with the topic assignments it trains
+//! on, and the first epoch after the resume goes on from the checkpoint's
+//! assignments.
 //!
 //! Multi-process: `cruise run` and its evaluators are OS processes.
 
@@ -98,6 +101,33 @@ fn sigkill(pid: u32) {
         nix::sys::signal::Signal::SIGKILL,
     )
     .unwrap();
+}
+
+/// Runs `job` in `work` until a checkpoint of at least epoch `after` is
+/// on disk, then `SIGKILL`s its AM; returns that checkpoint's epoch.
+async fn kill_after_checkpoint(job: Command, work: &Path, after: u64) -> u64 {
+    let mut am = Spawned::spawn(job).unwrap();
+    let epoch = wait_for("a checkpoint manifest on disk", WAIT, || async {
+        newest_checkpoint_epoch(work).filter(|&e| e >= after)
+    })
+    .await
+    .unwrap();
+    sigkill(am.child.id().unwrap());
+    am.wait(WAIT).await.unwrap();
+    epoch
+}
+
+/// Resumes the job of `work` and waits for it to finish; returns its
+/// summary and the epoch it resumed from, which must be `epoch` or later.
+async fn resume_to_the_end(work: &Path, epoch: u64) -> (Value, usize) {
+    let mut resumed = Spawned::spawn(resume(work)).unwrap();
+    let s = match finished_evaluating_all(&mut resumed, WAIT).await {
+        Ok(s) => s,
+        Err(e) => panic!("{e:#}: {}", resumed.stderr()),
+    };
+    let from = s["resumed_from"]["epoch"].as_u64().unwrap_or(0);
+    assert!(from >= epoch, "resumed from epoch {from}: {s}");
+    (s, from as usize)
 }
 
 /// One job at a time: each runs four evaluator processes.
@@ -254,14 +284,8 @@ async fn a_resumed_nmf_job_takes_its_row_factors_from_the_checkpoint() {
     let _one = ONE_AT_A_TIME.lock().await;
     let dir = tempfile::tempdir().unwrap();
     let work = dir.path();
-    let mut am = Spawned::spawn(job_of(work, "nmf", NMF_EPOCHS)).unwrap();
-    let epoch = wait_for("a checkpoint manifest on disk", WAIT, || async {
-        newest_checkpoint_epoch(work).filter(|&e| e >= NMF_KILL_AFTER_EPOCH)
-    })
-    .await
-    .unwrap();
-    sigkill(am.child.id().unwrap());
-    am.wait(WAIT).await.unwrap();
+    let epoch =
+        kill_after_checkpoint(job_of(work, "nmf", NMF_EPOCHS), work, NMF_KILL_AFTER_EPOCH).await;
     // The checkpoint the job resumes from (the resumed job's own
     // checkpoints soon prune it).
     let newest = manifests(work)
@@ -271,13 +295,7 @@ async fn a_resumed_nmf_job_takes_its_row_factors_from_the_checkpoint() {
         .max_by_key(|m| m["id"].as_u64())
         .unwrap();
 
-    let mut resumed = Spawned::spawn(resume(work)).unwrap();
-    let s = match finished_evaluating_all(&mut resumed, WAIT).await {
-        Ok(s) => s,
-        Err(e) => panic!("{e:#}: {}", resumed.stderr()),
-    };
-    let from = s["resumed_from"]["epoch"].as_u64().unwrap_or(0) as usize;
-    assert!(from as u64 >= epoch, "resumed from epoch {from}: {s}");
+    let (s, from) = resume_to_the_end(work, epoch).await;
     assert_eq!(
         s["resumed_from"]["id"], newest["id"],
         "resumed from the newest checkpoint: {s}"
@@ -319,5 +337,81 @@ async fn a_resumed_nmf_job_takes_its_row_factors_from_the_checkpoint() {
     assert!(
         state_blocks > 0 && listed as u64 == state_blocks,
         "{newest}"
+    );
+}
+
+/// The LDA job: a corpus small enough for an epoch to take well under a
+/// second, and enough epochs that a checkpoint of
+/// [`LDA_KILL_AFTER_EPOCH`] is published long before the end.
+const LDA_EPOCHS: u32 = 60;
+const LDA_KILL_AFTER_EPOCH: u64 = 15;
+const LDA_VOCAB: u64 = 500;
+
+/// Per topic, the sum of the word rows (keys `0..vocab`), and the summary
+/// row (key `vocab`) of an LDA model written by `job.model_out`.
+fn lda_topic_totals(model: &Path) -> (Vec<f64>, Vec<f64>) {
+    let text = std::fs::read_to_string(model).unwrap();
+    let (mut words, mut summary) = (Vec::new(), Vec::new());
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let mut it = line.split_ascii_whitespace();
+        let key: u64 = it.next().unwrap().parse().unwrap();
+        let values: Vec<f64> = it.map(|v| v.parse().unwrap()).collect();
+        if key == LDA_VOCAB {
+            summary = values;
+        } else {
+            words.resize(values.len(), 0.0);
+            for (s, v) in words.iter_mut().zip(&values) {
+                *s += v;
+            }
+        }
+    }
+    (words, summary)
+}
+
+/// The word-topic counts of a resumed LDA job agree with its topic
+/// assignments: the final model counts every token of the corpus once
+/// (its topic totals sum to the tokens the final evaluation saw), and the
+/// first epoch after the resume trains on from the checkpoint's
+/// assignments, its log-likelihood near the checkpoint's epoch's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resumed_lda_job_counts_every_token_once() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let work = dir.path();
+    let model = work.join("model.txt");
+    let mut job = job_of(work, "lda", LDA_EPOCHS);
+    job.args(["--set", &format!("lda.vocab={LDA_VOCAB}")])
+        .args(["--set", "lda.topics=10"])
+        .args(["--set", "lda.generate_docs=2000"])
+        .args(["--set", "lda.generate_doc_len=50"])
+        .args(["--set", "job.mini_batch=50"])
+        .args(["--set", &format!("job.model_out={}", model.display())]);
+    let epoch = kill_after_checkpoint(job, work, LDA_KILL_AFTER_EPOCH).await;
+
+    let (s, from) = resume_to_the_end(work, epoch).await;
+    let epochs = s["epochs"].as_array().unwrap();
+    assert_eq!(epochs.len(), LDA_EPOCHS as usize);
+
+    let tokens = s["final_stats"]["loss_terms"].as_u64().unwrap() as f64;
+    let (words, summary) = lda_topic_totals(&model);
+    let (counted, totals) = (words.iter().sum::<f64>(), summary.iter().sum::<f64>());
+    let (first, at_checkpoint, next) = (
+        epoch_loss(&epochs[0]),
+        epoch_loss(&epochs[from - 1]),
+        epoch_loss(&epochs[from]),
+    );
+    eprintln!(
+        "LDA: {tokens} tokens; word rows count {counted}, topic totals {totals}; \
+         nll/token epoch 1 {first}, epoch {from} (checkpoint) {at_checkpoint}, \
+         epoch {} (first resumed) {next}",
+        from + 1
+    );
+    assert!(tokens > 0.0, "{s}");
+    assert_eq!(totals, tokens, "the topic totals count every token once");
+    assert_eq!(counted, tokens, "the word rows count every token once");
+    assert!(
+        next <= at_checkpoint + 0.25 * (first - at_checkpoint),
+        "the first epoch after the resume has nll/token {next}; the checkpoint's epoch \
+         {at_checkpoint}, the job's first {first}"
     );
 }

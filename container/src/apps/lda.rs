@@ -27,6 +27,14 @@
 //! job seed, the block and its sweep counter, so it does not depend on which
 //! evaluator holds the block.
 //!
+//! Checkpoints hold it; a resumed job restores it
+//! ([`App::restore_state`]) with every assignment marked [`UNCOUNTED`]:
+//! the job's word-topic counts start from zero, not from the checkpoint's
+//! (which were copied at other moments than the block), and a token's
+//! first sweep after the resume counts it in with its restored topic
+//! instead of drawing one, so the counts agree with the assignments once
+//! every block was swept, as after a fresh start's first sweep.
+//!
 //! # Sampling
 //!
 //! A mini-batch pulls the rows of its words and the summary row, then for each
@@ -40,7 +48,8 @@
 //! date incrementally, so a draw costs the number of non-zero topics of the
 //! word and the document, not the number of topics. The first sweep over a
 //! token assigns it a topic uniformly at random (the usual initialisation;
-//! drawing from the counts so far merges topics early more often). The
+//! drawing from the counts so far merges topics early more often), or, for
+//! a token restored from a checkpoint, the topic it had there. The
 //! mini-batch pushes the change of every pulled count.
 //!
 //! # Statistics
@@ -73,6 +82,11 @@ use crate::store::{InputBlock, ModelFunctions, StateBlock};
 pub const MAX_DOC_ID: u32 = 1 << 24;
 /// The assignment of a token not sampled yet.
 pub const UNASSIGNED: u32 = u32::MAX;
+/// Set in the assignment of a token restored from a checkpoint that is
+/// not in the word-topic counts yet: its next sweep counts it in with the
+/// topic in the other bits instead of drawing one. The document-topic
+/// counts of its document include it.
+pub const UNCOUNTED: u32 = 1 << 31;
 /// Length of the state header.
 const HEADER: usize = 4;
 
@@ -128,6 +142,12 @@ impl Layout {
         let tokens = *ints.get(l.ndk - 1)? as usize;
         (ints.len() == l.z + tokens).then_some(l)
     }
+}
+
+/// The topic of a restored token not counted yet (see [`UNCOUNTED`]).
+fn uncounted_topic(z: u32, k: usize) -> Option<usize> {
+    let t = (z & !UNCOUNTED) as usize;
+    (z != UNASSIGNED && z & UNCOUNTED != 0 && t < k).then_some(t)
 }
 
 /// A set of topics with non-zero counts, kept as a list for fast iteration.
@@ -445,6 +465,33 @@ impl App for Lda {
         })
     }
 
+    /// The restored state with every assigned token marked [`UNCOUNTED`]
+    /// (see the module's doc), if it fits `input`: its layout, its topics,
+    /// and document-topic counts that agree with its assignments.
+    fn restore_state(&self, input: &InputBlock, mut state: StateBlock) -> Option<StateBlock> {
+        let k = self.topics;
+        let l = Layout::of(&state, input, k)?;
+        let (head, z_all) = state.ints.split_at_mut(l.z);
+        for r in 0..l.docs {
+            let toks = head[l.tok_off + r] as usize..head[l.tok_off + r + 1] as usize;
+            let mut nd = vec![0u32; k];
+            for &z in z_all.get(toks)? {
+                match z {
+                    UNASSIGNED => {}
+                    z if (z & !UNCOUNTED) < k as u32 => nd[(z & !UNCOUNTED) as usize] += 1,
+                    _ => return None,
+                }
+            }
+            if head[l.ndk + r * k..l.ndk + (r + 1) * k] != nd[..] {
+                return None;
+            }
+        }
+        for z in z_all.iter_mut().filter(|z| **z != UNASSIGNED) {
+            *z |= UNCOUNTED;
+        }
+        Some(state)
+    }
+
     fn keys(&self, input: &InputBlock, rows: Range<usize>, out: &mut Vec<Key>) {
         entry_keys(input, rows, Some(self.summary_key()), out);
     }
@@ -484,6 +531,15 @@ impl App for Lda {
             let (_, ws, cs) = input.record(r);
             let ndk = &mut ndk_all[r * k..(r + 1) * k];
             let mut ti = offs[l.tok_off + r] as usize;
+            let doc_tokens = &z_all[ti..offs[l.tok_off + r + 1] as usize];
+            if doc_tokens.iter().any(|&z| uncounted_topic(z, k).is_some()) {
+                // Its restored tokens are counted in below, each with its
+                // topic: the document's counts start from the others.
+                ndk.fill(0);
+                for &z in doc_tokens.iter().filter(|&&z| (z as usize) < k) {
+                    ndk[z as usize] += 1;
+                }
+            }
             sm.start_doc(ndk);
             for (&w, &c) in ws.iter().zip(cs) {
                 let Ok(p) = keys.binary_search(&Key::from(w)) else {
@@ -492,9 +548,11 @@ impl App for Lda {
                 };
                 for _ in 0..c as u32 {
                     let old = z_all[ti];
-                    let new = if old != UNASSIGNED && (old as usize) < k {
+                    let new = if (old as usize) < k {
                         sm.change(ndk, p, old as usize, -1);
                         sm.draw(ndk, p, rng.random::<f64>())
+                    } else if let Some(t) = uncounted_topic(old, k) {
+                        t
                     } else {
                         rng.random_range(0..k)
                     };
@@ -806,49 +864,148 @@ mod tests {
         assert_eq!(w1, w2);
     }
 
-    /// Pushed deltas keep the server counts equal to the assignments.
-    #[test]
-    fn counts_match_assignments() {
-        let a = app(&config(4, 30));
+    /// A generated corpus of `docs` documents over 30 words and 4 topics.
+    fn corpus(a: &Lda, docs: u64, seed: u64) -> InputBlock {
         let p = GenParams {
-            docs: 50,
+            docs,
             vocab: 30,
             topics: 4,
             doc_len: 20,
             alpha: 0.1,
             beta: 0.1,
-            seed: 1,
+            seed,
         };
         let mut buf = Vec::new();
         generate(&p, &mut buf).unwrap();
-        let input = a.parse(&buf).unwrap();
-        let mut state = a.init_state(BlockId(0), &input);
-        let mut model = Model::new();
-        train_with_state(&a, &input, &mut state, 3, 7, &mut model);
-        let s = state.unwrap();
-        let l = Layout::of(&s, &input, 4).unwrap();
+        a.parse(&buf).unwrap()
+    }
+
+    /// The model (30 words, 4 topics) holds exactly the counts of the
+    /// assignments of `blocks`, every token is counted, and each
+    /// document's topic counts agree with its tokens'.
+    fn assert_counts_match(blocks: &[(&InputBlock, &StateBlock)], model: &Model) {
         let mut nw = vec![vec![0f32; 4]; 30];
         let mut nt = vec![0f32; 4];
-        let mut ti = 0;
-        for r in 0..input.len() {
-            let (_, ws, cs) = input.record(r);
-            let mut nd = [0u32; 4];
-            for (&w, &c) in ws.iter().zip(cs) {
-                for _ in 0..c as usize {
-                    let z = s.ints[l.z + ti] as usize;
-                    nw[w as usize][z] += 1.0;
-                    nt[z] += 1.0;
-                    nd[z] += 1;
-                    ti += 1;
+        for (input, s) in blocks {
+            let l = Layout::of(s, input, 4).unwrap();
+            let mut ti = 0;
+            for r in 0..input.len() {
+                let (_, ws, cs) = input.record(r);
+                let mut nd = [0u32; 4];
+                for (&w, &c) in ws.iter().zip(cs) {
+                    for _ in 0..c as usize {
+                        let z = s.ints[l.z + ti] as usize;
+                        assert!(z < 4, "token {ti} not counted: {z:#x}");
+                        nw[w as usize][z] += 1.0;
+                        nt[z] += 1.0;
+                        nd[z] += 1;
+                        ti += 1;
+                    }
                 }
+                assert_eq!(&s.ints[l.ndk + r * 4..l.ndk + r * 4 + 4], &nd);
             }
-            assert_eq!(&s.ints[l.ndk + r * 4..l.ndk + r * 4 + 4], &nd);
         }
         for (w, row) in nw.iter().enumerate() {
             let got = model.get(&(w as u64)).cloned().unwrap_or(vec![0.0; 4]);
             assert_eq!(&got, row, "word {w}");
         }
         assert_eq!(model[&30], nt);
+    }
+
+    /// Pushed deltas keep the server counts equal to the assignments.
+    #[test]
+    fn counts_match_assignments() {
+        let a = app(&config(4, 30));
+        let input = corpus(&a, 50, 1);
+        let mut state = a.init_state(BlockId(0), &input);
+        let mut model = Model::new();
+        train_with_state(&a, &input, &mut state, 3, 7, &mut model);
+        assert_counts_match(&[(&input, &state.unwrap())], &model);
+    }
+
+    /// A resumed job's counts start from zero: a block restored from a
+    /// checkpoint is counted in by its first sweep with the topics it had
+    /// there, a block drawn afresh with topics drawn as at the start, and
+    /// the counts then agree with both blocks' assignments, also while
+    /// sampling goes on.
+    #[test]
+    fn restored_blocks_are_counted_in_with_their_checkpointed_topics() {
+        let a = app(&config(4, 30));
+        let (one, two) = (corpus(&a, 50, 1), corpus(&a, 40, 2));
+        let mut trained = a.init_state(BlockId(0), &one);
+        train_with_state(&a, &one, &mut trained, 3, 7, &mut Model::new());
+        let trained = trained.unwrap();
+        let l = Layout::of(&trained, &one, 4).unwrap();
+
+        let restored = a.restore_state(&one, trained.clone()).unwrap();
+        assert_eq!(
+            restored.ints[..l.z],
+            trained.ints[..l.z],
+            "header and n_dk kept"
+        );
+        for (r, t) in restored.ints[l.z..].iter().zip(&trained.ints[l.z..]) {
+            assert_eq!(*r, t | UNCOUNTED);
+        }
+        // A checkpoint of a block not swept since its own restore holds
+        // marked tokens; restoring it again marks the same.
+        assert_eq!(
+            a.restore_state(&one, restored.clone()),
+            Some(restored.clone())
+        );
+
+        let mut model = Model::new();
+        let mut one_state = Some(restored);
+        let mut two_state = a.init_state(BlockId(1), &two);
+        train_with_state(&a, &one, &mut one_state, 1, 7, &mut model);
+        let after = one_state.clone().unwrap();
+        assert_eq!(
+            after.ints[l.z..],
+            trained.ints[l.z..],
+            "no topic drawn again"
+        );
+        train_with_state(&a, &two, &mut two_state, 1, 7, &mut model);
+        assert_counts_match(
+            &[(&one, &after), (&two, two_state.as_ref().unwrap())],
+            &model,
+        );
+
+        train_with_state(&a, &one, &mut one_state, 2, 7, &mut model);
+        train_with_state(&a, &two, &mut two_state, 2, 7, &mut model);
+        let one_state = one_state.unwrap();
+        assert_ne!(
+            one_state.ints[l.z..],
+            trained.ints[l.z..],
+            "sampling goes on"
+        );
+        assert_counts_match(
+            &[(&one, &one_state), (&two, two_state.as_ref().unwrap())],
+            &model,
+        );
+    }
+
+    /// A state whose assignments or counts do not fit the block is not
+    /// restored (the block is drawn afresh).
+    #[test]
+    fn a_state_that_does_not_fit_is_not_restored() {
+        let a = app(&config(4, 30));
+        let input = corpus(&a, 20, 3);
+        let mut state = a.init_state(BlockId(0), &input);
+        train_with_state(&a, &input, &mut state, 1, 7, &mut Model::new());
+        let state = state.unwrap();
+        let l = Layout::of(&state, &input, 4).unwrap();
+        assert!(a.restore_state(&input, state.clone()).is_some());
+
+        let mut topic_out_of_range = state.clone();
+        topic_out_of_range.ints[l.z] = 4;
+        assert_eq!(a.restore_state(&input, topic_out_of_range), None);
+        let mut counts_disagree = state.clone();
+        counts_disagree.ints[l.ndk] += 1;
+        assert_eq!(a.restore_state(&input, counts_disagree), None);
+        let mut short = state.clone();
+        short.ints.pop();
+        assert_eq!(a.restore_state(&input, short), None);
+        let other = corpus(&a, 21, 3);
+        assert_eq!(a.restore_state(&other, state), None);
     }
 
     fn cosine(a: &[f64], b: &[f64]) -> f64 {

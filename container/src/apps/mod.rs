@@ -12,15 +12,18 @@
 //! | [`nmf`] | `row: col,val col,val ...` | column factors, keyed by column | row factors | squared error per entry |
 //! | [`lda`] | `doc word:count ...` | word-topic counts by word, plus topic totals | document topics, assignments | −log-likelihood per token |
 //!
-//! Checkpoints hold NMF's row factors ([`state_in_checkpoints`]): a
-//! resumed job and a lost worker's re-read input blocks restore them
-//! (when [`App::state_fits`] the block). LDA's document state is not in
-//! them: its assignments must agree with the word-topic counts on the
-//! servers, and a checkpoint copies each block at its own moment (a
-//! state block and the count blocks it was counted into disagree by what
-//! was sampled in between, and by the pushes still on their way): the
-//! sampler would remove tokens from counts that never held them and keep
-//! tokens the counts lost. LDA's state is drawn afresh as at the start.
+//! Checkpoints hold the worker-local state of NMF (row factors) and LDA
+//! (document-topic counts and topic assignments) ([`state_in_checkpoints`]):
+//! a resumed job restores it ([`App::restore_state`], when it fits the
+//! block), and so do a lost NMF worker's re-read input blocks. LDA's
+//! assignments must agree with the word-topic counts on the servers, and
+//! a checkpoint copies each block at its own moment (a state block and
+//! the count blocks it was counted into disagree by what was sampled in
+//! between, and by the pushes still on their way), so a resumed LDA job
+//! does not restore the counts ([`model_rebuilt_on_resume`]): its servers
+//! start from zero and each input block's first sweep counts its tokens,
+//! a restored block with the assignments it was checkpointed with, a
+//! block drawn afresh with topics drawn as at the start.
 //!
 //! Each app also ships a seeded data generator with a known ground truth
 //! (used by `cruise datagen` and when a job has no input).
@@ -105,11 +108,11 @@ pub trait App: Send + Sync + 'static {
         None
     }
 
-    /// Whether `state`, the worker-local state of an input block read back
-    /// from a checkpoint ([`state_in_checkpoints`]), fits `input` so that
-    /// it can be restored; one that does not is drawn afresh.
-    fn state_fits(&self, _input: &InputBlock, _state: &StateBlock) -> bool {
-        false
+    /// The state to train `input` on from `state`, its worker-local state
+    /// read back from a checkpoint ([`state_in_checkpoints`]), or `None`
+    /// when it does not fit the block (then it is drawn afresh).
+    fn restore_state(&self, _input: &InputBlock, _state: StateBlock) -> Option<StateBlock> {
+        None
     }
 
     /// The model keys rows `rows` of `input` need, sorted and without duplicates.
@@ -156,11 +159,21 @@ pub trait App: Send + Sync + 'static {
 
 /// Whether checkpoints hold the worker-local state of `app`'s input
 /// blocks, so that a resumed job, or a lost worker's blocks re-read by
-/// another, restore it instead of drawing it afresh. NMF's row factors
-/// are; LDA's assignments are not (see the module's doc); MLR and Lasso
-/// have none.
+/// another, restore it instead of drawing it afresh: NMF's row factors and
+/// LDA's document state; MLR and Lasso have none.
 pub fn state_in_checkpoints(app: AppKind) -> bool {
-    matches!(app, AppKind::Nmf)
+    matches!(app, AppKind::Nmf | AppKind::Lda)
+}
+
+/// Whether a resumed job of `app` rebuilds its model from the workers'
+/// restored state instead of reading the checkpoint's model blocks: its
+/// servers create the blocks afresh (zeros) and every input block's
+/// first sweep counts its tokens in. LDA's word-topic counts are a
+/// function of the topic assignments, and a checkpoint copies each block
+/// at its own moment, so counts restored beside the assignments would
+/// disagree with them (see the module's doc).
+pub fn model_rebuilt_on_resume(app: AppKind) -> bool {
+    matches!(app, AppKind::Lda)
 }
 
 /// The model parameters of the job's app, derived from the configuration.

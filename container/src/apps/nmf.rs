@@ -232,8 +232,8 @@ impl App for Nmf {
         })
     }
 
-    fn state_fits(&self, input: &InputBlock, state: &StateBlock) -> bool {
-        self.state_ok(input, state) && state.ints.is_empty()
+    fn restore_state(&self, input: &InputBlock, state: StateBlock) -> Option<StateBlock> {
+        (self.state_ok(input, &state) && state.ints.is_empty()).then_some(state)
     }
 
     fn keys(&self, input: &InputBlock, rows: Range<usize>, out: &mut Vec<Key>) {

@@ -106,14 +106,16 @@ async fn saved_state(
 ) -> Option<StateBlock> {
     let saved = saved.filter(|_| app.has_state())?;
     match checkpoint::read_state(fs, saved, block).await {
-        Ok(Some(state)) if app.state_fits(input, &state) => Some(state),
-        Ok(Some(_)) => {
-            tracing::warn!(
-                "the worker-local state of input block {block} in checkpoint {} does not fit \
-                 the block read from the input; it is drawn afresh",
-                saved.folder
-            );
-            None
+        Ok(Some(state)) => {
+            let restored = app.restore_state(input, state);
+            if restored.is_none() {
+                tracing::warn!(
+                    "the worker-local state of input block {block} in checkpoint {} does not \
+                     fit the block read from the input; it is drawn afresh",
+                    saved.folder
+                );
+            }
+            restored
         }
         Ok(None) => None,
         Err(e) => {

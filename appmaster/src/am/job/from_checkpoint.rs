@@ -2,11 +2,16 @@
 //! each server reads its model blocks from the checkpoint the job resumes
 //! from (`RestoreBlocks`, answered by `BlocksRestored`) instead of creating
 //! them, and each worker reading its input blocks restores their
-//! worker-local state from it where it holds it (NMF's row factors: the
-//! `state` of `LoadInput`) instead of drawing it afresh; when training
-//! starts, the epochs, records and clocks the checkpoint had reached are
-//! carried over, so the job trains only the epochs that remain.
+//! worker-local state from it where it holds it (NMF's row factors, LDA's
+//! document state: the `state` of `LoadInput`) instead of drawing it
+//! afresh. LDA's servers create their blocks as at the start instead
+//! (`apps::model_rebuilt_on_resume`): the word-topic counts are rebuilt
+//! from the restored assignments by the workers' first sweep. When
+//! training starts, the epochs, records and clocks the checkpoint had
+//! reached are carried over, so the job trains only the epochs that
+//! remain.
 
+use cruise_container::apps::model_rebuilt_on_resume;
 use cruise_container::checkpoint::SavedState;
 use cruise_container::protocol::{AmToEval, BlockId, EvaluatorId, MODEL_TABLE};
 use cruise_hdfs::Split;
@@ -16,6 +21,13 @@ use crate::am::{AmError, CheckpointInfo, Progress, Role};
 use super::{Answer, Driver};
 
 impl Driver {
+    /// Whether the servers read their model blocks from the checkpoint the
+    /// job resumes from (not for an app whose model its workers rebuild
+    /// from their restored state).
+    pub(super) fn model_from_checkpoint(&self) -> bool {
+        self.resume.is_some() && !model_rebuilt_on_resume(self.config.job.app)
+    }
+
     /// Asks server `id` to load `blocks` of the model from the checkpoint
     /// the job resumes from.
     pub(super) async fn load_from_checkpoint(&mut self, id: EvaluatorId, blocks: &[BlockId]) {

@@ -108,7 +108,7 @@ impl Driver {
                 .filter(|&b| model[b] == id)
                 .map(|b| BlockId(b as u32))
                 .collect();
-            if self.resume.is_some() {
+            if self.model_from_checkpoint() {
                 self.load_from_checkpoint(id, &blocks).await;
                 continue;
             }
