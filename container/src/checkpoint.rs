@@ -13,7 +13,8 @@
 //!
 //! Evaluators write the blocks they own ([`write_blocks`]): every model
 //! block, and, for apps whose worker-local state checkpoints hold
-//! ([`crate::apps::state_in_checkpoints`]: NMF's row factors), the state
+//! ([`crate::apps::state_in_checkpoints`]: NMF's row factors, LDA's
+//! document-topic counts and topic assignments), the state
 //! block (table `STATE`) of every input block. Each block is copied under
 //! its own lock (training goes on; nothing pauses the job; a state block
 //! waits for the mini-batch computing on it), encoded and hashed off the
@@ -31,7 +32,10 @@
 //! and the input blocks it is used for draw their state afresh. A worker
 //! loading input blocks from a checkpoint's state ([`SavedState`], on a
 //! resume or when a lost worker's blocks are re-read) restores each
-//! block's state from it ([`read_state`]).
+//! block's state from it ([`read_state`]). A resumed LDA job reads no
+//! model block ([`crate::apps::model_rebuilt_on_resume`]): its counts are
+//! rebuilt from the restored assignments, so the count blocks written
+//! beside them are not read back.
 //!
 //! Reading ([`latest`], [`read_block`]) trusts nothing: a manifest that
 //! does not parse, names another job, or lists a block whose file is

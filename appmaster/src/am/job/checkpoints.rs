@@ -1,6 +1,6 @@
 //! Checkpoints, as part of the job's event loop: when one is due, the
 //! evaluators holding model blocks — and, for apps whose worker-local
-//! state checkpoints hold (`apps::state_in_checkpoints`: NMF), those
+//! state checkpoints hold (`apps::state_in_checkpoints`: NMF, LDA), those
 //! holding state blocks — are asked to write theirs (`Checkpoint`; each
 //! copies each block under its own lock, so training never pauses); once
 //! every block is written the manifest is published off the loop, on the
