@@ -146,6 +146,13 @@ pub struct Manifest {
     pub epoch: u32,
     /// Records the job had processed then.
     pub records_done: u64,
+    /// The slowest worker's clock then (SSP; 0 for asynchronous jobs):
+    /// every update of the local epochs before it is in the blocks. A job
+    /// resumed from the checkpoint, or rolled back to it for a lost
+    /// server, starts its workers' clocks there. Absent from manifests
+    /// written before it was recorded: [`Manifest::clock`] takes the epoch.
+    #[serde(default)]
+    pub clock: Option<u32>,
     /// Blocks per table (every block of each table listed is in `blocks`).
     pub tables: Vec<(TableId, u32)>,
     /// Every block's file.
@@ -155,6 +162,12 @@ pub struct Manifest {
 }
 
 impl Manifest {
+    /// The workers' clock the checkpoint holds the updates before
+    /// (`clock`, or the epoch where it is not recorded).
+    pub fn clock(&self) -> u32 {
+        self.clock.unwrap_or(self.epoch)
+    }
+
     /// The file of `block` of `table`, if listed.
     pub fn file_of(&self, table: TableId, block: BlockId) -> Option<&BlockFile> {
         self.blocks

@@ -49,6 +49,7 @@ async fn take(fs: &FileSystem, store: &Store, dir: &str, id: u64) {
         id,
         epoch: id as u32,
         records_done: 0,
+        clock: None,
         tables: vec![(MODEL_TABLE, BLOCKS)],
         blocks,
         published_unix_secs: 0,

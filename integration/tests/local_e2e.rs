@@ -215,6 +215,7 @@ async fn evaluator_is_reused_for_worker_then_server() {
     conn.send(AmToEval::StartWorker(WorkerTask {
         start_clock: 0,
         staleness: None,
+        rollback: 0,
     }))
     .await
     .unwrap();

@@ -75,6 +75,23 @@ pub enum Record {
         /// Servers at its end.
         servers: u32,
     },
+    /// SSP: a lost server's model blocks were restored from a checkpoint,
+    /// and the workers' clocks and the job's progress went back to it: the
+    /// epochs after `epoch` are trained again (their records follow).
+    Rollback {
+        /// When.
+        at_secs: f64,
+        /// The job's rollbacks so far, this one included.
+        rollback: u32,
+        /// The clock every worker goes on from.
+        clock: u32,
+        /// Epochs done from now on.
+        epoch: u32,
+        /// Records done from now on.
+        records_done: u64,
+        /// The checkpoint's folder.
+        checkpoint: String,
+    },
     /// The optimizer's decision changed, in words.
     Decision {
         /// When.

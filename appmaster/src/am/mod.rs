@@ -160,6 +160,11 @@ pub struct JobSummary {
     /// `job.max_failures`).
     #[serde(default)]
     pub lost: Vec<String>,
+    /// SSP: the workers' clocks and the job's progress rolled back to a
+    /// checkpoint after a lost server's blocks were restored from it, in
+    /// words, oldest first.
+    #[serde(default)]
+    pub clock_rollbacks: Vec<String>,
     /// Checkpoints published.
     #[serde(default)]
     pub checkpoints: u64,
@@ -253,6 +258,9 @@ pub struct Status {
     /// Evaluators the job lost and went on without so far, in words.
     #[serde(default)]
     pub lost: Vec<String>,
+    /// SSP: clock rollbacks so far, in words (see [`JobSummary`]).
+    #[serde(default)]
+    pub clock_rollbacks: Vec<String>,
     /// The newest published checkpoint, if any.
     pub checkpoint: Option<CheckpointInfo>,
     /// Checkpoints published so far.

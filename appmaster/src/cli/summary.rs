@@ -104,6 +104,9 @@ pub fn summary_text(s: &JobSummary, config: &CruiseConfig) -> String {
     for l in &s.lost {
         line("survived", format!("{l}; its input re-read by the others"));
     }
+    for r in &s.clock_rollbacks {
+        line("rolled back", r.clone());
+    }
     if let Some(r) = &s.resumed_from {
         line(
             "resumed",

@@ -78,6 +78,7 @@ fn at_secs(r: &Record) -> f64 {
         Record::Job { .. } => 0.0,
         Record::Members { at_secs, .. }
         | Record::Epoch { at_secs, .. }
+        | Record::Rollback { at_secs, .. }
         | Record::Decision { at_secs, .. }
         | Record::Splits { at_secs, .. }
         | Record::PlanStarted { at_secs, .. }
@@ -129,6 +130,11 @@ impl<'a> JobView<'a> {
                 }
                 Record::Members { at_secs, members } => v.members.push((*at_secs, members)),
                 Record::Epoch { .. } => v.epochs.push(r),
+                // The epochs after the checkpoint's are trained again: the
+                // records that follow tell them.
+                Record::Rollback { epoch, .. } => v
+                    .epochs
+                    .retain(|e| matches!(e, Record::Epoch { epoch: n, .. } if n <= epoch)),
                 Record::Decision { at_secs, text } => v.decisions.push((*at_secs, text)),
                 Record::Splits { splits, .. } => v.splits = Some(splits),
                 Record::PlanStarted {

@@ -50,13 +50,15 @@ pub(super) struct Roles {
 /// What the handlers of the AM's messages reach the rest of the evaluator
 /// by: the control channel to the AM, the loop's channel for a task's
 /// fatal error, the tracker tasks are spawned on, the clock bound the
-/// worker waits on (SSP), and the token that drops pending work when the
+/// worker waits on and the last clock rollback (SSP), and the token that drops pending work when the
 /// evaluator ends.
 pub(super) struct Links {
     pub(super) to_am: mpsc::Sender<EvalToAm>,
     pub(super) fail: mpsc::Sender<String>,
     pub(super) tracker: TaskTracker,
     pub(super) min_clock: watch::Sender<u32>,
+    /// The last `RollBackClock` heard (the worker compares it with its own).
+    pub(super) rollback: watch::Sender<ps::ClockRollback>,
     /// Cancelled when the evaluator ends: work still waiting for its
     /// answer (e.g. a read blocked on a datanode) is dropped then.
     pub(super) stop: CancellationToken,
@@ -191,6 +193,15 @@ pub(super) async fn handle(
         AmToEval::ProbeBandwidth { to, bytes } => probe_bandwidth(to, bytes, job, links),
         AmToEval::Clock { min_clock } => {
             links.min_clock.send_replace(min_clock);
+        }
+        AmToEval::RollBackClock { rollback, clock } => {
+            // Both before the ownership that follows is applied: a pull
+            // routed by it to a restored block is answered after the worker
+            // can see the rollback, and it checks before computing.
+            links.min_clock.send_replace(clock);
+            links
+                .rollback
+                .send_replace(ps::ClockRollback { rollback, clock });
         }
         AmToEval::Evaluate => evaluate(job, links),
         AmToEval::EvaluateHeldOut { splits } => evaluate_held_out(splits, job, links),
@@ -402,6 +413,7 @@ async fn start_worker(
         to_am: links.to_am.clone(),
         stop: stop.clone(),
         min_clock: links.min_clock.subscribe(),
+        rollback: links.rollback.subscribe(),
         mini_batch: job.config.job.mini_batch as usize,
         task,
         pipeline_depth: job.config.job.in_flight() as usize,

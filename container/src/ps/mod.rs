@@ -10,7 +10,9 @@
 //!   pushes are not awaited until the pipeline is full; measurements are
 //!   summed and reported every 20 ms. Between local epochs it ticks its clock
 //!   and, under SSP, waits until the slowest worker is within the staleness
-//!   bound.
+//!   bound; a clock rollback ([`ClockRollback`]: a lost server's blocks
+//!   restored from a checkpoint) has it abandon the local epoch under way
+//!   and go on from the checkpoint's clock.
 //! - [`evaluate`]: the objective over all local input with the current model;
 //!   [`evaluate_held_out`]: the same over held-out splits, read and dropped.
 //! - [`dump_model`]: send the model blocks held here to the AM.
@@ -46,7 +48,7 @@ pub use cost::{codec_cpu_per_byte, io_secs, own_secs};
 pub use eval::{dump_model, evaluate, evaluate_held_out};
 pub use input::{load_input, read_input};
 pub use server::{SERVER_REPORT_PERIOD, run_server};
-pub use worker::{LONE_WORKER_DEPTH, WorkerContext, pipeline_depth, run_worker};
+pub use worker::{ClockRollback, LONE_WORKER_DEPTH, WorkerContext, pipeline_depth, run_worker};
 
 /// Errors of the PS roles.
 #[derive(Debug, thiserror::Error)]

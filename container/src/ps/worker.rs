@@ -3,6 +3,14 @@
 //! `job.pipeline_depth`; between local epochs, tick the clock and, under
 //! SSP, wait for the slowest worker. [`run_worker`] runs it on a thread of
 //! its own; [`Worker`] holds its state, one step per method.
+//!
+//! A clock rollback (SSP, [`ClockRollback`]: a lost server's model blocks
+//! restored from a checkpoint) is heard between mini-batches, while waiting
+//! for the slowest worker, and after every pull's answer: the worker
+//! computes on no values pulled before it heard of it (they may come from
+//! a restored block older than its clock allows), abandons the local epoch
+//! under way (its pulls ahead are dropped), flushes its pushes, and goes on
+//! from the checkpoint's clock, saying so (`ClockRolledBack`).
 
 use std::collections::VecDeque;
 use std::ops::{ControlFlow, Range};
@@ -42,6 +50,8 @@ pub struct WorkerContext {
     pub stop: CancellationToken,
     /// The slowest worker's clock, from the AM (SSP).
     pub min_clock: watch::Receiver<u32>,
+    /// The last clock rollback the AM ordered (SSP).
+    pub rollback: watch::Receiver<ClockRollback>,
     /// Records per mini-batch.
     pub mini_batch: usize,
     /// The task's parameters.
@@ -50,6 +60,26 @@ pub struct WorkerContext {
     /// `job.pipeline_depth` with `job.pipeline`, 0 without (pull, compute,
     /// push and wait).
     pub pipeline_depth: usize,
+}
+
+/// A clock rollback the AM ordered (`AmToEval::RollBackClock`): a worker
+/// whose task started before rollback `rollback` goes on from `clock`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ClockRollback {
+    /// The job's rollbacks so far (0: none).
+    pub rollback: u32,
+    /// The clock to go on from.
+    pub clock: u32,
+}
+
+/// How a mini-batch whose pull was on its way ended.
+enum Batch {
+    /// Computed, and its deltas pushed (or reported without any).
+    Trained,
+    /// Skipped: the block's state moved away mid-way.
+    Skipped,
+    /// Not computed: a clock rollback came first.
+    RolledBack,
 }
 
 /// A worker that holds all the job's input pulls at least this many
@@ -176,6 +206,9 @@ struct Worker {
     waits: Arc<AtomicU64>,
     pricing: RequestPricing,
     clock: u32,
+    /// The last clock rollback this worker took (or that came before its
+    /// task started).
+    rollback: u32,
     /// Pushes on their way, oldest first.
     pushes: VecDeque<InFlightPush>,
     /// This worker's pushes so far.
@@ -200,6 +233,7 @@ impl Worker {
             store: ctx.dp.store().clone(),
             model: ctx.app.model(),
             clock: ctx.task.start_clock,
+            rollback: ctx.task.rollback,
             reporter: Reporter::new(ctx.to_am.clone()),
             pushes: VecDeque::new(),
             pushed: 0,
@@ -240,9 +274,16 @@ impl Worker {
     /// mini-batches of the input blocks held here, then ticks the clock.
     /// `Break` when the worker is asked to stop.
     async fn epoch(&mut self) -> Result<ControlFlow<()>, PsError> {
+        if let Some(r) = self.rollback_due() {
+            self.roll_back(r).await?;
+        }
         let depth = pipeline_depth(self.ctx.pipeline_depth, self.store.owner_count(INPUT_TABLE));
         if self.wait_for_slowest().await.is_break() {
             return Ok(ControlFlow::Break(()));
+        }
+        if self.rollback_due().is_some() {
+            // Heard while waiting: the next call rolls back.
+            return Ok(ControlFlow::Continue(()));
         }
         let store = &self.store;
         self.key_cache.retain(|b| store.is_owned(INPUT_TABLE, b));
@@ -275,8 +316,12 @@ impl Worker {
                 self.refill(&mut epoch.ahead, depth.max(1));
                 continue;
             }
-            if self.train(&mut epoch, cur).await? {
-                self.reporter.maybe_send().await?;
+            match self.train(&mut epoch, cur).await? {
+                Batch::Trained => self.reporter.maybe_send().await?,
+                Batch::Skipped => {}
+                // The epoch and its pulls ahead are dropped; the next call
+                // rolls back.
+                Batch::RolledBack => return Ok(ControlFlow::Continue(())),
             }
         }
         self.end_epoch(&mut epoch.counted).await?;
@@ -284,8 +329,8 @@ impl Worker {
     }
 
     /// SSP: waits until the slowest worker is within the staleness bound
-    /// of this worker's clock. `Break` when asked to stop first, or when
-    /// the AM's clock is gone.
+    /// of this worker's clock, or a clock rollback comes. `Break` when
+    /// asked to stop first, or when the AM's clock is gone.
     async fn wait_for_slowest(&mut self) -> ControlFlow<()> {
         let Some(s) = self.ctx.task.staleness else {
             return ControlFlow::Continue(());
@@ -294,14 +339,47 @@ impl Worker {
             if self.ctx.stop.is_cancelled() {
                 return ControlFlow::Break(());
             }
-            if self.clock <= *self.ctx.min_clock.borrow() + s {
+            if self.clock <= *self.ctx.min_clock.borrow() + s || self.rollback_due().is_some() {
                 return ControlFlow::Continue(());
             }
             tokio::select! {
                 _ = self.ctx.stop.cancelled() => return ControlFlow::Break(()),
                 r = self.ctx.min_clock.changed() => if r.is_err() { return ControlFlow::Break(()) },
+                r = self.ctx.rollback.changed() => if r.is_err() { return ControlFlow::Break(()) },
             }
         }
+    }
+
+    /// The clock rollback the AM ordered since this worker's last one, if any.
+    fn rollback_due(&self) -> Option<ClockRollback> {
+        let r = *self.ctx.rollback.borrow();
+        (r.rollback > self.rollback).then_some(r)
+    }
+
+    /// Takes rollback `r`: the pushes already computed are applied (on a
+    /// restored block too: fresher than its checkpoint, which SSP allows)
+    /// and reported, as the abandoned epochs' last; then the clock goes
+    /// back to `r.clock` and the AM hears so before any report of the
+    /// epochs trained again.
+    async fn roll_back(&mut self, r: ClockRollback) -> Result<(), PsError> {
+        flush_pushes(&mut self.reporter, &mut self.pushes).await?;
+        self.recent.clear();
+        tracing::info!(
+            rollback = r.rollback,
+            from = self.clock,
+            to = r.clock,
+            "the worker's clock rolls back: a lost server's model blocks were restored \
+             from a checkpoint"
+        );
+        self.clock = r.clock;
+        self.rollback = r.rollback;
+        self.ctx.rollback.borrow_and_update();
+        self.reporter
+            .send(EvalToAm::ClockRolledBack {
+                rollback: r.rollback,
+                clock: r.clock,
+            })
+            .await
     }
 
     /// Sends pulls until `n` mini-batches of the epoch are on their way (or
@@ -328,9 +406,9 @@ impl Worker {
 
     /// Trains on a mini-batch whose pull is on its way: waits for the
     /// values, computes, and pushes the deltas (or, without any, reports
-    /// it at once). `false` when the block's state moved away mid-way: the
-    /// mini-batch is skipped.
-    async fn train(&mut self, epoch: &mut Epoch, cur: Prefetched) -> Result<bool, PsError> {
+    /// it at once). Skipped when the block's state moved away mid-way; not
+    /// computed when a clock rollback came before the answer was looked at.
+    async fn train(&mut self, epoch: &mut Epoch, cur: Prefetched) -> Result<Batch, PsError> {
         let Prefetched {
             block,
             input,
@@ -341,6 +419,12 @@ impl Worker {
         } = cur;
         let t0 = Instant::now();
         let (r, links) = pull.await;
+        if self.rollback_due().is_some() {
+            // The answer may hold a restored block older than this clock
+            // allows: any pull that reached one was answered after the
+            // rollback was heard here (it came before the new owners).
+            return Ok(Batch::RolledBack);
+        }
         let pulled = self.answer(r, links, t0.elapsed().as_secs_f64(), &keys, seen)?;
         let step = Step { clock: self.clock };
         let t1 = Instant::now();
@@ -350,7 +434,7 @@ impl Worker {
         let Some((deltas, stats)) = out else {
             // The block's state moved away mid-way: skip this mini-batch.
             self.refill(&mut epoch.ahead, epoch.depth.max(1));
-            return Ok(false);
+            return Ok(Batch::Skipped);
         };
         // Time this mini-batch's loop spent blocked (not its own work).
         let mut blocked = pulled.waited;
@@ -385,7 +469,7 @@ impl Worker {
         } else {
             self.push(epoch, keys, deltas, report).await?;
         }
-        Ok(true)
+        Ok(Batch::Trained)
     }
 
     /// A pull's answer, waited for `waited` seconds, with this worker's
@@ -715,10 +799,12 @@ mod tests {
                 to_am,
                 stop: CancellationToken::new(),
                 min_clock,
+                rollback: watch::channel(ClockRollback::default()).1,
                 mini_batch: 2,
                 task: WorkerTask {
                     start_clock: 0,
                     staleness: None,
+                    rollback: 0,
                 },
                 pipeline_depth: 0,
             }));

@@ -18,6 +18,13 @@
 //! re-read has no state to write yet). One that cannot be completed — an
 //! evaluator failed to write, was lost, or a block moved meanwhile — is
 //! given up with a warning; the next is taken when due.
+//!
+//! A manifest records the epochs and records done and the workers' clock
+//! (the slowest one's) when it was asked for. A clock rollback (SSP,
+//! `from_checkpoint.rs`) gives up the checkpoint under way, and one asked
+//! for before it that is published after is not restored from: its blocks
+//! are of the epochs the rollback abandoned, newer than the ones trained
+//! again.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
@@ -44,6 +51,9 @@ pub(super) struct Checkpoints {
     last_at: Option<Instant>,
     /// Checkpoints published so far.
     published_total: u64,
+    /// Checkpoints numbered below this were asked for before the last
+    /// clock rollback: one published after it is not restored from.
+    void_below: u64,
 }
 
 /// The checkpoint being taken.
@@ -51,6 +61,7 @@ struct Taking {
     id: u64,
     epoch: u32,
     records_done: u64,
+    clock: u32,
     since: Instant,
     /// Evaluators that have not written their blocks yet.
     waiting: BTreeSet<EvaluatorId>,
@@ -76,6 +87,7 @@ impl Checkpoints {
             published: resumed.into_iter().collect(),
             last_at: None,
             published_total: 0,
+            void_below: 0,
         }
     }
 
@@ -184,6 +196,7 @@ impl Driver {
             id,
             epoch: epochs,
             records_done: self.records_done,
+            clock: self.min_clock_sent,
             since: Instant::now(),
             waiting: holders,
             files: Vec::new(),
@@ -259,6 +272,7 @@ impl Driver {
             id: t.id,
             epoch: t.epoch,
             records_done: t.records_done,
+            clock: Some(t.clock),
             tables,
             blocks: by_block.into_values().collect(),
             published_unix_secs: std::time::SystemTime::now()
@@ -289,6 +303,11 @@ impl Driver {
             self.ck.taking = None;
         }
         match result {
+            Ok(()) if manifest.id < self.ck.void_below => tracing::warn!(
+                "checkpoint {} was asked for before the clocks rolled back; \
+                 it is not restored from",
+                manifest.id
+            ),
             Ok(()) => {
                 tracing::info!(
                     id = manifest.id,
@@ -304,6 +323,15 @@ impl Driver {
             }
             Err(e) => tracing::warn!("checkpoint {} not published: {e}", manifest.id),
         }
+    }
+
+    /// The clocks rolled back to a checkpoint of `epoch` epochs: the
+    /// checkpoint under way is given up, one asked for before is not
+    /// restored from, and the next is due counting from `epoch`.
+    pub(super) fn rolled_back_checkpoints(&mut self, epoch: u32) {
+        self.give_up_checkpoint("the clocks rolled back");
+        self.ck.void_below = self.ck.next_id;
+        self.ck.last_epoch = self.ck.last_epoch.min(epoch);
     }
 
     /// `id` was lost: a checkpoint waiting for its blocks cannot complete.

@@ -10,12 +10,31 @@
 //! training starts, the epochs, records and clocks the checkpoint had
 //! reached are carried over, so the job trains only the epochs that
 //! remain.
+//!
+//! Also the SSP rollback: a lost server's model blocks restored from a
+//! checkpoint (`reconfigure/recovery.rs`) hold the updates of the local
+//! epochs before the checkpoint's clock, and the workers have passed it.
+//! Before anyone learns the blocks' new owners, the job goes back to the
+//! checkpoint ([`Driver::roll_back_clocks`]): its epochs done, records done
+//! and every worker's clock are the checkpoint's, so the epochs after it
+//! are trained again and no worker reads a restored block staler than the
+//! staleness bound allows; the blocks that survived keep their newer
+//! updates (fresher reads are allowed). Every evaluator is told
+//! `RollBackClock` (numbered: the job's rollbacks so far) ahead of the new
+//! ownership on its control channel; a worker computes on nothing pulled
+//! before it heard it, flushes its pushes, goes back and answers
+//! `ClockRolledBack` ([`Driver::on_clock_rolled_back`]). Until then its
+//! reports and clock ticks belong to the abandoned epochs and are not
+//! counted; a worker started later starts in the current rollback.
+
+use std::time::Instant;
 
 use cruise_container::apps::model_rebuilt_on_resume;
-use cruise_container::checkpoint::SavedState;
-use cruise_container::protocol::{AmToEval, BlockId, EvaluatorId, MODEL_TABLE};
+use cruise_container::checkpoint::{Manifest, SavedState};
+use cruise_container::protocol::{AmToEval, BlockId, EvaluatorId, MODEL_TABLE, Stats};
 use cruise_hdfs::Split;
 
+use crate::am::history::Record;
 use crate::am::{AmError, CheckpointInfo, Progress, Role};
 
 use super::{Answer, Driver};
@@ -78,9 +97,22 @@ impl Driver {
         self.maybe_start_training().await
     }
 
+    /// The epochs done, the records done and the workers' clock that
+    /// checkpoint `m` holds, within this job's epochs (the records within
+    /// its epoch, the clock not past it).
+    fn checkpoint_progress(&self, m: &Manifest) -> (u32, u64, u32) {
+        let epoch = m.epoch.min(self.config.job.epochs);
+        let per_epoch = self.records_per_epoch;
+        let from = u64::from(epoch) * per_epoch;
+        let records = m
+            .records_done
+            .clamp(from, (from + per_epoch).saturating_sub(1).max(from));
+        (epoch, records, m.clock().min(epoch))
+    }
+
     /// As training starts: a resumed job counts on from its checkpoint's
     /// epochs and records (the epochs before it as its history told them),
-    /// and its workers' clocks start at the checkpoint's epoch.
+    /// and its workers' clocks start at the checkpoint's clock.
     pub(super) async fn carry_progress_over(&mut self) {
         let Some(r) = self.resume.as_ref() else {
             return;
@@ -88,13 +120,8 @@ impl Driver {
         if !self.epochs.is_empty() {
             return;
         }
-        let m = &r.manifest;
-        let epoch = m.epoch.min(self.config.job.epochs);
-        let per_epoch = self.records_per_epoch;
-        let from = u64::from(epoch) * per_epoch;
-        self.records_done = m
-            .records_done
-            .clamp(from, (from + per_epoch).saturating_sub(1).max(from));
+        let (epoch, records, clock) = self.checkpoint_progress(&r.manifest);
+        self.records_done = records;
         self.epochs = r.epochs.iter().take(epoch as usize).copied().collect();
         let text = format!(
             "resuming job {} from checkpoint {} (epoch {epoch} of {}, {} records done)",
@@ -105,10 +132,82 @@ impl Driver {
         for e in &self.epochs {
             self.record_epoch(e);
         }
-        self.min_clock_sent = epoch;
+        self.min_clock_sent = clock;
         for id in self.with_role(Role::Worker) {
-            self.send(id, AmToEval::Clock { min_clock: epoch }).await;
+            self.send(id, AmToEval::Clock { min_clock: clock }).await;
         }
+    }
+
+    /// SSP: model blocks of a lost server are being restored from
+    /// checkpoint `m` in `folder` (`why` says whose): the job's progress
+    /// and every worker's clock go back to the checkpoint's, and every
+    /// evaluator is told (see the module's doc). Call before the blocks'
+    /// new owners are announced.
+    pub(super) async fn roll_back_clocks(&mut self, m: &Manifest, folder: &str, why: &str) {
+        let (epoch, records, clock) = self.checkpoint_progress(m);
+        let again = self.epochs.len().saturating_sub(epoch as usize);
+        let rollback = self.clock_rollbacks.len() as u32 + 1;
+        let text = format!(
+            "clocks rolled back to {clock}, the job to epoch {epoch} ({records} records done), \
+             of checkpoint {folder}: {why}; {again} trained again",
+            again = super::plural(again as u32, "epoch"),
+        );
+        tracing::warn!(rollback, "{text}");
+        self.clock_rollbacks.push(text.clone());
+        self.records_done = records;
+        self.epochs.truncate(epoch as usize);
+        self.window = Stats::default();
+        self.epoch_started = Instant::now();
+        self.min_clock_sent = clock;
+        self.rolled_back_checkpoints(epoch);
+        self.links.history.push(Record::Rollback {
+            at_secs: self.links.history.now(),
+            rollback,
+            clock,
+            epoch,
+            records_done: records,
+            checkpoint: folder.to_string(),
+        });
+        let _ = self.links.progress.send(Progress::Phase(text));
+        let ids: Vec<EvaluatorId> = self
+            .evaluators
+            .values_mut()
+            .filter(|e| e.connected && !e.gone)
+            .map(|e| {
+                e.clock = clock;
+                e.id
+            })
+            .collect();
+        for id in ids {
+            self.send(id, AmToEval::RollBackClock { rollback, clock })
+                .await;
+        }
+    }
+
+    /// Worker `id` took clock rollback `rollback`: its reports count again
+    /// from now on. One a later rollback has overtaken is not counted yet
+    /// (the worker takes that one next).
+    pub(super) async fn on_clock_rolled_back(
+        &mut self,
+        id: EvaluatorId,
+        rollback: u32,
+        clock: u32,
+    ) {
+        if rollback != self.clock_rollbacks.len() as u32 {
+            return;
+        }
+        let Some(e) = self.evaluators.get_mut(&id) else {
+            return;
+        };
+        e.rollback = rollback;
+        e.clock = clock;
+        tracing::info!(
+            evaluator = %id,
+            rollback,
+            "{}'s clock rolled back to {clock}",
+            self.describe(id)
+        );
+        self.release_clocks().await;
     }
 
     /// The checkpoint the job resumed from, if it was resumed.

@@ -252,6 +252,7 @@ impl Driver {
                 connected: true,
                 gone: false,
                 acked_version: 0,
+                rollback: 0,
             },
         );
         Ok(())

@@ -23,7 +23,7 @@
 //! | `training.rs` | the phases: loading, epochs and clocks, stopping, evaluating, saving the model |
 //! | `status.rs` | the live status and the summary |
 //! | `checkpoints.rs` | taking checkpoints: when, who writes, publishing the manifest; the published ones |
-//! | `resume.rs` | a resumed job (`cruise run --resume`): model blocks loaded from its checkpoint, its progress carried over |
+//! | `from_checkpoint.rs` | a resumed job (`cruise run --resume`): model blocks loaded from its checkpoint, its progress carried over; under SSP, the clocks and progress rolled back to the checkpoint a lost server's blocks are restored from |
 //! | `reconfigure/` | live reconfiguration: the trigger, the running plan and its operations, surviving a lost worker or server |
 
 use std::collections::{BTreeMap, HashMap};
@@ -105,6 +105,11 @@ struct Evaluator {
     store_bytes: u64,
     max_store_bytes: u64,
     clock: u32,
+    /// The clock rollback its worker task's reports belong to: the one
+    /// current when the task started, or the last it said it took
+    /// (`ClockRolledBack`). Reports of an earlier one are of local epochs
+    /// abandoned, and not counted.
+    rollback: u32,
     /// The answer the AM waits for from it, in a phase that waits for
     /// every evaluator it asked.
     awaiting: Option<Answer>,
@@ -227,6 +232,9 @@ pub(super) struct Driver {
     train_secs: f64,
     last_batch_progress: Instant,
     min_clock_sent: u32,
+    /// SSP: the clock rollbacks so far, in words (the number is the
+    /// current rollback's, `from_checkpoint.rs`).
+    clock_rollbacks: Vec<String>,
     final_stats: Stats,
     /// Held-out evaluation and the model file.
     outputs: Outputs,
@@ -294,6 +302,7 @@ impl Driver {
             train_secs: 0.0,
             last_batch_progress: now,
             min_clock_sent: 0,
+            clock_rollbacks: Vec::new(),
             final_stats: Stats::default(),
             outputs,
             initial_split,
@@ -571,8 +580,14 @@ impl Driver {
             EvalToAm::MiniBatch(r) => self.on_mini_batch_report(id, r).await,
             EvalToAm::ServerReport(r) => self.rc.metrics.server(id, &r),
             EvalToAm::ClockTick { clock } => {
-                e.clock = clock;
-                self.release_clocks().await;
+                // A tick of local epochs a rollback abandoned is not counted.
+                if e.rollback == self.clock_rollbacks.len() as u32 {
+                    e.clock = clock;
+                    self.release_clocks().await;
+                }
+            }
+            EvalToAm::ClockRolledBack { rollback, clock } => {
+                self.on_clock_rolled_back(id, rollback, clock).await
             }
             EvalToAm::Evaluation(stats) => self.on_evaluation(id, &stats).await?,
             EvalToAm::HeldOutEvaluation(stats) => self.on_held_out_evaluation(id, &stats).await?,

@@ -146,6 +146,7 @@ impl Driver {
             reconfigurations: self.rc.history.clone(),
             emulation: self.emulation.clone(),
             lost: self.losses().to_vec(),
+            clock_rollbacks: self.clock_rollbacks.clone(),
             checkpoint: self.ck.info(&self.config.checkpoint.dir),
             checkpoints: self.ck.count(),
         };
@@ -158,6 +159,7 @@ impl Driver {
             reconfigurations: self.rc.history.clone(),
             emulation: self.emulation.clone(),
             lost: self.losses().to_vec(),
+            clock_rollbacks: self.clock_rollbacks.clone(),
             checkpoints: self.ck.count(),
             resumed_from: self.resumed_from(),
             // Set by `run_job` once the job is over.

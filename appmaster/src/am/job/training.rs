@@ -256,7 +256,13 @@ impl Driver {
 
     /// A worker's summed mini-batch measurements: counted while training.
     pub(super) async fn on_mini_batch_report(&mut self, id: EvaluatorId, r: MiniBatchReport) {
-        if self.phase == Phase::Training {
+        // Reports of local epochs a clock rollback abandoned are not
+        // counted: the job's progress went back to the checkpoint's.
+        let current = self
+            .evaluators
+            .get(&id)
+            .is_some_and(|e| e.rollback == self.clock_rollbacks.len() as u32);
+        if self.phase == Phase::Training && current {
             self.rc.metrics.mini_batch(id, &r, &r.links);
             self.on_minibatch(r.stats).await;
         }
@@ -264,20 +270,23 @@ impl Driver {
 
     /// Starts `role`'s task on `id`. A worker starts at the clock the job
     /// has released so far (0 at the start of training), which becomes its
-    /// own.
+    /// own, in the job's current clock rollback.
     pub(super) async fn start_role(&mut self, id: EvaluatorId, role: Role) {
         match role {
             Role::Server => self.send(id, AmToEval::StartServer).await,
             Role::Worker => {
                 let start_clock = self.min_clock_sent;
+                let rollback = self.clock_rollbacks.len() as u32;
                 if let Some(e) = self.evaluators.get_mut(&id) {
                     e.clock = start_clock;
+                    e.rollback = rollback;
                 }
                 let staleness =
                     (self.config.job.sync == SyncMode::Ssp).then_some(self.config.job.staleness);
                 let task = WorkerTask {
                     start_clock,
                     staleness,
+                    rollback,
                 };
                 self.send(id, AmToEval::StartWorker(task)).await
             }

@@ -71,6 +71,19 @@ pub enum AmToEval {
         /// Minimum clock over all workers.
         min_clock: u32,
     },
+    /// SSP: a lost server's model blocks are restored from a checkpoint
+    /// whose blocks hold every update of the local epochs before `clock`.
+    /// Sent to every evaluator before the ownership naming the blocks'
+    /// new owners, and counting as `Clock{min_clock: clock}` too. A worker
+    /// computes on nothing it pulled before it heard of it: it abandons the
+    /// local epoch under way, flushes its pushes, goes on from `clock`,
+    /// and answers `ClockRolledBack`.
+    RollBackClock {
+        /// The job's rollbacks so far, this one included (1, 2, ...).
+        rollback: u32,
+        /// The clock every worker goes on from.
+        clock: u32,
+    },
     /// Compute the objective over all local input with the current model (no updates).
     Evaluate,
     /// Measure the bandwidth to another evaluator with bulk transfers:
@@ -161,6 +174,9 @@ pub struct WorkerTask {
     pub start_clock: u32,
     /// SSP bound; `None` means asynchronous.
     pub staleness: Option<u32>,
+    /// The job's clock rollbacks when the task was started
+    /// ([`AmToEval::RollBackClock`]): a later one rolls this worker back.
+    pub rollback: u32,
 }
 
 /// Messages from an evaluator to the AM.
@@ -225,6 +241,15 @@ pub enum EvalToAm {
     /// A worker finished a local epoch (SSP clock tick).
     ClockTick {
         /// The clock it reached.
+        clock: u32,
+    },
+    /// A worker took rollback `rollback` ([`AmToEval::RollBackClock`]):
+    /// its reports before this belong to the local epochs abandoned, those
+    /// after it to the ones trained again from `clock`.
+    ClockRolledBack {
+        /// The rollback.
+        rollback: u32,
+        /// The clock it goes on from.
         clock: u32,
     },
     /// The answer to [`AmToEval::Evaluate`].

@@ -22,6 +22,16 @@
 //!   tolerates it; the job trains on). The converse is rarer: a push the
 //!   lost server applied and checkpointed before its answer was lost is
 //!   sent again, and then counts twice (as tolerable to async SGD).
+//!   Under SSP the restored blocks are older than the clocks the workers
+//!   passed: before anyone learns their new owners, the workers' clocks
+//!   and the job's progress roll back to the checkpoint's
+//!   ([`Driver::roll_back_clocks`], `from_checkpoint.rs`), and the epochs
+//!   after it are trained again; the other blocks keep their newer
+//!   updates. A restore tried again from the checkpoint before rolls back
+//!   again, to that one's clock; a read the restorer had queued may then
+//!   be answered with the older blocks before its worker hears of the
+//!   second rollback (that one mini-batch reads them up to the two
+//!   checkpoints' distance staler than the bound).
 //!
 //! A loss while a plan runs stops the plan first ([`Driver::abandon_plan_ops`]);
 //! the AM's ownership table stays the one truth, changed only by blocks
@@ -64,9 +74,8 @@
 //!
 //! What cannot be survived fails the job, and the message says
 //! why ([`Driver::unsurvivable`]): a lost server (or the destination of a
-//! model move under way) without a published checkpoint, under SSP (its
-//! restored blocks would be older than the clocks the workers passed), or
-//! of LDA (counts must agree with the workers' assignments); a loss
+//! model move under way) without a published checkpoint, or of LDA
+//! (counts must agree with the workers' assignments); a loss
 //! outside training; an LDA worker (its topic assignments are counted in
 //! the model); no other worker left to re-read the input blocks (those a
 //! running plan deletes or switches do not count); more losses than
@@ -159,12 +168,6 @@ impl Driver {
             Some(
                 "its model blocks have no checkpoint to be restored from \
                  (checkpoint.enabled = false)"
-                    .into(),
-            )
-        } else if self.config.job.sync == SyncMode::Ssp {
-            Some(
-                "under ssp its blocks restored from a checkpoint would be older than the \
-                 clocks the workers have passed (a lost server is survived with job.sync = async)"
                     .into(),
             )
         } else if self.ck.newest().is_none() {
@@ -497,10 +500,11 @@ impl Driver {
 
     /// Deals the model blocks of the lost `id` to the restorers, the least
     /// loaded first: each is told to restore its share from the newest
-    /// checkpoint, and then everyone learns the new owners.
+    /// checkpoint, and then everyone learns the new owners; under SSP the
+    /// clocks roll back to the checkpoint's before that.
     async fn restore_model(&mut self, id: EvaluatorId, blocks: Vec<BlockId>, text: &str) {
         self.rc.restores.retain(|r| r.to != id);
-        let Some(m) = self.ck.newest() else {
+        let Some(m) = self.ck.newest().cloned() else {
             return;
         };
         let folder = checkpoint::folder(&self.config.checkpoint.dir, m.id);
@@ -513,6 +517,9 @@ impl Driver {
         for (to, blocks) in deal(load, &blocks) {
             owners.extend(blocks.iter().map(|&b| (MODEL_TABLE, b, to)));
             self.send_restore(id, to, &folder, blocks).await;
+        }
+        if self.config.job.sync == SyncMode::Ssp {
+            self.roll_back_clocks(&m, &folder, text).await;
         }
         self.broadcast_ownership(owners).await;
         let _ = self.links.progress.send(crate::am::Progress::Phase(format!(
@@ -557,7 +564,8 @@ impl Driver {
 
     /// A survivor restored (or failed to restore) model blocks of a lost
     /// server. A failure is retried from the checkpoint before the one
-    /// that failed; with none left, the job fails naming the file.
+    /// that failed (under SSP the clocks roll back to that one's first);
+    /// with none left, the job fails naming the file.
     pub(in crate::am::job) async fn on_blocks_restored(
         &mut self,
         id: EvaluatorId,
@@ -585,7 +593,7 @@ impl Driver {
             Err(e) => e,
         };
         let dir = self.config.checkpoint.dir.clone();
-        let Some(older) = self.ck.before(&dir, &folder).map(|m| m.id) else {
+        let Some(older) = self.ck.before(&dir, &folder).cloned() else {
             return Err(AmError::JobFailed(format!(
                 "restoring the model blocks {blocks:?} of lost evaluator {} on {}: {error} \
                  (no older checkpoint is kept)",
@@ -593,13 +601,17 @@ impl Driver {
                 self.describe(id)
             )));
         };
-        let older = checkpoint::folder(&dir, older);
-        tracing::warn!(
+        let older_folder = checkpoint::folder(&dir, older.id);
+        let text = format!(
             "restoring model blocks {blocks:?} on {} from {folder} failed: {error}; \
-             using the checkpoint before, {older}",
+             using the checkpoint before, {older_folder}",
             self.describe(id)
         );
-        self.send_restore(r.lost, id, &older, blocks).await;
+        tracing::warn!("{text}");
+        if self.config.job.sync == SyncMode::Ssp {
+            self.roll_back_clocks(&older, &older_folder, &text).await;
+        }
+        self.send_restore(r.lost, id, &older_folder, blocks).await;
         Ok(())
     }
 
