@@ -100,6 +100,45 @@ async fn offered_capacity_is_used() {
     stop(cluster).await;
 }
 
+/// Under SSP (staleness 1) a worker that joins late starts at the clock
+/// the job has released, and hears it: capacity offered once the job has
+/// passed epoch 3 is grown into, and training goes on for two more epochs
+/// after a plan that started a worker. (Before, a joining worker knew the
+/// slowest clock as 0, waited for it to come within its bound, and held
+/// it back itself: the job stopped.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_joining_an_ssp_job_starts_at_its_clock() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = config(2, 1, 1_000_000);
+    c.job.sync = cruise_conf::SyncMode::Ssp;
+    c.job.staleness = 1;
+    let mut cluster = Cluster::start(c, data(dir.path(), 4000), dir.path().join("w"));
+    cluster
+        .await_status(WAIT, |s| s.phase == "training" && s.epochs_done >= 3)
+        .await
+        .unwrap();
+    assert!(cluster.set_capacity(4));
+    let st = cluster
+        .await_status(WAIT, |s| {
+            s.reconfigurations
+                .iter()
+                .any(|r| r.failed.is_empty() && r.succeeded > 0)
+                && s.evaluators
+                    .iter()
+                    .filter(|e| e.role == cruise_appmaster::am::Role::Worker)
+                    .count()
+                    > 1
+        })
+        .await
+        .unwrap();
+    let before = st.records_processed;
+    cluster
+        .await_status(WAIT, |s| s.records_processed > before + 2 * 4000)
+        .await
+        .unwrap_or_else(|e| panic!("training stopped after the new worker joined: {e}"));
+    stop(cluster).await;
+}
+
 /// Capacity taken back: a forced plan moves the blocks off the container to
 /// give back and deletes it, every block keeps exactly one owner, and
 /// training goes on. The job is endless (cancelled at the end): a job that

@@ -270,7 +270,11 @@ impl Driver {
 
     /// Starts `role`'s task on `id`. A worker starts at the clock the job
     /// has released so far (0 at the start of training), which becomes its
-    /// own, in the job's current clock rollback.
+    /// own, in the job's current clock rollback. It hears that clock as the
+    /// slowest one's first: an evaluator that joined or switched roles
+    /// late was sent no `Clock`, and a worker starting past the staleness
+    /// bound of the 0 it would know waits for a clock that it holds back
+    /// itself.
     pub(super) async fn start_role(&mut self, id: EvaluatorId, role: Role) {
         match role {
             Role::Server => self.send(id, AmToEval::StartServer).await,
@@ -288,6 +292,8 @@ impl Driver {
                     staleness,
                     rollback,
                 };
+                let min_clock = start_clock;
+                self.send(id, AmToEval::Clock { min_clock }).await;
                 self.send(id, AmToEval::StartWorker(task)).await
             }
             Role::Idle => {}
