@@ -426,6 +426,33 @@ const CHECKPOINTED: [&str; 10] = [
     "checkpoint.every_secs=0",
 ];
 
+/// Asserts that the job summary `s` lists one loss, of evaluator `id`.
+fn assert_lost_only(s: &serde_json::Value, id: u64) {
+    let lost = s["lost"].as_array().unwrap();
+    assert!(
+        lost.len() == 1
+            && lost[0]
+                .as_str()
+                .unwrap()
+                .contains(&format!("evaluator {id}")),
+        "{lost:?}"
+    );
+}
+
+/// The training accuracy of `cruise run` with `args`, undisturbed.
+async fn undisturbed_accuracy(args: &[&str]) -> f64 {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = cruise();
+    c.args(["run", "--json", "--quiet", "--work-dir"])
+        .arg(dir.path())
+        .args(args);
+    let mut p = Spawned::spawn(c).unwrap();
+    let status = p.wait(WAIT).await.unwrap();
+    assert!(status.success(), "cruise run failed:\n{}", p.stderr());
+    let s: serde_json::Value = serde_json::from_str(&p.stdout()).expect("JSON summary");
+    summary_accuracy(&s)
+}
+
 /// With checkpoints every epoch, a server killed (`SIGKILL`) mid-training
 /// is survived: once a checkpoint is published the server is killed, the
 /// other server restores its model blocks from the checkpoint while the
@@ -433,18 +460,7 @@ const CHECKPOINTED: [&str; 10] = [
 /// points of the same job undisturbed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_server_is_survived_with_checkpoints() {
-    let undisturbed = {
-        let dir = tempfile::tempdir().unwrap();
-        let mut c = cruise();
-        c.args(["run", "--json", "--quiet", "--work-dir"])
-            .arg(dir.path())
-            .args(CHECKPOINTED);
-        let mut p = Spawned::spawn(c).unwrap();
-        let status = p.wait(WAIT).await.unwrap();
-        assert!(status.success(), "cruise run failed:\n{}", p.stderr());
-        let s: serde_json::Value = serde_json::from_str(&p.stdout()).expect("JSON summary");
-        summary_accuracy(&s)
-    };
+    let undisturbed = undisturbed_accuracy(&CHECKPOINTED).await;
 
     let dir = tempfile::tempdir().unwrap();
     let mut c = cruise();
@@ -501,6 +517,72 @@ async fn killed_server_is_survived_with_checkpoints() {
     );
 }
 
+/// Under SSP (staleness 1) a server killed (`SIGKILL`) once a checkpoint
+/// of epoch 3 or later is published and passed is survived by rolling
+/// back: its model blocks are restored from the newest checkpoint, and
+/// every worker's clock and the job's progress go back to that
+/// checkpoint's. The AM says so, and says each of the 3 workers took the
+/// rollback at that clock; the summary lists the loss and the rollback and
+/// every epoch once; the training accuracy is within 2 points of the same
+/// job undisturbed. (The old code failed the job: restored blocks are
+/// older than the clocks the workers had passed.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_server_of_an_ssp_job_rolls_its_clocks_back() {
+    let args = [&CHECKPOINTED[..], &["--staleness", "1"]].concat();
+    let undisturbed = undisturbed_accuracy(&args).await;
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = cruise();
+    c.args(["-v", "run", "--json", "--work-dir"])
+        .arg(dir.path())
+        .args(&args);
+    let mut job = Spawned::spawn(c).unwrap();
+    let addr = status_address(&job, WAIT).await.unwrap();
+    let st = await_status(&addr, WAIT, |s| {
+        let k = s["checkpoint"]["epoch"].as_u64().unwrap_or(0);
+        s["phase"] == "training" && k >= 3 && s["epochs_done"].as_u64().unwrap_or(0) > k
+    })
+    .await
+    .unwrap_or_else(|e| panic!("no checkpoint of epoch 3 or later passed: {e}"));
+    let members = st["evaluators"].as_array().unwrap();
+    let server = members.iter().find(|e| e["role"] == "server").unwrap();
+    let id = server["id"].as_u64().unwrap();
+    signal(
+        server["pid"].as_u64().unwrap(),
+        nix::sys::signal::Signal::SIGKILL,
+    );
+    let s = finished_evaluating_all(&mut job, WAIT).await.unwrap();
+    assert_lost_only(&s, id);
+    let rollbacks = s["clock_rollbacks"].as_array().unwrap();
+    assert_eq!(rollbacks.len(), 1, "{s}");
+    let text = rollbacks[0].as_str().unwrap();
+    let clock: u32 = text
+        .strip_prefix("clocks rolled back to ")
+        .and_then(|t| t.split(',').next())
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("no clock in {text:?}"));
+    assert!(clock >= 1, "{text}");
+    let epochs: Vec<u64> = s["epochs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["epoch"].as_u64().unwrap())
+        .collect();
+    assert_eq!(epochs, (1..=300).collect::<Vec<_>>(), "every epoch once");
+    let err = job.stderr();
+    assert!(err.contains(text), "the AM says the rollback:\n{err}");
+    let taken = err
+        .lines()
+        .filter(|l| l.contains(&format!("'s clock rolled back to {clock}")))
+        .count();
+    assert_eq!(taken, 3, "each worker takes the rollback:\n{err}");
+    let acc = summary_accuracy(&s);
+    assert!(
+        (acc - undisturbed).abs() <= 0.02,
+        "accuracy {acc} after the rollback, {undisturbed} undisturbed"
+    );
+}
+
 /// Waits until the job has let evaluator `id` go and its other workers own
 /// every input block and train on; returns the status then.
 async fn survived(addr: &str, id: u64, blocks: u64) -> serde_json::Value {
@@ -554,15 +636,7 @@ async fn killed_worker_is_survived() {
     let id = worker["id"].as_u64().unwrap();
     survived(&addr, id, blocks).await;
     let s = finished_evaluating_all(&mut job, WAIT).await.unwrap();
-    let lost = s["lost"].as_array().unwrap();
-    assert!(
-        lost.len() == 1
-            && lost[0]
-                .as_str()
-                .unwrap()
-                .contains(&format!("evaluator {id}")),
-        "{lost:?}"
-    );
+    assert_lost_only(&s, id);
     let f = &s["final_stats"];
     let acc = f["correct"].as_f64().unwrap() / f["records"].as_f64().unwrap();
     assert!(acc >= DEFAULT_JOB_MIN_ACCURACY, "accuracy {acc}");
