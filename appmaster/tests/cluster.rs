@@ -315,6 +315,29 @@ async fn killed_server_of_an_ssp_job_rolls_the_clocks_back() {
     );
 }
 
+/// Under SSP too, a server lost before any checkpoint is published fails
+/// the job, and the message says there is no checkpoint to restore from
+/// (nothing to roll the clocks back to).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_server_of_an_ssp_job_fails_it_before_any_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = data(dir.path(), 3000);
+    let mut c = config(10_000);
+    c.job.sync = SyncMode::Ssp;
+    c.job.staleness = 1;
+    c.checkpoint.every_epochs = 1_000_000;
+    c.checkpoint.every_secs = 0;
+    let mut cluster = Cluster::start(c, input, dir.path().join("work"));
+    let (id, container) = training_server(&mut cluster).await;
+    assert!(cluster.kill_evaluator(&container));
+    let err = failure(cluster).await;
+    assert!(err.contains(&format!("evaluator {id}")), "{err}");
+    assert!(
+        err.contains("not survived") && err.contains("no checkpoint has been published yet"),
+        "{err}"
+    );
+}
+
 /// A killed worker is survived: its container is let go, the other worker
 /// re-reads its input blocks and owns every block, and training goes on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
