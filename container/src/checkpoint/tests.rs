@@ -84,6 +84,22 @@ async fn blocks_round_trip_and_only_the_last_two_are_kept() {
     }
 }
 
+/// A manifest records the workers' clock; one written before it was
+/// recorded reads its epoch as its clock.
+#[test]
+fn a_manifest_without_its_clock_reads_its_epoch_as_its_clock() {
+    let mut m = state_manifest(Vec::new());
+    m.epoch = 5;
+    m.clock = Some(4);
+    let json = serde_json::to_value(&m).unwrap();
+    let back: Manifest = serde_json::from_value(json.clone()).unwrap();
+    assert_eq!((back.clock, back.clock()), (Some(4), 4));
+    let mut old = json;
+    old.as_object_mut().unwrap().remove("clock");
+    let old: Manifest = serde_json::from_value(old).unwrap();
+    assert_eq!((old.clock, old.clock()), (None, 5));
+}
+
 #[tokio::test]
 async fn a_corrupt_newest_manifest_falls_back_to_the_previous() {
     let t = tempfile::tempdir().unwrap();
