@@ -69,6 +69,25 @@ async fn training(cluster: &mut Cluster) {
         .unwrap();
 }
 
+/// Offers the job a capacity of 4 and waits until a plan has succeeded and
+/// more than `more_than` of its members are `counted`; returns the status.
+async fn grown_into_4(
+    cluster: &mut Cluster,
+    counted: fn(&am::EvaluatorStatus) -> bool,
+    more_than: usize,
+) -> am::Status {
+    assert!(cluster.set_capacity(4));
+    cluster
+        .await_status(WAIT, |s| {
+            s.reconfigurations
+                .iter()
+                .any(|r| r.failed.is_empty() && r.succeeded > 0)
+                && s.evaluators.iter().filter(|e| counted(e)).count() > more_than
+        })
+        .await
+        .unwrap()
+}
+
 /// Capacity offered: the job grows into it. The job is endless (cancelled
 /// at the end): a plan must pay for itself over the epochs left, and 400
 /// epochs of this job take under a second (a worker's requests for one
@@ -82,20 +101,7 @@ async fn offered_capacity_is_used() {
         dir.path().join("w"),
     );
     training(&mut cluster).await;
-    assert!(cluster.set_capacity(4));
-    let st = cluster
-        .await_status(WAIT, |s| {
-            s.reconfigurations
-                .iter()
-                .any(|r| r.failed.is_empty() && r.succeeded > 0)
-                && s.evaluators
-                    .iter()
-                    .filter(|e| e.role != cruise_appmaster::am::Role::Idle)
-                    .count()
-                    > 2
-        })
-        .await
-        .unwrap();
+    let st = grown_into_4(&mut cluster, |e| e.role != am::Role::Idle, 2).await;
     assert!(st.capacity == 4);
     stop(cluster).await;
 }
@@ -117,20 +123,7 @@ async fn a_worker_joining_an_ssp_job_starts_at_its_clock() {
         .await_status(WAIT, |s| s.phase == "training" && s.epochs_done >= 3)
         .await
         .unwrap();
-    assert!(cluster.set_capacity(4));
-    let st = cluster
-        .await_status(WAIT, |s| {
-            s.reconfigurations
-                .iter()
-                .any(|r| r.failed.is_empty() && r.succeeded > 0)
-                && s.evaluators
-                    .iter()
-                    .filter(|e| e.role == cruise_appmaster::am::Role::Worker)
-                    .count()
-                    > 1
-        })
-        .await
-        .unwrap();
+    let st = grown_into_4(&mut cluster, |e| e.role == am::Role::Worker, 1).await;
     let before = st.records_processed;
     cluster
         .await_status(WAIT, |s| s.records_processed > before + 2 * 4000)
