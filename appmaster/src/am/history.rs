@@ -89,6 +89,12 @@ pub enum Record {
         epoch: u32,
         /// Records done from now on.
         records_done: u64,
+        /// Epochs done before it.
+        from_epoch: u32,
+        /// Records done before it.
+        from_records: u64,
+        /// The slowest worker's clock before it.
+        from_clock: u32,
         /// The checkpoint's folder.
         checkpoint: String,
     },

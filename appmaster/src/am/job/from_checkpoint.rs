@@ -154,6 +154,8 @@ impl Driver {
         );
         tracing::warn!(rollback, "{text}");
         self.clock_rollbacks.push(text.clone());
+        let (from_epoch, from_records) = (self.epochs.len() as u32, self.records_done);
+        let from_clock = self.min_clock_sent;
         self.records_done = records;
         self.epochs.truncate(epoch as usize);
         self.window = Stats::default();
@@ -166,6 +168,9 @@ impl Driver {
             clock,
             epoch,
             records_done: records,
+            from_epoch,
+            from_records,
+            from_clock,
             checkpoint: folder.to_string(),
         });
         let _ = self.links.progress.send(Progress::Phase(text));
