@@ -519,7 +519,8 @@ impl Driver {
             self.send_restore(id, to, &folder, blocks).await;
         }
         if self.config.job.sync == SyncMode::Ssp {
-            self.roll_back_clocks(&m, &folder, text).await;
+            let why = format!("the model blocks of lost evaluator {id} restored from it");
+            self.roll_back_clocks(&m, &folder, &why).await;
         }
         self.broadcast_ownership(owners).await;
         let _ = self.links.progress.send(crate::am::Progress::Phase(format!(
@@ -609,7 +610,8 @@ impl Driver {
         );
         tracing::warn!("{text}");
         if self.config.job.sync == SyncMode::Ssp {
-            self.roll_back_clocks(&older, &older_folder, &text).await;
+            let why = format!("model blocks {blocks:?} restored from it instead");
+            self.roll_back_clocks(&older, &older_folder, &why).await;
         }
         self.send_restore(r.lost, id, &older_folder, blocks).await;
         Ok(())
