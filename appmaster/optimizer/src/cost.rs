@@ -541,11 +541,14 @@ impl CostModel {
         let s = holding(servers);
         let fit = self.queued_fit();
         let mut rows: Vec<QueuedWorker> = Vec::with_capacity(workers.len());
-        for &(i, k) in workers {
+        // Which of `workers` each row is.
+        let mut given = Vec::with_capacity(workers.len());
+        for (x, &(i, k)) in workers.iter().enumerate() {
             let nb = self.batches(k) as f64;
             if nb == 0.0 {
                 continue;
             }
+            given.push(x);
             let mut own = 0.0;
             let mut load = Vec::with_capacity(servers.len());
             for &(j, l) in servers {
@@ -580,22 +583,13 @@ impl CostModel {
         } else {
             f64::INFINITY
         };
-        let mut comm = answers
-            .iter()
-            .zip(&rows)
-            .map(|(answer, w)| w.own.max(*answer) + w.latency);
+        let mut comm_per_batch = vec![0.0; workers.len()];
+        for ((&x, answer), w) in given.iter().zip(&answers).zip(&rows) {
+            comm_per_batch[x] = w.own.max(*answer) + w.latency;
+        }
         Queued {
             epoch_secs,
-            comm_per_batch: workers
-                .iter()
-                .map(|&(_, k)| {
-                    if self.batches(k) == 0 {
-                        0.0
-                    } else {
-                        comm.next().unwrap_or(0.0)
-                    }
-                })
-                .collect(),
+            comm_per_batch,
         }
     }
 

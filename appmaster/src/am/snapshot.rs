@@ -914,6 +914,16 @@ mod tests {
         }
     }
 
+    /// A bulk probe of 100 MiB from evaluator `w` to server 2 at 1 GB/s.
+    fn link_to_server_2(m: &mut Metrics, w: u32) {
+        m.bulk(
+            EvaluatorId(w),
+            EvaluatorId(2),
+            100 << 20,
+            (100 << 20) as f64 / 1e9,
+        );
+    }
+
     /// Workers 1, 3 and 4 with an input block each, and server 2.
     fn three_workers_and_a_server() -> Vec<EvalFacts> {
         vec![
@@ -932,12 +942,7 @@ mod tests {
         let facts = test_job(3, 0);
         let mut m = Metrics::new(8, 0);
         for w in [1, 3, 4] {
-            m.bulk(
-                EvaluatorId(w),
-                EvaluatorId(2),
-                100 << 20,
-                (100 << 20) as f64 / 1e9,
-            );
+            link_to_server_2(&mut m, w);
         }
         // Round trips of 1.5 ms (pull and push) where 0.5 ms are predicted
         // for both; worker 4 waits 150 ms for each.
@@ -976,12 +981,7 @@ mod tests {
         let latency = |asynchronous: bool| {
             let mut m = Metrics::new(8, 0);
             for w in [1, 3, 4] {
-                m.bulk(
-                    EvaluatorId(w),
-                    EvaluatorId(2),
-                    100 << 20,
-                    (100 << 20) as f64 / 1e9,
-                );
+                link_to_server_2(&mut m, w);
                 for _ in 0..8 {
                     m.mini_batch(EvaluatorId(w), &ten_mini_batches(0.0015, 0.007), &[]);
                 }
@@ -1025,12 +1025,7 @@ mod tests {
             // The model's one block on the first server; the others hold
             // none and are not asked.
             let mut m = Metrics::new(8, 0);
-            m.bulk(
-                EvaluatorId(1),
-                EvaluatorId(2),
-                100 << 20,
-                (100 << 20) as f64 / 1e9,
-            );
+            link_to_server_2(&mut m, 1);
             for _ in 0..8 {
                 let mut r = ten_mini_batches(0.0015, 0.007);
                 // 5 ms of own time a mini-batch, 1 ms of it for the requests.
@@ -1060,12 +1055,7 @@ mod tests {
         // pull and as much for the push; compute 4 ms per mini-batch.
         let measured = |pipeline_depth: u32, batch_secs: f64| {
             let mut m = Metrics::new(8, 0);
-            m.bulk(
-                EvaluatorId(1),
-                EvaluatorId(2),
-                100 << 20,
-                (100 << 20) as f64 / 1e9,
-            );
+            link_to_server_2(&mut m, 1);
             for _ in 0..8 {
                 m.mini_batch(EvaluatorId(1), &ten_mini_batches(0.0015, batch_secs), &[]);
             }

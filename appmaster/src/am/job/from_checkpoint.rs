@@ -146,7 +146,7 @@ impl Driver {
     pub(super) async fn roll_back_clocks(&mut self, m: &Manifest, folder: &str, why: &str) {
         let (epoch, records, clock) = self.checkpoint_progress(m);
         let again = self.epochs.len().saturating_sub(epoch as usize);
-        let rollback = self.clock_rollbacks.len() as u32 + 1;
+        let rollback = self.current_rollback() + 1;
         let text = format!(
             "clocks rolled back to {clock}, the job to epoch {epoch} ({records} records done), \
              of checkpoint {folder}: {why}; {again} trained again",
@@ -189,6 +189,11 @@ impl Driver {
         }
     }
 
+    /// The job's current clock rollback: how many it has had (0: none).
+    pub(super) fn current_rollback(&self) -> u32 {
+        self.clock_rollbacks.len() as u32
+    }
+
     /// Worker `id` took clock rollback `rollback`: its reports count again
     /// from now on. One a later rollback has overtaken is not counted yet
     /// (the worker takes that one next).
@@ -198,7 +203,7 @@ impl Driver {
         rollback: u32,
         clock: u32,
     ) {
-        if rollback != self.clock_rollbacks.len() as u32 {
+        if rollback != self.current_rollback() {
             return;
         }
         let Some(e) = self.evaluators.get_mut(&id) else {

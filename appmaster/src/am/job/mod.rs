@@ -550,6 +550,7 @@ impl Driver {
     /// Hands a message of evaluator `id` to the part of the job it
     /// concerns. Messages of an evaluator no longer known are dropped.
     async fn on_message(&mut self, id: EvaluatorId, msg: EvalToAm) -> Result<(), AmError> {
+        let current_rollback = self.current_rollback();
         let Some(e) = self.evaluators.get_mut(&id) else {
             return Ok(());
         };
@@ -581,7 +582,7 @@ impl Driver {
             EvalToAm::ServerReport(r) => self.rc.metrics.server(id, &r),
             EvalToAm::ClockTick { clock } => {
                 // A tick of local epochs a rollback abandoned is not counted.
-                if e.rollback == self.clock_rollbacks.len() as u32 {
+                if e.rollback == current_rollback {
                     e.clock = clock;
                     self.release_clocks().await;
                 }

@@ -261,7 +261,7 @@ impl Driver {
         let current = self
             .evaluators
             .get(&id)
-            .is_some_and(|e| e.rollback == self.clock_rollbacks.len() as u32);
+            .is_some_and(|e| e.rollback == self.current_rollback());
         if self.phase == Phase::Training && current {
             self.rc.metrics.mini_batch(id, &r, &r.links);
             self.on_minibatch(r.stats).await;
@@ -280,7 +280,7 @@ impl Driver {
             Role::Server => self.send(id, AmToEval::StartServer).await,
             Role::Worker => {
                 let start_clock = self.min_clock_sent;
-                let rollback = self.clock_rollbacks.len() as u32;
+                let rollback = self.current_rollback();
                 if let Some(e) = self.evaluators.get_mut(&id) {
                     e.clock = start_clock;
                     e.rollback = rollback;
