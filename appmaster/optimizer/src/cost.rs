@@ -409,9 +409,26 @@ impl CostModel {
             Some(m) => m.max(own_srv),
             None => own_srv,
         };
+        self.server_work(j, l, srv)
+    }
+
+    /// What server `j` holding `l > 0` model blocks spends per mini-batch of
+    /// one worker at `inv_link` seconds per byte on its side:
+    /// `max(l·M'·inv_link/L, l·M·p_j/L + r_j)`.
+    #[inline]
+    fn server_work(&self, j: usize, l: u32, inv_link: f64) -> f64 {
+        let (link, cpu) = self.server_parts(j, l, inv_link);
+        link.max(cpu)
+    }
+
+    /// [`CostModel::server_work`]'s two parts, `(link, CPU)`.
+    #[inline]
+    fn server_parts(&self, j: usize, l: u32, inv_link: f64) -> (f64, f64) {
         let l = f64::from(l);
-        (l * self.per_block_link * srv)
-            .max(l * self.per_block * self.server_proc[j] + self.server_fixed[j])
+        (
+            l * self.per_block_link * inv_link,
+            l * self.per_block * self.server_proc[j] + self.server_fixed[j],
+        )
     }
 
     /// Records in `k` input blocks.
@@ -502,8 +519,10 @@ impl CostModel {
     /// The epoch of asynchronous workers `(index, input blocks)` with
     /// `servers` `(index, model blocks)`: the data set over the records
     /// the workers process together in a second, each going at its own
-    /// pace. Server `j` spends `s_ij = l_j · a_ij` per mini-batch of worker
-    /// `i` (its link or CPU, as in [`CostModel::block_costs`]); a worker's
+    /// pace. Server `j` spends `s_ij` per mini-batch of worker `i` on its
+    /// `l_j` blocks (its own link or its CPU, as in
+    /// [`CostModel::server_load`]; a slower link measured between the two
+    /// holds the worker's transfer, not the server); a worker's
     /// mini-batch takes its computation and the longer of its own link's
     /// time and its slowest server's answer, overlapped as
     /// [`CostModel::epoch_of`] says.
@@ -517,7 +536,10 @@ impl CostModel {
     /// `R_ij = s_ij · (1 + Σ_{k≠i} Q_kj)`, `Q_kj = X_k · R_kj` the mean
     /// number of worker `k`'s requests at `j` and `X_k` its mini-batches a
     /// second, solved by fixed-point iteration
-    /// ([`CostModel::queued_rates`]). Without the queues (every answer in
+    /// ([`CostModel::queued_rates`]). A worker whose own link (or the one
+    /// measured between the two) is slower than the server's answer is not
+    /// queued so: its transfer trickles and takes only its share of the
+    /// server, the others served in the rest ([`queued_answer`]). Without the queues (every answer in
     /// `s_ij`, the servers shared max-min fairly up to their capacity) a
     /// fast worker beside four slow ones on 0.3-CPU, 400 Mbit/s servers was
     /// priced at 61 mini-batches a second where it ran 37 (the queues give
@@ -551,14 +573,18 @@ impl CostModel {
             given.push(x);
             let mut own = 0.0;
             let mut load = Vec::with_capacity(servers.len());
+            let mut pair = Vec::with_capacity(servers.len());
+            let mut link_bound = Vec::with_capacity(servers.len());
             for &(j, l) in servers {
                 let (_, b) = self.block_costs(i, j);
                 own += f64::from(l) * b;
-                load.push(if l > 0 {
-                    self.server_load(i, j, l)
-                } else {
-                    0.0
-                });
+                let (link, cpu) = self.server_parts(j, l, self.inv_bandwidth[j]);
+                let between = self
+                    .measured_inv(i, j)
+                    .map_or(0.0, |m| f64::from(l) * self.per_block_link * m);
+                load.push(if l > 0 { link.max(cpu) } else { 0.0 });
+                pair.push(if l > 0 { between } else { 0.0 });
+                link_bound.push(l > 0 && link >= cpu);
             }
             // Per mini-batch: computation (with the requests' own cost),
             // from the epoch's parts with no transfer.
@@ -568,6 +594,8 @@ impl CostModel {
                 latency: fit.latency_secs_per_mini_batch,
                 own,
                 load,
+                pair,
+                link_bound,
                 records: self.records(k) / nb,
             });
         }
@@ -595,8 +623,10 @@ impl CostModel {
 
     /// Each worker's mini-batches a second with the servers' queues
     /// (see [`CostModel::throughput_epoch`]): the damped fixed point of
-    /// `X_i = 1 / t_i(R_i·)`, `R_ij = s_ij · (1 + Σ_{k≠i} X_k · R_kj)`;
-    /// and each worker's slowest answer there, `max_j R_ij`.
+    /// `X_i = 1 / t_i(R_i·)` with each answer `R_ij` as the queues at `j`
+    /// give it ([`queued_answer`]); and each worker's slowest answer there,
+    /// `max_j max(R_ij, d_ij)` with `d_ij` its transfer over the link
+    /// measured between the two.
     fn queued_rates(&self, rows: &[QueuedWorker], servers: usize) -> (Vec<f64>, Vec<f64>) {
         /// Iterations at most, and the relative change that ends them.
         const ROUNDS: usize = 500;
@@ -607,31 +637,45 @@ impl CostModel {
         let f = self.queued_fit().serial_fraction;
         let per_batch =
             |w: &QueuedWorker, answer: f64| overlap(f, w.comp, w.own.max(answer) + w.latency);
+        let slowest = |w: &QueuedWorker, r: &[f64]| {
+            r.iter()
+                .zip(&w.pair)
+                .map(|(r, d)| r.max(*d))
+                .fold(0.0, f64::max)
+        };
         let mut x: Vec<f64> = rows
             .iter()
-            .map(|w| {
-                let answer = w.load.iter().copied().fold(0.0, f64::max);
-                1.0 / per_batch(w, answer)
-            })
+            .map(|w| 1.0 / per_batch(w, slowest(w, &w.load)))
             .collect();
         let mut r: Vec<Vec<f64>> = rows.iter().map(|w| w.load.clone()).collect();
-        let mut total = vec![0.0; servers];
+        // Whether a worker's transfer to a server lasts longer than the
+        // server takes to answer it: its own link (or the one between the
+        // two) holds it, not the server's queue. Only where the server's
+        // link sets its time: its CPU serves each request whole once it has
+        // come (a push) or before it goes (a pull), however slowly it moves.
+        let capped =
+            |w: &QueuedWorker, j: usize, r: f64| w.link_bound[j] && w.own.max(w.pair[j]) >= r;
+        let mut held: Vec<Vec<bool>> = rows
+            .iter()
+            .map(|w| (0..servers).map(|j| capped(w, j, w.load[j])).collect())
+            .collect();
+        let mut at = vec![ServerQueue::default(); servers];
         for _ in 0..ROUNDS {
-            total.iter_mut().for_each(|t| *t = 0.0);
-            for (xi, ri) in x.iter().zip(&r) {
-                for (t, rij) in total.iter_mut().zip(ri) {
-                    *t += xi * rij;
+            at.iter_mut().for_each(|q| *q = ServerQueue::default());
+            for (n, w) in rows.iter().enumerate() {
+                for (j, q) in at.iter_mut().enumerate() {
+                    q.add(held[n][j], x[n], r[n][j], w.load[j]);
                 }
             }
             let mut change: f64 = 0.0;
             for (n, w) in rows.iter().enumerate() {
-                let mut answer: f64 = 0.0;
-                for j in 0..servers {
-                    let others = (total[j] - x[n] * r[n][j]).max(0.0);
-                    r[n][j] = w.load[j] * (1.0 + others);
-                    answer = answer.max(r[n][j]);
+                for (j, q) in at.iter().enumerate() {
+                    let mut others = *q;
+                    others.remove(held[n][j], x[n], r[n][j], w.load[j]);
+                    r[n][j] = queued_answer(w.load[j], &others);
+                    held[n][j] = capped(w, j, r[n][j]);
                 }
-                let next = 1.0 / per_batch(w, answer);
+                let next = 1.0 / per_batch(w, slowest(w, &r[n]));
                 let damped = x[n] + DAMPING * (next - x[n]);
                 change = change.max((damped - x[n]).abs() / x[n].max(f64::MIN_POSITIVE));
                 x[n] = damped;
@@ -640,10 +684,7 @@ impl CostModel {
                 break;
             }
         }
-        let answers = r
-            .iter()
-            .map(|rn| rn.iter().copied().fold(0.0, f64::max))
-            .collect();
+        let answers = rows.iter().zip(&r).map(|(w, rn)| slowest(w, rn)).collect();
         (x, answers)
     }
 
@@ -810,10 +851,72 @@ struct QueuedWorker {
     latency: f64,
     /// Its own link's time, seconds.
     own: f64,
-    /// Each server's time for it, `s_ij`, seconds (0: holds nothing).
+    /// Each server's time for it, `s_ij`, seconds (0: holds nothing): its
+    /// own link's or its CPU's.
     load: Vec<f64>,
+    /// Each server's transfer over the link measured between the two,
+    /// seconds (0: not measured, or holds nothing).
+    pair: Vec<f64>,
+    /// Whether each server's link, not its CPU, sets its time for it.
+    link_bound: Vec<bool>,
     /// Records.
     records: f64,
+}
+
+/// What one server's queue holds on average, from the workers' rates `X`
+/// and answers `R` there (see [`queued_answer`]).
+#[derive(Clone, Copy, Default)]
+struct ServerQueue {
+    /// `Σ X_k · R_kj` over the workers the server's queue holds back: the
+    /// mean number of their requests there.
+    queued: f64,
+    /// `Σ X_k · s_kj` over the workers their own links hold back: the
+    /// share of the server they take.
+    trickle: f64,
+    /// How many workers their own links hold back.
+    trickling: f64,
+}
+
+impl ServerQueue {
+    fn add(&mut self, held: bool, x: f64, r: f64, s: f64) {
+        self.step(held, x, r, s, 1.0);
+    }
+
+    fn remove(&mut self, held: bool, x: f64, r: f64, s: f64) {
+        self.step(held, x, r, s, -1.0);
+    }
+
+    fn step(&mut self, held: bool, x: f64, r: f64, s: f64, sign: f64) {
+        if s <= 0.0 {
+            return;
+        }
+        if held {
+            self.trickle = (self.trickle + sign * x * s).max(0.0);
+            self.trickling = (self.trickling + sign).max(0.0);
+        } else {
+            self.queued = (self.queued + sign * x * r).max(0.0);
+        }
+    }
+}
+
+/// A worker's answer from a server that spends `s` seconds on it, with
+/// `others` the rest of the server's queue: `R = s · (1 + Q) / c`.
+///
+/// Requests the server itself holds back share it (processor sharing):
+/// by approximate mean value analysis (Schweitzer) the answer waits
+/// behind the `Q = Σ_k X_k · R_k` requests of the others there. A
+/// request whose worker's own link is slower than the server's answer
+/// (a 66 Mbit/s worker on a 500 Mbit/s server) is not served that way:
+/// its transfer trickles at its own link's rate for as long as that
+/// takes and leaves the rest of the server's link to the others (where
+/// the server's link, not its CPU, sets its time for that worker). Those
+/// take the share `ρ = Σ_k X_k · s_k` of the server they use, and the
+/// others are served in the rest, `c = 1 − ρ`, but never in less than
+/// an equal share beside them, `1 / (1 + n)` (if they would take more
+/// than the server has, the server holds them back too).
+fn queued_answer(s: f64, others: &ServerQueue) -> f64 {
+    let rest = (1.0 - others.trickle).max(1.0 / (1.0 + others.trickling));
+    s * (1.0 + others.queued) / rest
 }
 
 /// How many of `servers` (`(index, model blocks)`) hold blocks: the servers a
@@ -1036,11 +1139,13 @@ mod tests {
     // s: at the caps s2 is busy 0.375·0.7857 = 0.295 of each second, so
     // neither server binds: 78.57 records/s, 12.727 s for 1000 records,
     // below the slowest worker's 14 s.
-    // With both links to s2 measured at 20 B/s: s2 spends 3·250/20 = 37.5 s
-    // a batch, and the workers alone would run at 1/38.75 and 1/39.5 a
-    // second (their own side of those links), which s2 cannot serve (1.92
-    // s a second): λ = 1/(2·37.5), both at 0.01333/s, 2.667 records/s →
-    // 375 s.
+    // With both links to s2 measured at 20 B/s, each worker's transfer to
+    // s2 takes 3·250/20 = 37.5 s a batch over that link while s2's own link
+    // spends 0.375 s on it: the workers trickle at their links' rate, s2
+    // does not hold them. w1 runs at 1/(1 + 0.25 + 37.5), w2 at 1/(1.5 +
+    // 0.5 + 37.5): 100/38.75 + 100/39.5 records/s → 195.61 s. The bound
+    // (every worker's requests always at s2, at the measured link's rate)
+    // stays above 375 s.
     #[test]
     fn asynchronous_epoch_shares_the_servers() {
         let (model, target) = two_by_two(vec![]);
@@ -1054,30 +1159,18 @@ mod tests {
         };
         let (model, target) = two_by_two(vec![slow("w1"), slow("w2")]);
         let b = model.evaluate(&target).unwrap();
-        // Above the 375 s of s2 busy all the time: it idles while both
-        // workers compute, which the queues at it price (378.1 s).
-        assert!(
-            b.throughput_epoch_secs > 375.0 && b.throughput_epoch_secs < 380.0,
-            "{}",
-            b.throughput_epoch_secs
+        close(
+            b.throughput_epoch_secs,
+            1000.0 / (100.0 / 38.75 + 100.0 / 39.5),
         );
         assert!(b.epoch_secs > 375.0, "{}", b.epoch_secs);
     }
 
-    /// Two workers on slow links (a, b: 0.1 s of their own link a
-    /// mini-batch) and a fast one (f: 0.005 s) on one server that spends
-    /// 0.01 s a mini-batch on each, computation negligible and overlapped.
-    /// Shared max-min fairly without queues, a and b take 10 mini-batches a
-    /// second each and f the rest of the server, 80: 100 a second. With
-    /// the queues, f's answer waits behind a's and b's requests at the
-    /// server: by the mean value equations `R_s = 0.01·(1 + X_s·R_s +
-    /// X_f·R_f)`, `R_f = 0.01·(1 + 2·X_s·R_s)` with `X_s = 10`, `X_f =
-    /// 1/R_f`: `R_s = 0.02/0.9`, `R_f = 0.01·(1 + 0.4/0.9) = 0.014444`, so
-    /// f runs 69.23 a second and the job 89.23, 1.1207 s for 10,000
-    /// records of 100 a mini-batch.
-    #[test]
-    fn a_fast_workers_answers_wait_behind_slow_workers_requests() {
-        let snap = Snapshot {
+    /// An asynchronous job of 10,000 records, 100 a mini-batch, 1 MB on a
+    /// link a mini-batch, on `containers` that spend nothing on requests
+    /// themselves and fully overlap computation and communication.
+    fn queue_job(containers: Vec<ContainerMetrics>) -> Snapshot {
+        Snapshot {
             policy: None,
             job: Job {
                 serial_fraction: 0.0,
@@ -1085,35 +1178,104 @@ mod tests {
                 asynchronous: true,
                 ..job(10_000, 100, 2e6, 10, 4)
             },
-            containers: vec![
-                container("a", Role::Worker, Some(1e-12), 1e7, None),
-                container("b", Role::Worker, Some(1e-12), 1e7, None),
-                container("f", Role::Worker, Some(1e-12), 2e8, None),
-                container("s", Role::Server, None, 1e8, Some(0.0)),
-            ]
-            .into_iter()
-            .map(|c| ContainerMetrics {
-                request_secs_per_server: Some(0.0),
-                server_secs_per_mini_batch: Some(0.0),
-                ..c
-            })
-            .collect(),
+            containers: containers
+                .into_iter()
+                .map(|c| ContainerMetrics {
+                    request_secs_per_server: Some(0.0),
+                    server_secs_per_mini_batch: Some(0.0),
+                    ..c
+                })
+                .collect(),
             links: vec![],
-        };
-        let model = CostModel::new(&snap).unwrap();
-        let b = model
-            .evaluate(&target(&[
-                ("a", Role::Worker, 3, 0),
-                ("b", Role::Worker, 3, 0),
-                ("f", Role::Worker, 4, 0),
-                ("s", Role::Server, 0, 4),
-            ]))
-            .unwrap();
-        let fast = 1.0 / (0.01 * (1.0 + 2.0 * 10.0 * 0.02 / 0.9));
+        }
+    }
+
+    /// The cost model's breakdown of `snap` with `placements`.
+    fn queued_epoch(snap: &Snapshot, placements: &[(&str, Role, u32, u32)]) -> Breakdown {
+        CostModel::new(snap)
+            .unwrap()
+            .evaluate(&target(placements))
+            .unwrap()
+    }
+
+    /// Two workers on slow links (a, b: 0.1 s of their own link a
+    /// mini-batch) and a fast one (f: 0.005 s) on one server that spends
+    /// 0.01 s a mini-batch on each, computation negligible and overlapped.
+    /// a's and b's transfers last their own links' 0.1 s, longer than the
+    /// server takes to answer them: they trickle, taking `ρ = 10 · 0.01`
+    /// of the server each, and f is served in the rest: `R_f = 0.01 / (1 −
+    /// 0.2) = 0.0125`, 80 mini-batches a second, the job 100 a second, 1 s
+    /// for 10,000 records of 100 a mini-batch. Processor sharing would
+    /// queue f behind their requests as if each held the whole server
+    /// (`R_f = 0.01·(1 + 2·X_s·R_s)`, f at 69.23 a second, 1.1207 s); an
+    /// emulated 4-worker job with three such workers ran at what the
+    /// trickle prices (0.771 s an epoch; 0.775 s priced, 0.881 s by
+    /// processor sharing).
+    #[test]
+    fn a_fast_workers_answers_wait_behind_slow_workers_requests() {
+        let mut snap = queue_job(vec![
+            container("a", Role::Worker, Some(1e-12), 1e7, None),
+            container("b", Role::Worker, Some(1e-12), 1e7, None),
+            container("f", Role::Worker, Some(1e-12), 2e8, None),
+            container("s", Role::Server, None, 1e8, Some(0.0)),
+        ]);
+        let placements = [
+            ("a", Role::Worker, 3, 0),
+            ("b", Role::Worker, 3, 0),
+            ("f", Role::Worker, 4, 0),
+            ("s", Role::Server, 0, 4),
+        ];
+        let b = queued_epoch(&snap, &placements);
+        let fast = 1.0 / (0.01 / (1.0 - 0.2));
         let expected = 10_000.0 / (100.0 * (20.0 + fast));
         let t = b.throughput_epoch_secs;
         assert!((t - expected).abs() < 1e-6, "{t} vs {expected}");
         assert!(b.epoch_secs >= t, "{b:?}");
+
+        // The server's 0.01 s from its CPU instead (2e6 bytes at 5 ns, its
+        // link ten times faster): it works on a's and b's requests whole,
+        // however slowly they came, and f's answers queue behind them:
+        // `R_s = 0.01·(1 + X_s·R_s + X_f·R_f)`, `R_f = 0.01·(1 +
+        // 2·X_s·R_s)` with `X_s = 10`, `X_f = 1/R_f`: `R_s = 0.02/0.9`,
+        // `R_f = 0.01·(1 + 0.4/0.9)`, f at 69.23 a second, 1.1207 s.
+        snap.containers[3].bandwidth_bytes_per_sec = 1e9;
+        snap.containers[3].server_secs_per_byte = Some(5e-9);
+        let b = queued_epoch(&snap, &placements);
+        let fast = 1.0 / (0.01 * (1.0 + 2.0 * 10.0 * 0.02 / 0.9));
+        let expected = 10_000.0 / (100.0 * (20.0 + fast));
+        let t = b.throughput_epoch_secs;
+        assert!((t - expected).abs() < 1e-6, "{t} vs {expected}");
+    }
+
+    /// A worker slow for its CPU (c: 0.09 s of computation a mini-batch,
+    /// its link as fast as f's, 0.005 s) beside a fast one (f) on one
+    /// server spending 0.01 s on each. c's requests come in bursts the
+    /// server serves at its own pace, so f's answers queue behind them
+    /// (processor sharing): `R_c = 0.01·(1 + X_f·R_f)` with `X_f·R_f = 1`
+    /// (f always has a request there), `R_c = 0.02`, `X_c = 1/0.09`;
+    /// `R_f = 0.01·(1 + X_c·R_c) = 0.012222`, f at 81.82 a second, the job
+    /// 92.93, 1.0761 s for 10,000 records. Shared as a fluid (c's 11.1
+    /// a second taking 0.111 of the server, f the rest) it would be 1 s.
+    #[test]
+    fn a_fast_workers_answers_queue_behind_bursts() {
+        let snap = queue_job(vec![
+            container("c", Role::Worker, Some(9e-4), 2e8, None),
+            container("f", Role::Worker, Some(1e-12), 2e8, None),
+            container("s", Role::Server, None, 1e8, Some(0.0)),
+        ]);
+        let b = queued_epoch(
+            &snap,
+            &[
+                ("c", Role::Worker, 5, 0),
+                ("f", Role::Worker, 5, 0),
+                ("s", Role::Server, 0, 4),
+            ],
+        );
+        let slow = 1.0 / 0.09;
+        let fast = 1.0 / (0.01 * (1.0 + slow * 0.02));
+        let expected = 10_000.0 / (100.0 * (slow + fast));
+        let t = b.throughput_epoch_secs;
+        assert!((t - expected).abs() < 1e-6, "{t} vs {expected}");
     }
 
     // The two-by-two case with s1 spending 0.5 s on each worker's

@@ -96,8 +96,9 @@
 //!   apart from its link: the slower of the two, not their sum.
 //! * An asynchronous job's epoch is the data set over the workers' summed
 //!   throughput, each worker's answers waiting behind the others' requests
-//!   at the servers (approximate mean value analysis,
-//!   [`Breakdown::throughput_epoch_secs`]); the trigger prices the running
+//!   at the servers (approximate mean value analysis; a worker whose own
+//!   link is slower than a server's answer takes only its link's share of
+//!   that server, [`Breakdown::throughput_epoch_secs`]); the trigger prices the running
 //!   configuration by it and targets by the solvers' upper bound of it. Each
 //!   view has its own measured latency and overlap ([`Job::queued_fit`]):
 //!   what one explains of the running configuration's waits, the other
