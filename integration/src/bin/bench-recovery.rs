@@ -20,7 +20,10 @@
 //! floats (`mlr.features = 20000`) and a checkpoint every epoch, the kill
 //! once one is published; the optimizer is off (a loss while a plan runs
 //! is not survived, and on a loaded machine it moves blocks between the
-//! servers often).
+//! servers often). `--server --ssp`: the same job stale-synchronous
+//! (staleness 1); the loss also rolls every worker's clock and the job's
+//! progress back to the checkpoint's, and "recovered" waits for that
+//! rollback too.
 //!
 //! The reference, in the same invocation, is what restarting the job costs
 //! (TensorFlow-style and Litz-style recovery restart the job): the time from
@@ -28,7 +31,7 @@
 //! (a lower bound on a restart from a checkpoint).
 //!
 //! ```text
-//! cargo run --release -p cruise-integration --bin bench-recovery [-- REPS] [--server]
+//! cargo run --release -p cruise-integration --bin bench-recovery [-- REPS] [--server [--ssp]]
 //! ```
 //!
 //! Target: recovered ≤ 2 s after the kill (for a server, plus its bytes at
@@ -45,14 +48,16 @@ use cruise_integration::{
 };
 
 const USAGE: &str = "\
-usage: bench-recovery [REPS] [--server]
+usage: bench-recovery [REPS] [--server [--ssp]]
 
 Kills an evaluator of a training MLR job and measures, from the kill, when
 the loss is detected, when its blocks are held again and when the job
 trains at the survivors' former rate; the reference is a job's restart.
 
   REPS      repetitions; medians are printed (default 3)
-  --server  kill a server (restored from a checkpoint) instead of a worker";
+  --server  kill a server (restored from a checkpoint) instead of a worker
+  --ssp     with --server: a stale-synchronous job (staleness 1), whose
+            clocks roll back to the checkpoint's";
 const WAIT: Duration = Duration::from_secs(120);
 /// The window the training rate is measured over.
 const WINDOW: Duration = Duration::from_millis(500);
@@ -84,8 +89,17 @@ impl Victim {
         }
     }
 
-    /// `cruise run`'s arguments besides the work directory.
-    fn args(self) -> &'static [&'static str] {
+    /// `cruise run`'s arguments besides the work directory; `ssp`: the
+    /// job is stale-synchronous.
+    fn args(self, ssp: bool) -> Vec<&'static str> {
+        let mut args = self.common().to_vec();
+        if ssp {
+            args.extend(["--staleness", "1"]);
+        }
+        args
+    }
+
+    fn common(self) -> &'static [&'static str] {
         match self {
             Victim::Worker => &["run", "--epochs", "1000000"],
             Victim::Server => &[
@@ -122,13 +136,16 @@ struct Rep {
     detected_secs: f64,
     recovered_secs: f64,
     training_again_secs: f64,
+    /// `--ssp`: epochs done at the kill beyond the clock the job rolled
+    /// back to (trained again).
+    rolled_back_epochs: Option<u64>,
 }
 
-async fn one(cruise: &std::path::Path, victim: Victim) -> anyhow::Result<Rep> {
+async fn one(cruise: &std::path::Path, victim: Victim, ssp: bool) -> anyhow::Result<Rep> {
     let dir = tempfile::tempdir()?;
     let started = Instant::now();
     let mut c = tokio::process::Command::new(cruise);
-    c.args(victim.args())
+    c.args(victim.args(ssp))
         .arg("--work-dir")
         .arg(dir.path())
         .env_remove("RUST_LOG");
@@ -159,6 +176,7 @@ async fn one(cruise: &std::path::Path, victim: Victim) -> anyhow::Result<Rep> {
         Victim::Worker => before * (workers - 1) as f64 / workers as f64,
         Victim::Server => before * 0.9,
     };
+    let epochs_at_kill = st["epochs_done"].as_u64().unwrap_or(0);
     let killed = Instant::now();
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(pid as i32),
@@ -173,9 +191,25 @@ async fn one(cruise: &std::path::Path, victim: Victim) -> anyhow::Result<Rep> {
         let members = s["evaluators"].as_array().map_or(&[][..], Vec::as_slice);
         members.iter().all(|e| e["id"].as_u64() != Some(id))
             && blocks_held(s, victim.field(), Some(id)) == blocks
+            && (!ssp
+                || s["clock_rollbacks"]
+                    .as_array()
+                    .is_some_and(|r| !r.is_empty()))
     })
     .await?;
     let recovered_secs = killed.elapsed().as_secs_f64();
+    let rolled_back_epochs = if ssp {
+        let st = status(&addr).await?;
+        let text = st["clock_rollbacks"][0].as_str().unwrap_or_default();
+        let clock: u64 = text
+            .strip_prefix("clocks rolled back to ")
+            .and_then(|t| t.split(',').next())
+            .and_then(|c| c.parse().ok())
+            .with_context(|| format!("no clock in the rollback {text:?}"))?;
+        Some(epochs_at_kill.saturating_sub(clock))
+    } else {
+        None
+    };
     let training_again_secs = loop {
         let r = rate(&addr).await?;
         if r >= target {
@@ -196,28 +230,39 @@ async fn one(cruise: &std::path::Path, victim: Victim) -> anyhow::Result<Rep> {
         detected_secs,
         recovered_secs,
         training_again_secs: training_again_secs.max(recovered_secs),
+        rolled_back_epochs,
     })
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> anyhow::Result<()> {
     cruise_integration::bench::exit_on_help(USAGE);
-    let victim = if std::env::args().skip(1).any(|a| a == "--server") {
+    let flag = |f: &str| std::env::args().skip(1).any(|a| a == f);
+    let victim = if flag("--server") {
         Victim::Server
     } else {
         Victim::Worker
     };
-    let reps = match std::env::args().skip(1).find(|a| a != "--server") {
+    let ssp = flag("--ssp");
+    if ssp && victim != Victim::Server {
+        bail!("--ssp is for --server: a lost worker does not roll the clocks back\n{USAGE}");
+    }
+    let reps = match std::env::args().skip(1).find(|a| !a.starts_with("--")) {
         Some(a) => a
             .parse()
             .with_context(|| format!("REPS {a:?} is not a number\n{USAGE}"))?,
         None => 3,
     };
-    println!("## Surviving a lost {} ({})", victim.role(), machine_note());
+    let sync = if ssp { ", stale-synchronous" } else { "" };
+    println!(
+        "## Surviving a lost {}{sync} ({})",
+        victim.role(),
+        machine_note()
+    );
     let cruise = cruise_release_binary()?;
     let mut runs = Vec::new();
     for i in 0..reps {
-        let r = one(&cruise, victim).await?;
+        let r = one(&cruise, victim, ssp).await?;
         println!(
             "repetition {}: restart {:.2} s; detected {:.3} s, recovered {:.3} s, training again {:.3} s after the kill ({:.2}× the restart)",
             i + 1,
@@ -227,6 +272,9 @@ async fn main() -> anyhow::Result<()> {
             r.training_again_secs,
             r.training_again_secs / r.restart_secs
         );
+        if let Some(n) = r.rolled_back_epochs {
+            println!("  rolled back: {n} epoch(s) done at the kill are trained again");
+        }
         runs.push(r);
     }
     let med = |f: fn(&Rep) -> f64| median(&mut runs.iter().map(f).collect::<Vec<_>>());
@@ -241,6 +289,9 @@ async fn main() -> anyhow::Result<()> {
         Row {
             figure: match victim {
                 Victim::Worker => "input re-read by the survivors (median)".into(),
+                Victim::Server if ssp => {
+                    "model blocks restored and the clocks rolled back (median)".into()
+                }
                 Victim::Server => "model blocks restored from the checkpoint (median)".into(),
             },
             value: format!("{recovered:.3} s"),
@@ -259,7 +310,7 @@ async fn main() -> anyhow::Result<()> {
         },
     ];
     print_table(
-        &format!("Lost {}, {reps} repetitions", victim.role()),
+        &format!("Lost {}{sync}, {reps} repetitions", victim.role()),
         &rows,
     );
     Ok(())
