@@ -61,11 +61,45 @@ async fn default_run_trains_mlr_on_separate_processes() {
     );
 }
 
-/// A worker that falls far behind does not pull the model towards its own
-/// share of the data when the job bounds staleness: with one worker's compute
-/// stretched 200× (process emulation, 0.005 of a core), the default job under
-/// SSP with staleness 2 ends as accurate as an unhindered one. (Asynchronous,
-/// the same job ended at 0.82–0.90: see `DEFAULT_JOB_MIN_ACCURACY`.)
+/// A relative `--work-dir` is where `cruise run` was started, for the AM
+/// and for the evaluators, which run in directories of their own: the
+/// generated input, the job's history and its checkpoints all land there.
+/// (It failed the job: the evaluators looked for `rel/data/...` in their
+/// own directories.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relative_work_dir_is_where_cruise_run_started() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = cruise();
+    c.current_dir(dir.path()).args([
+        "run",
+        "-e",
+        "2",
+        "--work-dir",
+        "rel",
+        "--set",
+        "checkpoint.every_epochs=1",
+        "--set",
+        "checkpoint.dir=ckpts",
+    ]);
+    let mut p = Spawned::spawn(c).unwrap();
+    assert!(p.wait(WAIT).await.unwrap().success(), "{}", p.stderr());
+    let work = dir.path().join("rel");
+    for sub in ["data", "jobs/history"] {
+        let d = work.join(sub);
+        assert!(
+            std::fs::read_dir(&d).is_ok_and(|mut e| e.next().is_some()),
+            "nothing in {}",
+            d.display()
+        );
+    }
+    let ckpts = dir.path().join("ckpts");
+    assert!(
+        std::fs::read_dir(&ckpts).is_ok_and(|mut e| e.next().is_some()),
+        "no checkpoint in {}",
+        ckpts.display()
+    );
+}
+
 /// The summary says what its final loss is when it differs from the last
 /// epoch's: the final model evaluated after training, not the epoch's
 /// mean over mini-batches taken before their updates.
@@ -105,6 +139,11 @@ async fn the_summary_says_what_the_final_loss_is() {
     }
 }
 
+/// A worker that falls far behind does not pull the model towards its own
+/// share of the data when the job bounds staleness: with one worker's compute
+/// stretched 200× (process emulation, 0.005 of a core), the default job under
+/// SSP with staleness 2 ends as accurate as an unhindered one. (Asynchronous,
+/// the same job ended at 0.82–0.90: see `DEFAULT_JOB_MIN_ACCURACY`.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn straggler_does_not_drift_under_ssp() {
     let dir = tempfile::tempdir().unwrap();

@@ -110,7 +110,12 @@ pub async fn run(args: RunArgs, cancel: CancellationToken) -> anyhow::Result<Job
     let mut config = args.conf.load()?;
     // Evaluators run in their own directories: relative local paths are
     // meant relative to where `cruise run` was started.
-    for path in [&mut config.job.input, &mut config.job.eval_input] {
+    for path in [
+        &mut config.job.input,
+        &mut config.job.eval_input,
+        &mut config.job.work_dir,
+        &mut config.checkpoint.dir,
+    ] {
         *path = absolute_local(path)?;
     }
     let work = datagen::work_dir(&config);
