@@ -309,12 +309,27 @@ fn check_input(b: &InputBlock) -> Result<(), StoreError> {
     }
 }
 
+/// Elements of an array being received that are made ready at a time, just
+/// ahead of the bytes read over them (256 KiB, what one read of a move
+/// takes at most: `peer::bulk::BULK_IO_BYTES`).
+const ZERO_AHEAD: usize = (256 << 10) / 4;
+
 /// Decodes a block as its bytes arrive, into place: the receiving end of a
 /// move reads the socket straight into [`BlockDecoder::window`] (the next
 /// bytes the block needs: an array's length, or the rest of the array
-/// being filled), so an input or state block's arrays are written once, by
+/// being filled), so an input or state block's arrays are copied once, by
 /// the kernel. Model blocks (a map of small values) are gathered and
 /// decoded whole at the end.
+///
+/// An array's memory is made ready [`ZERO_AHEAD`] elements at a time, just
+/// before the socket's bytes are read over them: its pages faulted in with
+/// one system call ([`populate_for_write`]) rather than a fault per 4 KiB
+/// page, and the zeros a `&mut [u8]` window needs written while those
+/// pages are still in the cache, where the copy finds them. A move's
+/// destination mostly rebuilds blocks in memory fresh from the kernel:
+/// faulting each page in on its first write and zeroing the whole array
+/// ahead of the copy would take about a third of its time (BENCHMARKS.md,
+/// #21).
 ///
 /// An array's length is checked against the bytes the block announced
 /// before anything is allocated for it, so a peer cannot make us allocate
@@ -349,8 +364,13 @@ enum Decoding {
 
 #[derive(Debug)]
 enum ArrayAt {
+    /// The length's bytes, and how many have come.
     Len([u8; 8], usize),
-    Elems(Vec<u32>, usize),
+    /// The array's elements: `v` holds those made ready so far (zeros
+    /// until the socket's bytes are read over them; its capacity is the
+    /// whole array, `len` elements, allocated once), of which the first
+    /// `got` bytes have come.
+    Elems { v: Vec<u32>, len: usize, got: usize },
 }
 
 impl BlockDecoder {
@@ -384,7 +404,15 @@ impl BlockDecoder {
             }
             Decoding::Arrays { at, .. } => match at {
                 ArrayAt::Len(b, n) => &mut b[*n..],
-                ArrayAt::Elems(v, n) => &mut bytemuck::cast_slice_mut::<u32, u8>(v)[*n..],
+                ArrayAt::Elems { v, len, got } => {
+                    if *got == v.len() * 4 && v.len() < *len {
+                        let more = (*len - v.len()).min(ZERO_AHEAD);
+                        let spare = v.spare_capacity_mut();
+                        populate_for_write(spare.as_ptr() as usize, more * 4);
+                        v.resize(v.len() + more, 0);
+                    }
+                    &mut bytemuck::cast_slice_mut::<u32, u8>(v)[*got..]
+                }
             },
         };
         let n = w.len().min(left);
@@ -440,13 +468,17 @@ impl BlockDecoder {
                             None
                         }
                     }
-                    ArrayAt::Elems(_, got) => {
+                    ArrayAt::Elems { got, .. } => {
                         *got += n;
                         None
                     }
                 };
                 if let Some(len) = array_len {
-                    *at = ArrayAt::Elems(vec![0; len], 0);
+                    *at = ArrayAt::Elems {
+                        v: Vec::with_capacity(len),
+                        len,
+                        got: 0,
+                    };
                 }
             }
         }
@@ -454,8 +486,8 @@ impl BlockDecoder {
         if let Decoding::Arrays {
             done, count, at, ..
         } = &mut self.state
-            && let ArrayAt::Elems(v, got) = at
-            && *got == v.len() * 4
+            && let ArrayAt::Elems { v, len, got } = at
+            && *got == *len * 4
             && done.len() < *count
         {
             done.push(std::mem::take(v));
@@ -526,6 +558,36 @@ impl BlockDecoder {
             })
         })
     }
+}
+
+/// Asks the kernel to fault in the whole 4 KiB pages of `[start, start +
+/// len)`, memory the caller owns and has not written yet, ready for
+/// writing: one system call for all of them instead of a fault taken by
+/// the first write to each page. Best effort: where the advice is refused
+/// (kernels before 5.14, pages larger than 4 KiB, other systems) the pages
+/// fault in as they are written, as they would without it.
+fn populate_for_write(start: usize, len: usize) {
+    #[cfg(target_os = "linux")]
+    {
+        const PAGE: usize = 4096;
+        let from = start.next_multiple_of(PAGE);
+        let to = start.saturating_add(len) & !(PAGE - 1);
+        if to > from {
+            // SAFETY: `from..to` lies inside an allocation the caller
+            // owns; MADV_POPULATE_WRITE only maps its pages in (as a write
+            // to each would), never unmaps them or changes what they hold,
+            // and nothing here reads them.
+            unsafe {
+                libc::madvise(
+                    from as *mut libc::c_void,
+                    to - from,
+                    libc::MADV_POPULATE_WRITE,
+                );
+            }
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = (start, len);
 }
 
 /// Writes bytes into pieces of a fixed size.
@@ -713,6 +775,49 @@ mod tests {
             )
                 .prop_map(|(floats, ints)| BlockData::State(StateBlock { floats, ints })),
         ]
+    }
+
+    /// Arrays shorter and longer than the part made ready at a time, of
+    /// lengths that are not multiples of it, read the way a socket fills
+    /// them (pieces that cut elements in two, and whole windows): no window
+    /// is longer than that part, and the block comes back whole.
+    #[test]
+    fn large_arrays_are_rebuilt_a_window_at_a_time() {
+        for len in [
+            0,
+            1,
+            ZERO_AHEAD - 1,
+            ZERO_AHEAD,
+            ZERO_AHEAD + 1,
+            3 * ZERO_AHEAD + 7,
+            (5 << 20) / 4 + 3,
+        ] {
+            let b = BlockData::State(StateBlock {
+                floats: (0..len).map(|i| i as f32 * 0.5 - 3.0).collect(),
+                ints: (0..len / 3 + 2)
+                    .map(|i| (i as u32).wrapping_mul(2_654_435_761))
+                    .collect(),
+            });
+            let whole = b.encode();
+            for piece in [7usize, 100_003, usize::MAX] {
+                let mut d = BlockDecoder::new(whole.len() as u64);
+                let mut at = 0;
+                while at < whole.len() {
+                    let w = d.window();
+                    assert!(
+                        !w.is_empty() && w.len() <= ZERO_AHEAD * 4,
+                        "window of {} bytes",
+                        w.len()
+                    );
+                    let n = w.len().min(piece).min(whole.len() - at);
+                    w[..n].copy_from_slice(&whole[at..at + n]);
+                    d.advance(n).unwrap();
+                    at += n;
+                }
+                assert_eq!(d.remaining(), 0);
+                assert_eq!(d.finish().unwrap(), b, "len {len}, pieces of {piece}");
+            }
+        }
     }
 
     proptest! {
