@@ -35,6 +35,14 @@
 //! instead of drawing one, so the counts agree with the assignments once
 //! every block was swept, as after a fresh start's first sweep.
 //!
+//! The same mark rebuilds the counts after a lost worker or server (the
+//! AM's recount): every worker marks its counted tokens [`UNCOUNTED`]
+//! ([`App::uncount`]) with its pushes answered, the servers then empty
+//! their blocks, and each token's next sweep counts it in again. A worker
+//! that stops counts in first whatever its blocks hold that the counts do
+//! not ([`App::uncounted`]: marked, or not sampled yet), so a job's final
+//! model counts every token once however soon after a recount it ends.
+//!
 //! # Sampling
 //!
 //! A mini-batch pulls the rows of its words and the summary row, then for each
@@ -490,6 +498,42 @@ impl App for Lda {
             *z |= UNCOUNTED;
         }
         Some(state)
+    }
+
+    /// Marks every token counted in the word-topic counts [`UNCOUNTED`]
+    /// (a recount after a lost evaluator; see the module's doc). The
+    /// document-topic counts stay as they are: they count marked tokens
+    /// too.
+    fn uncount(&self, input: &InputBlock, state: &mut StateBlock) -> u64 {
+        let Some(l) = Layout::of(state, input, self.topics) else {
+            return 0;
+        };
+        let mut marked = 0;
+        for z in state.ints[l.z..]
+            .iter_mut()
+            .filter(|z| (**z as usize) < self.topics)
+        {
+            *z |= UNCOUNTED;
+            marked += 1;
+        }
+        marked
+    }
+
+    /// Whether a token of `rows` is [`UNCOUNTED`] or not sampled yet
+    /// ([`UNASSIGNED`]): neither is in the word-topic counts.
+    fn uncounted(&self, input: &InputBlock, state: &StateBlock, rows: Range<usize>) -> bool {
+        let k = self.topics;
+        let Some(l) = Layout::of(state, input, k) else {
+            return false;
+        };
+        if rows.is_empty() || rows.end > l.docs {
+            return false;
+        }
+        let toks =
+            state.ints[l.tok_off + rows.start] as usize..state.ints[l.tok_off + rows.end] as usize;
+        state.ints[l.z..]
+            .get(toks)
+            .is_some_and(|z| z.iter().any(|&z| z as usize >= k))
     }
 
     fn keys(&self, input: &InputBlock, rows: Range<usize>, out: &mut Vec<Key>) {
@@ -981,6 +1025,38 @@ mod tests {
             &[(&one, &one_state), (&two, two_state.as_ref().unwrap())],
             &model,
         );
+    }
+
+    /// A recount: a trained block's tokens marked uncounted against
+    /// emptied counts are counted back in by the next sweep with the
+    /// topics they had, the counts then equal to the assignments again;
+    /// the rows still to sweep say so until then.
+    #[test]
+    fn a_recount_counts_every_token_back_in_without_drawing() {
+        let a = app(&config(4, 30));
+        let input = corpus(&a, 50, 1);
+        let mut state = a.init_state(BlockId(0), &input);
+        let all = 0..input.len();
+        assert!(a.uncounted(&input, state.as_ref().unwrap(), all.clone()));
+        train_with_state(&a, &input, &mut state, 3, 7, &mut Model::new());
+        let trained = state.clone().unwrap();
+        assert!(!a.uncounted(&input, &trained, all.clone()));
+        let l = Layout::of(&trained, &input, 4).unwrap();
+
+        let mut marked = trained.clone();
+        let tokens = trained.ints.len() - l.z;
+        assert_eq!(a.uncount(&input, &mut marked), tokens as u64);
+        assert_eq!(a.uncount(&input, &mut marked), 0, "marked once");
+        assert!(a.uncounted(&input, &marked, 0..1));
+        assert_eq!(marked.ints[..l.z], trained.ints[..l.z], "n_dk kept");
+
+        let mut model = Model::new();
+        let mut state = Some(marked);
+        train_with_state(&a, &input, &mut state, 1, 7, &mut model);
+        let after = state.unwrap();
+        assert_eq!(after.ints[l.z..], trained.ints[l.z..], "no topic drawn");
+        assert!(!a.uncounted(&input, &after, all));
+        assert_counts_match(&[(&input, &after)], &model);
     }
 
     /// A state whose assignments or counts do not fit the block is not

@@ -24,6 +24,10 @@
 //! start from zero and each input block's first sweep counts its tokens,
 //! a restored block with the assignments it was checkpointed with, a
 //! block drawn afresh with topics drawn as at the start.
+//! Neither does a job that loses an LDA worker or server
+//! ([`model_rebuilt_on_loss`]): the counts are emptied and rebuilt from the
+//! workers' assignments, marked uncounted ([`App::uncount`]) at the same
+//! moment.
 //!
 //! Each app also ships a seeded data generator with a known ground truth
 //! (used by `cruise datagen` and when a job has no input).
@@ -115,6 +119,21 @@ pub trait App: Send + Sync + 'static {
         None
     }
 
+    /// Marks the part of `state` counted in the model as not counted any
+    /// more, for a job whose model is rebuilt from the workers' state
+    /// ([`model_rebuilt_on_loss`]): the next sweep over each row counts it
+    /// in again instead of changing it. Returns how much it marked (LDA:
+    /// tokens); nothing for apps whose model is not rebuilt.
+    fn uncount(&self, _input: &InputBlock, _state: &mut StateBlock) -> u64 {
+        0
+    }
+
+    /// Whether rows `rows` of `input` hold state not counted in the model
+    /// yet ([`App::uncount`], [`App::restore_state`]).
+    fn uncounted(&self, _input: &InputBlock, _state: &StateBlock, _rows: Range<usize>) -> bool {
+        false
+    }
+
     /// The model keys rows `rows` of `input` need, sorted and without duplicates.
     fn keys(&self, input: &InputBlock, rows: Range<usize>, out: &mut Vec<Key>);
 
@@ -173,6 +192,18 @@ pub fn state_in_checkpoints(app: AppKind) -> bool {
 /// at its own moment, so counts restored beside the assignments would
 /// disagree with them (see the module's doc).
 pub fn model_rebuilt_on_resume(app: AppKind) -> bool {
+    matches!(app, AppKind::Lda)
+}
+
+/// Whether a job of `app` that loses a worker or a server rebuilds its
+/// model from the workers' state rather than restoring model blocks from
+/// a checkpoint: LDA's word-topic counts are the sum of the topic
+/// assignments, and a lost worker's assignments are counted in them while
+/// a lost server's counts are gone. Every worker marks its state uncounted
+/// ([`App::uncount`]) and every server zeroes its blocks, in that order
+/// (the AM's recount, `reconfigure/recount.rs`), and each row's next sweep
+/// counts it in again.
+pub fn model_rebuilt_on_loss(app: AppKind) -> bool {
     matches!(app, AppKind::Lda)
 }
 
