@@ -232,6 +232,9 @@ struct Inner {
     leaving: CancellationToken,
     tasks: TaskTracker,
     inbound: TaskTracker,
+    /// Inbound request connections open, by the evaluator at their other
+    /// end (`serve.rs`: one from a peer that left the job reads no more).
+    inbound_from: tokio::sync::watch::Sender<HashMap<EvaluatorId, usize>>,
     local_addr: SocketAddr,
 }
 
@@ -281,6 +284,7 @@ impl DataPlane {
                 leaving: CancellationToken::new(),
                 tasks: TaskTracker::new(),
                 inbound: TaskTracker::new(),
+                inbound_from: tokio::sync::watch::Sender::new(HashMap::new()),
                 local_addr,
             }),
         };

@@ -77,7 +77,7 @@ impl DataPlane {
 
     /// Whether `peer` has left the job: known before, and not in the
     /// directory any more.
-    fn departed(&self, peer: EvaluatorId) -> bool {
+    pub(super) fn departed(&self, peer: EvaluatorId) -> bool {
         let seen = lock(&self.inner.ever_seen).contains(&peer);
         seen && !lock(&self.inner.directory).contains_key(&peer)
     }

@@ -8,6 +8,16 @@
 //! and every request read before it is answered. So no request that reached it
 //! is lost, and none is applied twice.
 //!
+//! # A peer that left
+//!
+//! An inbound request connection whose peer has left the job (a new peer
+//! directory without it: the AM let it go, lost or deleted) reads nothing
+//! more from it: frames of a dead process still in the socket are
+//! dropped, not applied later. [`DataPlane::departed_requests_done`]
+//! waits until every such connection has ended (LDA's recount empties the
+//! model blocks only then, so no push of a lost worker lands on the
+//! emptied counts).
+//!
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -152,6 +162,8 @@ impl DataPlane {
             &self.inner.tasks,
             format!("data plane to evaluator {peer}"),
         );
+        let _open = InboundOpen::new(&self.inner.inbound_from, peer);
+        let mut directory = self.inner.directory_version.subscribe();
         let mut in_flight: FuturesUnordered<BoxFuture<'static, (u64, PartResult)>> =
             FuturesUnordered::new();
         let mut sent_goaway = false;
@@ -196,6 +208,12 @@ impl DataPlane {
                         tokio::task::yield_now().await;
                     }
                 }
+                changed = directory.changed() => {
+                    if changed.is_err() || self.departed(peer) {
+                        tracing::debug!("data plane: evaluator {peer} left the job; its connection reads no more");
+                        return;
+                    }
+                }
                 _ = self.inner.leaving.cancelled(), if !sent_goaway => {
                     sent_goaway = true;
                     progress.fetch_add(1, Ordering::Relaxed);
@@ -228,6 +246,36 @@ impl DataPlane {
         drop(tx);
         // Let the writer flush the last answers before the task ends.
         let _ = writer.await;
+    }
+
+    /// Waits until no inbound request connection of a peer that has left
+    /// the job is open (see the module's doc), at most
+    /// `store.request_timeout_ms`; past it, says which are still open.
+    pub async fn departed_requests_done(&self) {
+        let mut open = self.inner.inbound_from.subscribe();
+        let wait = self.inner.settings.request_timeout;
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            let left: Vec<EvaluatorId> = open
+                .borrow_and_update()
+                .iter()
+                .filter(|&(&p, &n)| n > 0 && self.departed(p))
+                .map(|(&p, _)| p)
+                .collect();
+            if left.is_empty() {
+                return;
+            }
+            tokio::select! {
+                changed = open.changed() => if changed.is_err() { return },
+                _ = tokio::time::sleep_until(deadline) => {
+                    tracing::warn!(
+                        "connections of evaluators {left:?}, which left the job, still open after {:.1} s",
+                        wait.as_secs_f64()
+                    );
+                    return;
+                }
+            }
+        }
     }
 
     /// Handles one inbound request. The synchronous part (apply, queue or
@@ -284,5 +332,34 @@ impl DataPlane {
                 fut
             }
         }
+    }
+}
+
+/// An inbound request connection counted open while it lives.
+struct InboundOpen<'a> {
+    open: &'a tokio::sync::watch::Sender<std::collections::HashMap<EvaluatorId, usize>>,
+    peer: EvaluatorId,
+}
+
+impl<'a> InboundOpen<'a> {
+    fn new(
+        open: &'a tokio::sync::watch::Sender<std::collections::HashMap<EvaluatorId, usize>>,
+        peer: EvaluatorId,
+    ) -> Self {
+        open.send_modify(|m| *m.entry(peer).or_default() += 1);
+        InboundOpen { open, peer }
+    }
+}
+
+impl Drop for InboundOpen<'_> {
+    fn drop(&mut self) {
+        self.open.send_modify(|m| {
+            if let Some(n) = m.get_mut(&self.peer) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    m.remove(&self.peer);
+                }
+            }
+        });
     }
 }
