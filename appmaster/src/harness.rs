@@ -507,3 +507,37 @@ pub fn mlr_data(dir: &std::path::Path, samples: u64, seed: u64) -> std::io::Resu
     f.flush()?;
     Ok(path.display().to_string())
 }
+
+/// The sums of an LDA model written by `job.model_out` (lines `key
+/// value...`, `#` comments): of its word rows (keys below `vocab`), and of
+/// its summary row (key `vocab`, the topic totals). A model that agrees
+/// with its topic assignments has both equal to the corpus's tokens.
+pub fn lda_model_sums(model: &std::path::Path, vocab: u64) -> std::io::Result<(f64, f64)> {
+    let bad = |line: &str| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("{}: not a model line: {line:?}", model.display()),
+        )
+    };
+    let (mut words, mut summary) = (0.0, 0.0);
+    for line in std::fs::read_to_string(model)?
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+    {
+        let mut it = line.split_ascii_whitespace();
+        let key: u64 = it
+            .next()
+            .and_then(|k| k.parse().ok())
+            .ok_or_else(|| bad(line))?;
+        let mut sum = 0.0;
+        for v in it {
+            sum += v.parse::<f64>().map_err(|_| bad(line))?;
+        }
+        if key == vocab {
+            summary += sum;
+        } else {
+            words += sum;
+        }
+    }
+    Ok((words, summary))
+}

@@ -725,3 +725,140 @@ async fn training_starts_without_probes_that_do_not_answer() {
     );
     finish(cluster).await;
 }
+
+/// An LDA corpus (600 documents of about 60 tokens over 100 words, 4
+/// topics) in `dir`; returns its path and its tokens.
+fn lda_data(dir: &Path) -> (String, u64) {
+    use cruise_appmaster::datagen::GenSpec;
+    use cruise_container::apps::lda;
+    let spec = GenSpec::Lda(lda::GenParams {
+        docs: 600,
+        vocab: 100,
+        topics: 4,
+        doc_len: 60,
+        alpha: 0.1,
+        beta: 0.05,
+        seed: 13,
+    });
+    let mut out = Vec::new();
+    let (_, truth) = spec.write(&mut out).unwrap();
+    let path = dir.join("lda.txt");
+    std::fs::write(&path, out).unwrap();
+    (
+        path.display().to_string(),
+        truth["tokens"].as_u64().unwrap(),
+    )
+}
+
+/// LDA epochs: the loss comes after [`LDA_KILL_AFTER_EPOCH`], and the
+/// recount long before the end (a slow network holds the job back until
+/// it is done).
+const LDA_EPOCHS: u32 = 40;
+const LDA_KILL_AFTER_EPOCH: u32 = 5;
+
+/// An LDA job of 2 workers and 2 servers writing its model to `model`.
+fn lda_config(model: &Path) -> CruiseConfig {
+    let mut c = config(LDA_EPOCHS);
+    c.job.app = cruise_conf::AppKind::Lda;
+    c.job.containers = 4;
+    c.job.workers = 2;
+    c.job.mini_batch = 25;
+    c.job.model_out = model.display().to_string();
+    c.lda.vocab = 100;
+    c.lda.topics = 4;
+    c.lda.beta = 0.05;
+    c.store.input_blocks = 12;
+    c.optimizer.enabled = false;
+    c.validate().unwrap();
+    c
+}
+
+/// An LDA job of which an evaluator in `role` is killed once epoch
+/// [`LDA_KILL_AFTER_EPOCH`] is done (no checkpoint: LDA rebuilds its
+/// counts) finishes every epoch, its model counting every token of the
+/// corpus exactly once, with a per-token log-likelihood within 5% of the
+/// same job undisturbed. Every data-plane frame is delayed (1 ms) until the
+/// AM says the counts were rebuilt, so the job cannot end first.
+async fn lda_loss_is_survived_by_a_recount(role: am::Role) {
+    let dir = tempfile::tempdir().unwrap();
+    let (input, tokens) = lda_data(dir.path());
+    let calm_model = dir.path().join("calm-model.txt");
+    let calm = tokio::time::timeout(
+        WAIT,
+        Cluster::start(
+            lda_config(&calm_model),
+            input.clone(),
+            dir.path().join("calm"),
+        )
+        .join(),
+    )
+    .await
+    .expect("the undisturbed job finishes")
+    .expect("the undisturbed job succeeds");
+    assert_eq!(harness::lda_model_sums(&calm_model, 100).unwrap(), (tokens as f64, tokens as f64));
+
+    let model = dir.path().join("model.txt");
+    let mut cluster = Cluster::start_with(
+        lda_config(&model),
+        input,
+        dir.path().join("work"),
+        ClusterOptions {
+            data_delay: Duration::from_millis(1),
+            ..ClusterOptions::default()
+        },
+    );
+    let st = cluster
+        .await_status(WAIT, |s| {
+            s.phase == "training" && s.epochs_done >= LDA_KILL_AFTER_EPOCH
+        })
+        .await
+        .unwrap();
+    let victim = st.evaluators.iter().find(|e| e.role == role).unwrap();
+    assert!(cluster.kill_evaluator(&victim.container));
+    loop {
+        match next_progress(&mut cluster).await {
+            Progress::Phase(p) if p.contains("counts emptied and rebuilt") => break,
+            _ => {}
+        }
+    }
+    assert!(cluster.delay_data(Duration::ZERO));
+    let s = tokio::time::timeout(WAIT, cluster.join())
+        .await
+        .expect("no hang")
+        .expect("the job survives the loss");
+    assert_eq!(s.epochs.len(), LDA_EPOCHS as usize);
+    assert_eq!(s.lost.len(), 1, "{:?}", s.lost);
+    assert_eq!(s.recounts.len(), 1, "{:?}", s.recounts);
+    assert_eq!(s.final_stats.records, s.records, "every document once");
+    assert_eq!(
+        s.final_stats.loss_terms, tokens,
+        "every token evaluated once"
+    );
+    let (words, summary) = harness::lda_model_sums(&model, 100).unwrap();
+    let (a, b) = (calm.final_stats.mean_loss(), s.final_stats.mean_loss());
+    eprintln!(
+        "LDA, a {} killed after epoch {}: {tokens} tokens; word rows count {words}, \
+         topic totals {summary}; nll/token undisturbed {a:.5}, survived {b:.5}",
+        format!("{role:?}").to_lowercase(),
+        st.epochs_done
+    );
+    assert_eq!(words, tokens as f64, "the word rows count every token once");
+    assert_eq!(
+        summary, tokens as f64,
+        "the topic totals count every token once"
+    );
+    assert!(
+        (b - a).abs() <= 0.05 * a,
+        "nll/token {b} after the loss, {a} undisturbed"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_lda_worker_is_survived_with_every_token_counted_once() {
+    lda_loss_is_survived_by_a_recount(am::Role::Worker).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_lda_server_is_survived_with_every_token_counted_once() {
+    lda_loss_is_survived_by_a_recount(am::Role::Server).await;
+}

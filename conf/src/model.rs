@@ -187,9 +187,11 @@ pub struct JobConfig {
     pub pipeline_depth: u32,
     /// Seed for data generation and model initialisation.
     pub seed: u64,
-    /// Lost workers the job survives while training (their input is
-    /// re-read by the surviving workers); one more fails the job, naming
-    /// every loss. 0: the first loss fails the job.
+    /// Lost workers and servers the job survives while training (a
+    /// worker's input is re-read by the surviving workers, a server's
+    /// blocks restored from the newest checkpoint; LDA rebuilds its counts
+    /// from the workers' assignments instead); one more fails the job,
+    /// naming every loss. 0: the first loss fails the job.
     pub max_failures: u32,
 }
 

@@ -165,6 +165,10 @@ pub struct JobSummary {
     /// words, oldest first.
     #[serde(default)]
     pub clock_rollbacks: Vec<String>,
+    /// LDA: the model's counts emptied and rebuilt from the workers'
+    /// assignments after a loss, in words, oldest first.
+    #[serde(default)]
+    pub recounts: Vec<String>,
     /// Checkpoints published.
     #[serde(default)]
     pub checkpoints: u64,
@@ -261,6 +265,9 @@ pub struct Status {
     /// SSP: clock rollbacks so far, in words (see [`JobSummary`]).
     #[serde(default)]
     pub clock_rollbacks: Vec<String>,
+    /// LDA: recounts done so far, in words (see [`JobSummary`]).
+    #[serde(default)]
+    pub recounts: Vec<String>,
     /// The newest published checkpoint, if any.
     pub checkpoint: Option<CheckpointInfo>,
     /// Checkpoints published so far.

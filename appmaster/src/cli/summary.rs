@@ -107,6 +107,9 @@ pub fn summary_text(s: &JobSummary, config: &CruiseConfig) -> String {
     for r in &s.clock_rollbacks {
         line("rolled back", r.clone());
     }
+    for r in &s.recounts {
+        line("recounted", r.clone());
+    }
     if let Some(r) = &s.resumed_from {
         line(
             "resumed",

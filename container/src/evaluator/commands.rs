@@ -50,8 +50,8 @@ pub(super) struct Roles {
 /// What the handlers of the AM's messages reach the rest of the evaluator
 /// by: the control channel to the AM, the loop's channel for a task's
 /// fatal error, the tracker tasks are spawned on, the clock bound the
-/// worker waits on and the last clock rollback (SSP), and the token that drops pending work when the
-/// evaluator ends.
+/// worker waits on and the last clock rollback (SSP), the recounts ordered
+/// (LDA), and the token that drops pending work when the evaluator ends.
 pub(super) struct Links {
     pub(super) to_am: mpsc::Sender<EvalToAm>,
     pub(super) fail: mpsc::Sender<String>,
@@ -59,6 +59,8 @@ pub(super) struct Links {
     pub(super) min_clock: watch::Sender<u32>,
     /// The last `RollBackClock` heard (the worker compares it with its own).
     pub(super) rollback: watch::Sender<ps::ClockRollback>,
+    /// The recounts the AM ordered (`HoldForRecount`, `ResumeAfterRecount`).
+    pub(super) recount: watch::Sender<ps::RecountOrder>,
     /// Cancelled when the evaluator ends: work still waiting for its
     /// answer (e.g. a read blocked on a datanode) is dropped then.
     pub(super) stop: CancellationToken,
@@ -203,6 +205,13 @@ pub(super) async fn handle(
                 .rollback
                 .send_replace(ps::ClockRollback { rollback, clock });
         }
+        AmToEval::HoldForRecount { recount } => {
+            hold_for_recount(recount, job, links, roles).await?
+        }
+        AmToEval::ZeroModel { recount } => zero_model(recount, job, links).await?,
+        AmToEval::ResumeAfterRecount { recount } => {
+            links.recount.send_modify(|r| r.go = r.go.max(recount));
+        }
         AmToEval::Evaluate => evaluate(job, links),
         AmToEval::EvaluateHeldOut { splits } => evaluate_held_out(splits, job, links),
         AmToEval::DumpModel => dump_model(job, links),
@@ -229,6 +238,42 @@ async fn create_blocks(
         .create_blocks(table, &blocks)
         .map_err(|e| EvaluatorError::Protocol(e.to_string()))?;
     links.send(EvalToAm::BlocksCreated { table, blocks }).await
+}
+
+/// Recount `recount`: the worker task holds for it and answers itself
+/// (`ps::RecountOrder`); without one running here, the state of the input
+/// blocks held here is marked uncounted at once and the answer sent.
+async fn hold_for_recount(
+    recount: u32,
+    job: &Job,
+    links: &Links,
+    roles: &Roles,
+) -> Result<(), EvaluatorError> {
+    links.recount.send_modify(|r| r.hold = r.hold.max(recount));
+    if roles
+        .worker
+        .as_ref()
+        .is_some_and(|t| !t.handle.is_finished())
+    {
+        return Ok(());
+    }
+    let marked = ps::mark_uncounted(job.dp.store(), &*job.app);
+    tracing::info!(
+        recount,
+        marked,
+        "state marked uncounted for a recount (no worker task here)"
+    );
+    links.send(EvalToAm::RecountHeld { recount }).await
+}
+
+/// Recount `recount`: empties the model blocks owned here once no request
+/// of an evaluator that left the job can still be applied, and says so.
+async fn zero_model(recount: u32, job: &Job, links: &Links) -> Result<(), EvaluatorError> {
+    job.dp.departed_requests_done().await;
+    let blocks =
+        ps::zero_model(job.dp.store()).map_err(|e| EvaluatorError::Protocol(e.to_string()))?;
+    tracing::info!(recount, blocks, "model blocks emptied for a recount");
+    links.send(EvalToAm::ModelZeroed { recount, blocks }).await
 }
 
 /// Drops input blocks held here and says so.
@@ -414,6 +459,7 @@ async fn start_worker(
         stop: stop.clone(),
         min_clock: links.min_clock.subscribe(),
         rollback: links.rollback.subscribe(),
+        recount: links.recount.subscribe(),
         mini_batch: job.config.job.mini_batch as usize,
         task,
         pipeline_depth: job.config.job.in_flight() as usize,

@@ -154,6 +154,7 @@ pub async fn run(
         tracker: tracker.clone(),
         min_clock: watch::channel(0u32).0,
         rollback: watch::channel(crate::ps::ClockRollback::default()).0,
+        recount: watch::channel(crate::ps::RecountOrder::default()).0,
         stop: cancel.clone(),
     };
     register(&links, data_addr).await?;

@@ -12,7 +12,12 @@
 //!   and, under SSP, waits until the slowest worker is within the staleness
 //!   bound; a clock rollback ([`ClockRollback`]: a lost server's blocks
 //!   restored from a checkpoint) has it abandon the local epoch under way
-//!   and go on from the checkpoint's clock.
+//!   and go on from the checkpoint's clock. A recount ([`RecountOrder`]:
+//!   LDA's counts rebuilt after a lost worker or server) holds it between
+//!   two mini-batches with its pushes answered and its state marked
+//!   uncounted ([`mark_uncounted`]) until the servers have emptied their
+//!   blocks ([`zero_model`]); stopping, it first counts in whatever state
+//!   its blocks hold that the model does not count yet.
 //! - [`evaluate`]: the objective over all local input with the current model;
 //!   [`evaluate_held_out`]: the same over held-out splits, read and dropped.
 //! - [`dump_model`]: send the model blocks held here to the AM.
@@ -24,7 +29,7 @@
 //!
 //! Modules: the worker's pipeline in `worker`, with the keys it caches in
 //! `key_cache`, its own pushes applied to its pulls in `own_pushes` and its
-//! reports in `report`; loading in `input`; evaluation and the model dump
+//! reports in `report`; a recount's steps in `recount`; loading in `input`; evaluation and the model dump
 //! in `eval`; the server task in `server`; what a mini-batch costs its
 //! worker (the figures the cost model prices it by) in `cost`. Here: the
 //! errors, and how a block is cut into mini-batches and pulled.
@@ -40,6 +45,7 @@ mod eval;
 mod input;
 mod key_cache;
 mod own_pushes;
+mod recount;
 mod report;
 mod server;
 mod worker;
@@ -47,6 +53,7 @@ mod worker;
 pub use cost::{codec_cpu_per_byte, io_secs, own_secs};
 pub use eval::{dump_model, evaluate, evaluate_held_out};
 pub use input::{load_input, read_input};
+pub use recount::{RecountOrder, mark_uncounted, zero_model};
 pub use server::{SERVER_REPORT_PERIOD, run_server};
 pub use worker::{ClockRollback, LONE_WORKER_DEPTH, WorkerContext, pipeline_depth, run_worker};
 

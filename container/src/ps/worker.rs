@@ -11,6 +11,19 @@
 //! a restored block older than its clock allows), abandons the local epoch
 //! under way (its pulls ahead are dropped), flushes its pushes, and goes on
 //! from the checkpoint's clock, saying so (`ClockRolledBack`).
+//!
+//! A recount (LDA's counts rebuilt after a lost evaluator, [`RecountOrder`])
+//! is heard between mini-batches and while waiting for the slowest worker:
+//! the worker waits for every push it sent to be answered, marks the
+//! state of its blocks uncounted, says so (`RecountHeld`) and sends
+//! nothing more until the AM says the servers have emptied their blocks.
+//! Its pulls ahead are kept: the mini-batches after a recount only count
+//! their rows in (nothing is drawn from the values pulled), so values
+//! pulled before the counts were emptied change only the statistics they
+//! report. A worker that stops counts in, before it says it stopped,
+//! whatever state of its blocks the model does not count yet (blocks
+//! re-read or marked and not swept since), so the model a job ends with
+//! counts all of it.
 
 use std::collections::VecDeque;
 use std::ops::{ControlFlow, Range};
@@ -28,6 +41,7 @@ use super::cost::{
 };
 use super::key_cache::KeyCache;
 use super::own_pushes::{SentPush, apply_own_pushes};
+use super::recount::{RecountOrder, mark_uncounted};
 use super::report::{Reporter, round_trip};
 use super::{PsError, batches, pull_op, pulled};
 use crate::apps::{App, Step};
@@ -52,6 +66,8 @@ pub struct WorkerContext {
     pub min_clock: watch::Receiver<u32>,
     /// The last clock rollback the AM ordered (SSP).
     pub rollback: watch::Receiver<ClockRollback>,
+    /// The recounts the AM ordered (LDA after a loss).
+    pub recount: watch::Receiver<RecountOrder>,
     /// Records per mini-batch.
     pub mini_batch: usize,
     /// The task's parameters.
@@ -217,6 +233,11 @@ struct Worker {
     recent: VecDeque<SentPush>,
     reporter: Reporter,
     key_cache: KeyCache,
+    /// The last recount this worker marked its state for.
+    marked: u32,
+    /// Stopped while holding for a recount: the counts are being rebuilt
+    /// and nothing is counted in.
+    held: bool,
 }
 
 impl Worker {
@@ -229,6 +250,8 @@ impl Worker {
                 .unwrap_or(f64::INFINITY),
         };
         tracing::debug!(?pricing, "a worker's request CPU");
+        // Recounts before the task started are not its own.
+        let marked = ctx.recount.borrow().hold;
         Worker {
             store: ctx.dp.store().clone(),
             model: ctx.app.model(),
@@ -239,6 +262,8 @@ impl Worker {
             pushed: 0,
             recent: VecDeque::new(),
             key_cache: KeyCache::default(),
+            marked,
+            held: false,
             ctx,
             waits,
             pricing,
@@ -263,6 +288,9 @@ impl Worker {
     async fn run(mut self) -> Result<(), PsError> {
         while self.epoch().await?.is_continue() {}
         flush_pushes(&mut self.reporter, &mut self.pushes).await?;
+        if !self.held {
+            self.count_in().await?;
+        }
         self.reporter
             .send(EvalToAm::TaskStopped {
                 task: TaskKind::Worker,
@@ -277,12 +305,17 @@ impl Worker {
         if let Some(r) = self.rollback_due() {
             self.roll_back(r).await?;
         }
+        if let Some(n) = self.recount_due()
+            && self.hold_for_recount(n).await?.is_break()
+        {
+            return Ok(ControlFlow::Break(()));
+        }
         let depth = pipeline_depth(self.ctx.pipeline_depth, self.store.owner_count(INPUT_TABLE));
         if self.wait_for_slowest().await.is_break() {
             return Ok(ControlFlow::Break(()));
         }
-        if self.rollback_due().is_some() {
-            // Heard while waiting: the next call rolls back.
+        if self.rollback_due().is_some() || self.recount_due().is_some() {
+            // Heard while waiting: the next call rolls back or holds.
             return Ok(ControlFlow::Continue(()));
         }
         let store = &self.store;
@@ -307,6 +340,11 @@ impl Worker {
         };
         while let Some(cur) = epoch.ahead.pulls.pop_front() {
             if self.ctx.stop.is_cancelled() {
+                return Ok(ControlFlow::Break(()));
+            }
+            if let Some(n) = self.recount_due()
+                && self.hold_for_recount(n).await?.is_break()
+            {
                 return Ok(ControlFlow::Break(()));
             }
             if !self.store.is_owned(INPUT_TABLE, cur.block) {
@@ -339,13 +377,17 @@ impl Worker {
             if self.ctx.stop.is_cancelled() {
                 return ControlFlow::Break(());
             }
-            if self.clock <= *self.ctx.min_clock.borrow() + s || self.rollback_due().is_some() {
+            if self.clock <= *self.ctx.min_clock.borrow() + s
+                || self.rollback_due().is_some()
+                || self.recount_due().is_some()
+            {
                 return ControlFlow::Continue(());
             }
             tokio::select! {
                 _ = self.ctx.stop.cancelled() => return ControlFlow::Break(()),
                 r = self.ctx.min_clock.changed() => if r.is_err() { return ControlFlow::Break(()) },
                 r = self.ctx.rollback.changed() => if r.is_err() { return ControlFlow::Break(()) },
+                r = self.ctx.recount.changed() => if r.is_err() { return ControlFlow::Break(()) },
             }
         }
     }
@@ -380,6 +422,111 @@ impl Worker {
                 clock: r.clock,
             })
             .await
+    }
+
+    /// The recount the AM ordered since the last one this worker marked
+    /// for, if any.
+    fn recount_due(&self) -> Option<u32> {
+        let r = *self.ctx.recount.borrow();
+        (r.hold > self.marked).then_some(r.hold)
+    }
+
+    /// Holds for recount `n` (see the module's doc): every push answered,
+    /// the state marked uncounted, `RecountHeld` said; then waits for the
+    /// AM's go, marking again for a later recount heard meanwhile.
+    /// `Break` when asked to stop first (the job is ending or cancelled).
+    async fn hold_for_recount(&mut self, mut n: u32) -> Result<ControlFlow<()>, PsError> {
+        loop {
+            flush_pushes(&mut self.reporter, &mut self.pushes).await?;
+            let marked = mark_uncounted(&self.store, &*self.ctx.app);
+            self.marked = n;
+            tracing::info!(
+                recount = n,
+                marked,
+                "the worker holds for a recount of the model: its pushes answered, \
+                 its state marked uncounted"
+            );
+            self.reporter
+                .send(EvalToAm::RecountHeld { recount: n })
+                .await?;
+            loop {
+                let r = *self.ctx.recount.borrow_and_update();
+                if r.hold > self.marked {
+                    n = r.hold;
+                    break;
+                }
+                if r.go >= self.marked {
+                    tracing::info!(recount = n, "the worker trains on after the recount");
+                    return Ok(ControlFlow::Continue(()));
+                }
+                tokio::select! {
+                    _ = self.ctx.stop.cancelled() => {
+                        self.held = true;
+                        return Ok(ControlFlow::Break(()));
+                    }
+                    r = self.ctx.recount.changed() => if r.is_err() {
+                        self.held = true;
+                        return Ok(ControlFlow::Break(()));
+                    },
+                }
+            }
+        }
+    }
+
+    /// Before the task stops: counts in the state of the blocks held here
+    /// that the model does not count yet ([`App::uncounted`]), one
+    /// mini-batch after the other (pull, compute, push, answered). Nothing
+    /// for apps whose state the model always counts.
+    async fn count_in(&mut self) -> Result<(), PsError> {
+        let app = Arc::clone(&self.ctx.app);
+        if !app.has_state() {
+            return Ok(());
+        }
+        let mut swept = 0u64;
+        for block in self.store.local_blocks(INPUT_TABLE) {
+            let Some(input) = self.store.input_block(block) else {
+                continue;
+            };
+            for rows in batches(input.len(), self.ctx.mini_batch) {
+                let due = self
+                    .store
+                    .with_state(block, |s| app.uncounted(&input, s, rows.clone()))
+                    .unwrap_or(false);
+                if !due {
+                    continue;
+                }
+                let keys = self.key_cache.keys(&*app, block, &input, rows.clone());
+                let (r, _) = self.ctx.dp.execute_traced(pull_op(keys.clone())).await;
+                let values = pulled(r)?;
+                let step = Step { clock: self.clock };
+                let Some((deltas, _)) = self.compute(block, &input, rows, &keys, &values, step)
+                else {
+                    break;
+                };
+                swept += 1;
+                if deltas.is_empty() {
+                    continue;
+                }
+                let op = Arc::new(StoreOp {
+                    kind: OpKind::Update,
+                    table: MODEL_TABLE,
+                    keys,
+                    values: deltas,
+                });
+                let (r, _) = self.ctx.dp.execute_arc_traced(op).await;
+                r.map_err(|e| PsError::Remote {
+                    what: "push",
+                    message: e.message,
+                })?;
+            }
+        }
+        if swept > 0 {
+            tracing::info!(
+                mini_batches = swept,
+                "before stopping, the worker counted in the state the model did not count yet"
+            );
+        }
+        Ok(())
     }
 
     /// Sends pulls until `n` mini-batches of the epoch are on their way (or
@@ -800,6 +947,7 @@ mod tests {
                 stop: CancellationToken::new(),
                 min_clock,
                 rollback: watch::channel(ClockRollback::default()).1,
+                recount: watch::channel(RecountOrder::default()).1,
                 mini_batch: 2,
                 task: WorkerTask {
                     start_clock: 0,

@@ -158,6 +158,7 @@ impl Driver {
             || self.ck.taking.is_some()
             || self.rc.plan_running()
             || self.restoring()
+            || self.recounting()
             || (self.rereading() && state_in_checkpoints(self.config.job.app))
             || epochs >= self.config.job.epochs
         {

@@ -10,7 +10,9 @@
 //! `finishing` (evaluators shut down, containers end). A worker lost while
 //! training (its process ended, its connection dropped, its heartbeats
 //! stopped) is survived (`reconfigure/recovery.rs`), a server's from the
-//! newest checkpoint, also while a plan runs (the plan stops); any other loss, a
+//! newest checkpoint (LDA's: created empty, and the model recounted from
+//! the workers' state, `reconfigure/recount.rs`), also while a plan runs
+//! (the plan stops); any other loss, a
 //! fatal report or a missed heartbeat fails the job with a message that
 //! names the evaluator, its container, its process, why it was not
 //! survived and — when the resource manager reports it — its exit status
@@ -409,12 +411,14 @@ impl Driver {
                     self.report_slow_plan();
                     self.expire_ops();
                     self.expire_checkpoint();
+                    self.expire_recount()?;
                     self.maybe_checkpoint().await;
                     self.maybe_reconfigure();
                     self.publish_status(None);
                 }
             }
             self.step_plan().await?;
+            self.step_recount().await;
             if self.phase == Phase::Finishing
                 && (self.all_containers_done() || self.finishing_overdue())
             {
@@ -589,6 +593,10 @@ impl Driver {
             }
             EvalToAm::ClockRolledBack { rollback, clock } => {
                 self.on_clock_rolled_back(id, rollback, clock).await
+            }
+            EvalToAm::RecountHeld { recount } => self.on_recount_held(id, recount).await,
+            EvalToAm::ModelZeroed { recount, blocks } => {
+                self.on_model_zeroed(id, recount, blocks).await
             }
             EvalToAm::Evaluation(stats) => self.on_evaluation(id, &stats).await?,
             EvalToAm::HeldOutEvaluation(stats) => self.on_held_out_evaluation(id, &stats).await?,

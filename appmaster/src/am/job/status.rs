@@ -147,6 +147,7 @@ impl Driver {
             emulation: self.emulation.clone(),
             lost: self.losses().to_vec(),
             clock_rollbacks: self.clock_rollbacks.clone(),
+            recounts: self.recounts().to_vec(),
             checkpoint: self.ck.info(&self.config.checkpoint.dir),
             checkpoints: self.ck.count(),
         };
@@ -160,6 +161,7 @@ impl Driver {
             emulation: self.emulation.clone(),
             lost: self.losses().to_vec(),
             clock_rollbacks: self.clock_rollbacks.clone(),
+            recounts: self.recounts().to_vec(),
             checkpoints: self.ck.count(),
             resumed_from: self.resumed_from(),
             // Set by `run_job` once the job is over.

@@ -318,7 +318,8 @@ impl Driver {
     }
 
     pub(super) async fn start_stopping(&mut self) {
-        if self.phase != Phase::Training {
+        if self.phase != Phase::Training || self.stop_after_recount() {
+            // A recount under way ends first (`reconfigure/recount.rs`).
             return;
         }
         if let Some(t) = self.train_started {

@@ -84,6 +84,32 @@ pub enum AmToEval {
         /// The clock every worker goes on from.
         clock: u32,
     },
+    /// A recount of the model (an app whose model is rebuilt from the
+    /// workers' state after a loss, `apps::model_rebuilt_on_loss`: LDA),
+    /// numbered: the job's recounts so far, this one included. A worker
+    /// finishes the mini-batch under way, waits for every push it sent to
+    /// be answered, marks the state of its input blocks uncounted
+    /// (`App::uncount`), answers `RecountHeld` and trains on only after
+    /// `ResumeAfterRecount` of this recount or a later one. A later
+    /// `HoldForRecount` while it waits has it mark and answer again.
+    HoldForRecount {
+        /// The recount (1, 2, ...).
+        recount: u32,
+    },
+    /// Sent once every worker has answered `HoldForRecount`: the model
+    /// blocks owned here are emptied (their values back to the app's
+    /// initial ones, zero counts). Answered by `ModelZeroed`.
+    ZeroModel {
+        /// The recount.
+        recount: u32,
+    },
+    /// Sent once every holder of model blocks has answered `ZeroModel`:
+    /// the workers held for this recount (or an earlier one) train on,
+    /// each row's next sweep counting its state in again.
+    ResumeAfterRecount {
+        /// The recount.
+        recount: u32,
+    },
     /// Compute the objective over all local input with the current model (no updates).
     Evaluate,
     /// Measure the bandwidth to another evaluator with bulk transfers:
@@ -251,6 +277,22 @@ pub enum EvalToAm {
         rollback: u32,
         /// The clock it goes on from.
         clock: u32,
+    },
+    /// A worker holds for recount `recount` ([`AmToEval::HoldForRecount`]):
+    /// every push it sent before is answered, its state is marked
+    /// uncounted, and it sends no push until it hears
+    /// [`AmToEval::ResumeAfterRecount`].
+    RecountHeld {
+        /// The recount.
+        recount: u32,
+    },
+    /// The answer to [`AmToEval::ZeroModel`]: the model blocks owned here
+    /// are empty.
+    ModelZeroed {
+        /// The recount.
+        recount: u32,
+        /// How many blocks were emptied.
+        blocks: u32,
     },
     /// The answer to [`AmToEval::Evaluate`].
     Evaluation(Stats),

@@ -25,7 +25,9 @@
 //! This module holds the state ([`Reconfig`]) and the operations' records;
 //! the steps live by concept: when to reconfigure ([`trigger`]), the running
 //! plan ([`plan`]), block moves and re-reads ([`moves`]), adds, deletes and
-//! switches ([`membership`]), and bandwidth probes ([`probes`]).
+//! switches ([`membership`]), bandwidth probes ([`probes`]), a lost
+//! worker or server ([`recovery`]) and the recount of a model rebuilt from
+//! the workers' state after one ([`recount`]).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::time::{Duration, Instant};
@@ -49,6 +51,7 @@ mod membership;
 mod moves;
 mod plan;
 mod probes;
+mod recount;
 mod recovery;
 mod trigger;
 
@@ -268,6 +271,15 @@ pub(super) struct Reconfig {
     recoveries: Vec<recovery::Recovery>,
     /// Lost servers' model blocks that survivors are restoring.
     restores: Vec<recovery::Restore>,
+    /// The model's recount under way (LDA after a loss, `recount.rs`).
+    recount: Option<recount::Recount>,
+    /// Recounts so far (the next one's number is one more).
+    recounts: u32,
+    /// The recounts done, in words.
+    recounted: Vec<String>,
+    /// Stop training once the recount under way has ended (the last epoch
+    /// ended).
+    stop_after_recount: bool,
 }
 
 impl Reconfig {
@@ -315,6 +327,10 @@ impl Reconfig {
             losses: Vec::new(),
             recoveries: Vec::new(),
             restores: Vec::new(),
+            recount: None,
+            recounts: 0,
+            recounted: Vec::new(),
+            stop_after_recount: false,
         }
     }
 

@@ -32,6 +32,17 @@
 //!   be answered with the older blocks before its worker hears of the
 //!   second rollback (that one mini-batch reads them up to the two
 //!   checkpoints' distance staler than the bound).
+//! - An app whose model is the sum of the workers' state (LDA,
+//!   `apps::model_rebuilt_on_loss`) restores no model block: a lost
+//!   worker's assignments are counted in the model, and a checkpoint's
+//!   counts disagree with the assignments the workers hold. A lost
+//!   server's blocks are created empty on the survivors (`CreateBlocks`,
+//!   then everyone learns the new owners; no checkpoint is needed), a lost
+//!   worker's input blocks are re-read as above (LDA's document state from
+//!   the newest checkpoint, marked uncounted, or drawn afresh), and then
+//!   the whole model is recounted from the workers' state (`recount.rs`):
+//!   every worker holds briefly between two mini-batches while the counts
+//!   are emptied, and each row's next sweep counts it in again.
 //!
 //! A loss while a plan runs stops the plan first ([`Driver::abandon_plan_ops`]);
 //! the AM's ownership table stays the one truth, changed only by blocks
@@ -74,17 +85,17 @@
 //!
 //! What cannot be survived fails the job, and the message says
 //! why ([`Driver::unsurvivable`]): a lost server (or the destination of a
-//! model move under way) without a published checkpoint, or of LDA
-//! (counts must agree with the workers' assignments); a loss
-//! outside training; an LDA worker (its topic assignments are counted in
-//! the model); no other worker left to re-read the input blocks (those a
-//! running plan deletes or switches do not count); more losses than
-//! `job.max_failures`.
+//! model move under way) without a published checkpoint (but for LDA,
+//! whose counts are rebuilt); a loss outside training; no other worker
+//! left to re-read the input blocks (those a running plan deletes or
+//! switches do not count), or no other evaluator to hold the model
+//! blocks; more losses than `job.max_failures` (a recount is part of
+//! surviving its loss, not a failure of its own).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
 
-use cruise_conf::{AppKind, SyncMode};
+use cruise_conf::SyncMode;
 use cruise_container::checkpoint;
 use cruise_container::protocol::{
     AmToEval, BlockId, EvaluatorId, INPUT_TABLE, MODEL_TABLE, STATE_TABLE, TableId,
@@ -131,15 +142,6 @@ impl Driver {
             ))
         } else if !model && e.role != Role::Worker && !deleting {
             Some("only workers and evaluators holding model blocks are survived".into())
-        } else if self.config.job.app == AppKind::Lda {
-            Some(if model {
-                "an LDA server's word-topic counts must agree with the workers' topic \
-                 assignments, which a checkpoint's older counts do not"
-                    .into()
-            } else {
-                "an LDA worker's topic assignments are counted in the model and cannot be re-read"
-                    .into()
-            })
         } else if self.rc.losses.len() as u32 >= max {
             Some(format!(
                 "job.max_failures = {max}{}",
@@ -162,9 +164,16 @@ impl Driver {
         }
     }
 
-    /// Why the model blocks of `id` cannot be restored; `None` when they can.
+    /// Why the model blocks of `id` cannot be restored (or, for a model
+    /// rebuilt from the workers' state, created empty elsewhere); `None`
+    /// when they can.
     fn model_unrestorable(&self, id: EvaluatorId) -> Option<String> {
-        if !self.config.checkpoint.enabled {
+        if self.recounts_on_loss() {
+            self.restorers(id)
+                .next()
+                .is_none()
+                .then(|| "no other evaluator is left to hold its model blocks".into())
+        } else if !self.config.checkpoint.enabled {
             Some(
                 "its model blocks have no checkpoint to be restored from \
                  (checkpoint.enabled = false)"
@@ -302,10 +311,14 @@ impl Driver {
             tracing::warn!("releasing container {container} of a lost evaluator: {e}");
         }
         self.rc.metrics.forget(id);
+        self.recount_lost(id);
         self.broadcast_peers().await;
         self.release_clocks().await;
         if !model.is_empty() {
             self.restore_model(id, model, &text).await;
+        }
+        if self.recounts_on_loss() {
+            self.need_recount(&text);
         }
 
         // Its blocks, those it was itself re-reading for another loss, and
@@ -470,8 +483,11 @@ impl Driver {
                     "{text}, and cannot be restored: {why}"
                 )));
             }
-            tracing::warn!("{text}; it is restored from the newest checkpoint");
+            tracing::warn!("{text}; it is recovered as the lost evaluator's own");
             self.restore_model(lost, vec![block], &text).await;
+            if self.recounts_on_loss() {
+                self.need_recount(&text);
+            }
             return Ok(());
         }
         let at = self.owners.owner(INPUT_TABLE, block);
@@ -504,6 +520,10 @@ impl Driver {
     /// clocks roll back to the checkpoint's before that.
     async fn restore_model(&mut self, id: EvaluatorId, blocks: Vec<BlockId>, text: &str) {
         self.rc.restores.retain(|r| r.to != id);
+        if self.recounts_on_loss() {
+            self.create_model(id, blocks, text).await;
+            return;
+        }
         let Some(m) = self.ck.newest().cloned() else {
             return;
         };
@@ -525,6 +545,31 @@ impl Driver {
         self.broadcast_ownership(owners).await;
         let _ = self.links.progress.send(crate::am::Progress::Phase(format!(
             "{text}; its {} restored from checkpoint {folder} (epoch {epoch})",
+            plural(blocks.len() as u32, "model block")
+        )));
+    }
+
+    /// Deals the model blocks of the lost `id` to the restorers, the least
+    /// loaded first, each told to create its share empty, and then
+    /// everyone learns the new owners: a model rebuilt from the workers'
+    /// state, whose recount fills them.
+    async fn create_model(&mut self, id: EvaluatorId, blocks: Vec<BlockId>, text: &str) {
+        let load = self
+            .restorers(id)
+            .map(|e| (self.owners.blocks_of(MODEL_TABLE, e).len(), e))
+            .collect();
+        let mut owners = Vec::new();
+        for (to, dealt) in deal(load, &blocks) {
+            owners.extend(dealt.iter().map(|&b| (MODEL_TABLE, b, to)));
+            let msg = AmToEval::CreateBlocks {
+                table: MODEL_TABLE,
+                blocks: dealt,
+            };
+            self.send(to, msg).await;
+        }
+        self.broadcast_ownership(owners).await;
+        let _ = self.links.progress.send(crate::am::Progress::Phase(format!(
+            "{text}; its {} created empty on the other evaluators, to be recounted",
             plural(blocks.len() as u32, "model block")
         )));
     }

@@ -29,6 +29,7 @@ impl Driver {
             || rc.stop_after_plan
             || !rc.recoveries.is_empty()
             || !rc.restores.is_empty()
+            || rc.recount.is_some()
             || (rc.reclaim.is_none()
                 && !self.reclaiming_members()
                 && rc.last_check.elapsed() < rc.interval)
@@ -162,7 +163,11 @@ impl Driver {
         if !splits.is_empty() {
             self.rc.last_splits = splits;
         }
-        if self.phase != Phase::Training || self.rc.plan.is_some() || self.rc.stop_after_plan {
+        if self.phase != Phase::Training
+            || self.rc.plan.is_some()
+            || self.rc.stop_after_plan
+            || self.rc.recount.is_some()
+        {
             return;
         }
         if self.eval_facts() != asked {
