@@ -795,7 +795,10 @@ async fn lda_loss_is_survived_by_a_recount(role: am::Role) {
     .await
     .expect("the undisturbed job finishes")
     .expect("the undisturbed job succeeds");
-    assert_eq!(harness::lda_model_sums(&calm_model, 100).unwrap(), (tokens as f64, tokens as f64));
+    assert_eq!(
+        harness::lda_model_sums(&calm_model, 100).unwrap(),
+        (tokens as f64, tokens as f64)
+    );
 
     let model = dir.path().join("model.txt");
     let mut cluster = Cluster::start_with(
