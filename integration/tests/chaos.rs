@@ -1,11 +1,14 @@
 //! Chaos: evaluators killed (`SIGKILL`) at random while a job trains. For
-//! each app whose losses the AM survives (MLR, NMF, Lasso; asynchronous, a
-//! checkpoint every epoch), the same job is run undisturbed and then with
+//! each app (MLR, NMF, Lasso, LDA; asynchronous, a checkpoint every epoch),
+//! the same job is run undisturbed and then with
 //! `job.max_failures` evaluators killed one after another: workers and
 //! servers drawn at random, each at a random point of the job once the last
 //! loss has been recovered from. The disturbed job must finish, having
 //! evaluated every record, with every loss in its summary and its quality
-//! within the app's tolerance of the undisturbed run.
+//! within the app's tolerance of the undisturbed run. LDA's model, written
+//! out (`job.model_out`), must also count every token of the corpus once:
+//! its losses are survived by recounting the model from the workers'
+//! assignments, one recount per loss.
 //!
 //! The draws come from a seed printed at the start (`CRUISE_CHAOS_SEED`
 //! sets it), so a failing draw can be run again alone. The optimizer is
@@ -36,6 +39,8 @@ const KILL_WINDOW: (f64, f64) = (0.1, 0.55);
 struct App {
     name: &'static str,
     epochs: u32,
+    /// More `cruise run` arguments.
+    args: &'static [&'static str],
     /// The largest admissible difference of the quality figure.
     tolerance: Quality,
 }
@@ -47,21 +52,47 @@ enum Quality {
     Loss(f64),
 }
 
-const APPS: [App; 3] = [
+/// The LDA job's vocabulary (its model's summary row is this key).
+const LDA_VOCAB: u64 = 500;
+
+const APPS: [App; 4] = [
     App {
         name: "mlr",
         epochs: 300,
+        args: &[],
         tolerance: Quality::Accuracy(0.03),
     },
     App {
         name: "nmf",
         epochs: 1000,
+        args: &[],
         tolerance: Quality::Loss(0.15),
     },
     App {
         name: "lasso",
         epochs: 1000,
+        args: &[],
         tolerance: Quality::Loss(0.15),
+    },
+    // nll/token. Runs end in basins of the sampler, disturbed or not:
+    // 3.04 and 3.14-3.17 (`lda_loss.rs`), once 3.24 after 3 kills beside an
+    // undisturbed 3.14 (three more runs: within 0.03% of theirs).
+    App {
+        name: "lda",
+        epochs: 150,
+        args: &[
+            "--set",
+            "lda.vocab=500",
+            "--set",
+            "lda.topics=10",
+            "--set",
+            "lda.generate_docs=2000",
+            "--set",
+            "lda.generate_doc_len=50",
+            "--set",
+            "job.mini_batch=50",
+        ],
+        tolerance: Quality::Loss(0.08),
     },
 ];
 
@@ -103,16 +134,24 @@ fn cruise(app: &App, work: &std::path::Path) -> Command {
         .args(["--set", &format!("job.app={}", app.name)])
         .args(["--set", "optimizer.enabled=false"])
         .args(["--set", "checkpoint.every_epochs=1"])
-        .args(["--set", "checkpoint.every_secs=0"]);
+        .args(["--set", "checkpoint.every_secs=0"])
+        .args(app.args);
+    if app.name == "lda" {
+        let model = work.join("model.txt");
+        c.arg("--set")
+            .arg(format!("job.model_out={}", model.display()));
+    }
     c
 }
 
 /// Whether the job trains with the evaluators `killed` behind it (lost,
 /// and no longer listed among its members), every input block held by a
-/// live worker and every model block by a live member.
-fn recovered(s: &Value, killed: &[u64], input: u64, model: u64) -> bool {
+/// live worker and every model block by a live member, and (LDA) the
+/// model recounted after each loss.
+fn recovered(app: &App, s: &Value, killed: &[u64], input: u64, model: u64) -> bool {
     s["phase"] == "training"
         && s["lost"].as_array().map_or(0, Vec::len) == killed.len()
+        && (app.name != "lda" || s["recounts"].as_array().map_or(0, Vec::len) == killed.len())
         && s["evaluators"].as_array().is_some_and(|e| {
             e.iter()
                 .all(|e| !killed.iter().any(|&k| e["id"].as_u64() == Some(k)))
@@ -179,7 +218,7 @@ async fn chaos(app: &App) {
     for (k, fraction) in at.into_iter().enumerate() {
         let threshold = (fraction * total as f64) as u64;
         let st = await_status(&addr, WAIT, |s| {
-            recovered(s, &killed, input, model)
+            recovered(app, s, &killed, input, model)
                 && s["records_processed"].as_u64().unwrap_or(0) >= threshold
         })
         .await
@@ -232,6 +271,23 @@ async fn chaos(app: &App) {
             app.name
         );
     }
+    if app.name == "lda" {
+        let tokens = s["final_stats"]["loss_terms"].as_u64().unwrap() as f64;
+        let sums =
+            cruise_appmaster::harness::lda_model_sums(&dir.path().join("model.txt"), LDA_VOCAB)
+                .unwrap();
+        eprintln!(
+            "lda: {tokens} tokens, the model's word rows and topic totals count {sums:?}; \
+             recounts {}",
+            s["recounts"]
+        );
+        assert_eq!(
+            sums,
+            (tokens, tokens),
+            "lda (seed {seed}): every token once"
+        );
+        assert_eq!(s["recounts"].as_array().unwrap().len(), KILLS, "{s}");
+    }
     let (q, q0) = (quality(&s, &app.tolerance), quality(&calm, &app.tolerance));
     eprintln!(
         "{}: quality {q} after {KILLS} kills, {q0} undisturbed",
@@ -264,4 +320,9 @@ async fn nmf_survives_random_kills() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lasso_survives_random_kills() {
     chaos(&APPS[2]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lda_survives_random_kills_counting_every_token_once() {
+    chaos(&APPS[3]).await;
 }
