@@ -508,6 +508,27 @@ pub fn mlr_data(dir: &std::path::Path, samples: u64, seed: u64) -> std::io::Resu
     Ok(path.display().to_string())
 }
 
+/// Writes a small LDA corpus for harness jobs (600 documents of about 60
+/// tokens over 100 words, 4 topics) to `dir/lda.txt`; returns its path
+/// and its tokens.
+pub fn lda_data(dir: &std::path::Path) -> std::io::Result<(String, u64)> {
+    use std::io::Write;
+    let path = dir.join("lda.txt");
+    let p = cruise_container::apps::lda::GenParams {
+        docs: 600,
+        vocab: 100,
+        topics: 4,
+        doc_len: 60,
+        alpha: 0.1,
+        beta: 0.05,
+        seed: 13,
+    };
+    let mut f = std::io::BufWriter::new(std::fs::File::create(&path)?);
+    let (_, truth) = cruise_container::apps::lda::generate(&p, &mut f)?;
+    f.flush()?;
+    Ok((path.display().to_string(), truth.tokens))
+}
+
 /// The sums of an LDA model written by `job.model_out` (lines `key
 /// value...`, `#` comments): of its word rows (keys below `vocab`), and of
 /// its summary row (key `vocab`, the topic totals). A model that agrees

@@ -726,30 +726,6 @@ async fn training_starts_without_probes_that_do_not_answer() {
     finish(cluster).await;
 }
 
-/// An LDA corpus (600 documents of about 60 tokens over 100 words, 4
-/// topics) in `dir`; returns its path and its tokens.
-fn lda_data(dir: &Path) -> (String, u64) {
-    use cruise_appmaster::datagen::GenSpec;
-    use cruise_container::apps::lda;
-    let spec = GenSpec::Lda(lda::GenParams {
-        docs: 600,
-        vocab: 100,
-        topics: 4,
-        doc_len: 60,
-        alpha: 0.1,
-        beta: 0.05,
-        seed: 13,
-    });
-    let mut out = Vec::new();
-    let (_, truth) = spec.write(&mut out).unwrap();
-    let path = dir.join("lda.txt");
-    std::fs::write(&path, out).unwrap();
-    (
-        path.display().to_string(),
-        truth["tokens"].as_u64().unwrap(),
-    )
-}
-
 /// LDA epochs: the loss comes after [`LDA_KILL_AFTER_EPOCH`], and the
 /// recount long before the end (a slow network holds the job back until
 /// it is done).
@@ -781,7 +757,7 @@ fn lda_config(model: &Path) -> CruiseConfig {
 /// AM says the counts were rebuilt, so the job cannot end first.
 async fn lda_loss_is_survived_by_a_recount(role: am::Role) {
     let dir = tempfile::tempdir().unwrap();
-    let (input, tokens) = lda_data(dir.path());
+    let (input, tokens) = harness::lda_data(dir.path()).unwrap();
     let calm_model = dir.path().join("calm-model.txt");
     let calm = tokio::time::timeout(
         WAIT,

@@ -416,8 +416,15 @@ fn move_ends(report: &str) -> Option<(EvaluatorId, EvaluatorId)> {
 /// containers makes the wanted role likely, and a job whose move's end is
 /// in another role is cancelled and started again (at most six times).
 async fn lost_during_a_plan(workers: u32, role: am::Role, end: End) {
+    lost_during_a_plan_of(workers, role, end, false).await;
+}
+
+/// [`lost_during_a_plan`], of an LDA job when `lda` (no checkpoint needed:
+/// its model is recounted from the workers' assignments, and the model it
+/// writes counts every token once).
+async fn lost_during_a_plan_of(workers: u32, role: am::Role, end: End, lda: bool) {
     for attempt in 1..=6 {
-        if let Some(()) = try_lost_during_a_plan(workers, role, end).await {
+        if let Some(()) = try_lost_during_a_plan(workers, role, end, lda).await {
             return;
         }
         eprintln!("attempt {attempt}: the move's {end:?} is not a {role:?}; again");
@@ -427,7 +434,7 @@ async fn lost_during_a_plan(workers: u32, role: am::Role, end: End) {
 
 /// One job of [`lost_during_a_plan`]; `None` when the move's end is not in
 /// `role` (the job is then cancelled).
-async fn try_lost_during_a_plan(workers: u32, role: am::Role, end: End) -> Option<()> {
+async fn try_lost_during_a_plan(workers: u32, role: am::Role, end: End, lda: bool) -> Option<()> {
     let dir = tempfile::tempdir().unwrap();
     let mut c = config(4, workers, 12);
     c.optimizer.enabled = true;
@@ -436,7 +443,19 @@ async fn try_lost_during_a_plan(workers: u32, role: am::Role, end: End) -> Optio
     c.optimizer.min_gain = 0.99;
     c.checkpoint.every_epochs = 1;
     c.checkpoint.every_secs = 0;
-    let mut cluster = Cluster::start(c, data(dir.path(), 4000), dir.path().join("w"));
+    let model = dir.path().join("model.txt");
+    let input = if lda {
+        c.job.app = cruise_conf::AppKind::Lda;
+        c.job.mini_batch = 25;
+        c.job.model_out = model.display().to_string();
+        c.lda.vocab = 100;
+        c.lda.topics = 4;
+        c.validate().unwrap();
+        harness::lda_data(dir.path()).unwrap().0
+    } else {
+        data(dir.path(), 4000)
+    };
+    let mut cluster = Cluster::start(c, input, dir.path().join("w"));
     cluster
         .await_status(WAIT, |s| s.phase == "training" && s.checkpoints >= 1)
         .await
@@ -477,7 +496,16 @@ async fn try_lost_during_a_plan(workers: u32, role: am::Role, end: End) -> Optio
         .await
         .expect("no hang")
         .unwrap_or_else(|e| panic!("the job must survive losing {lost} during the plan: {e}"));
-    consistent(&s);
+    if lda {
+        let tokens = s.final_stats.loss_terms as f64;
+        let sums = harness::lda_model_sums(&model, 100).unwrap();
+        eprintln!("LDA, lost {lost} during a plan: {tokens} tokens, the model counts {sums:?}");
+        assert_eq!(s.final_stats.records, s.records, "every document once");
+        assert_eq!(sums, (tokens, tokens), "every token counted once");
+        assert_eq!(s.recounts.len(), 1, "{:?}", s.recounts);
+    } else {
+        consistent(&s);
+    }
     assert_eq!(s.epochs.len(), 12);
     assert_eq!(s.lost.len(), 1, "{:?}", s.lost);
     assert!(
@@ -514,4 +542,14 @@ async fn a_server_lost_as_a_moves_source_is_survived_from_a_checkpoint() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_lost_as_a_moves_destination_is_survived_from_a_checkpoint() {
     lost_during_a_plan(1, am::Role::Server, End::Destination).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_lda_server_lost_as_a_moves_source_is_survived_by_a_recount() {
+    lost_during_a_plan_of(1, am::Role::Server, End::Source, true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_lda_worker_lost_as_a_moves_source_is_survived_by_a_recount() {
+    lost_during_a_plan_of(3, am::Role::Worker, End::Source, true).await;
 }

@@ -461,7 +461,10 @@ impl Worker {
                 }
                 tokio::select! {
                     _ = self.ctx.stop.cancelled() => {
-                        self.held = true;
+                        // The go and the stop may be heard together (the
+                        // AM stops training right after a recount): only a
+                        // worker stopped before the go counts nothing in.
+                        self.held = self.ctx.recount.borrow().go < self.marked;
                         return Ok(ControlFlow::Break(()));
                     }
                     r = self.ctx.recount.changed() => if r.is_err() {

@@ -66,6 +66,8 @@ struct MoveOp {
     table: TableId,
     bytes: u64,
     blocks: usize,
+    /// The blocks moved.
+    ids: Vec<BlockId>,
     op: OpIndex,
 }
 

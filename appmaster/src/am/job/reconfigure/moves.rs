@@ -64,6 +64,7 @@ impl Driver {
                 table: t,
                 bytes: 0,
                 blocks: blocks.len(),
+                ids: blocks.clone(),
                 op,
             },
         );

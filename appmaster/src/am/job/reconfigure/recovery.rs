@@ -292,6 +292,17 @@ impl Driver {
         let text = format!("{} lost: {cause}", self.describe(id));
         tracing::warn!("{text}; the job goes on without it");
         self.rc.losses.push(text.clone());
+        // Its model blocks still moving stay arriving at their destination
+        // until the move is called off there: one created empty goes to
+        // another evaluator.
+        let arriving: BTreeMap<BlockId, EvaluatorId> = self
+            .rc
+            .moves
+            .values()
+            .filter(|m| m.from == id && m.table == MODEL_TABLE)
+            .flat_map(|m| m.ids.iter().map(move |&b| (b, m.to)))
+            .filter(|&(b, _)| self.owners.owner(MODEL_TABLE, b) == Some(id))
+            .collect();
         let abandoned = self.abandon_plan_ops(id);
         let model = self.model_blocks_of(id);
         self.checkpoint_lost(id);
@@ -315,7 +326,7 @@ impl Driver {
         self.broadcast_peers().await;
         self.release_clocks().await;
         if !model.is_empty() {
-            self.restore_model(id, model, &text).await;
+            self.restore_model(id, model, &text, &arriving).await;
         }
         if self.recounts_on_loss() {
             self.need_recount(&text);
@@ -484,7 +495,8 @@ impl Driver {
                 )));
             }
             tracing::warn!("{text}; it is recovered as the lost evaluator's own");
-            self.restore_model(lost, vec![block], &text).await;
+            self.restore_model(lost, vec![block], &text, &BTreeMap::new())
+                .await;
             if self.recounts_on_loss() {
                 self.need_recount(&text);
             }
@@ -517,11 +529,19 @@ impl Driver {
     /// Deals the model blocks of the lost `id` to the restorers, the least
     /// loaded first: each is told to restore its share from the newest
     /// checkpoint, and then everyone learns the new owners; under SSP the
-    /// clocks roll back to the checkpoint's before that.
-    async fn restore_model(&mut self, id: EvaluatorId, blocks: Vec<BlockId>, text: &str) {
+    /// clocks roll back to the checkpoint's before that. A model rebuilt
+    /// from the workers' state is created empty instead, each block where
+    /// it is not `arriving`.
+    async fn restore_model(
+        &mut self,
+        id: EvaluatorId,
+        blocks: Vec<BlockId>,
+        text: &str,
+        arriving: &BTreeMap<BlockId, EvaluatorId>,
+    ) {
         self.rc.restores.retain(|r| r.to != id);
         if self.recounts_on_loss() {
-            self.create_model(id, blocks, text).await;
+            self.create_model(id, blocks, text, arriving).await;
             return;
         }
         let Some(m) = self.ck.newest().cloned() else {
@@ -552,14 +572,37 @@ impl Driver {
     /// Deals the model blocks of the lost `id` to the restorers, the least
     /// loaded first, each told to create its share empty, and then
     /// everyone learns the new owners: a model rebuilt from the workers'
-    /// state, whose recount fills them.
-    async fn create_model(&mut self, id: EvaluatorId, blocks: Vec<BlockId>, text: &str) {
-        let load = self
+    /// state, whose recount fills them. A block a move of the lost
+    /// evaluator was carrying (`arriving`: block → destination) may still
+    /// be arriving at its destination, where it cannot be created: it goes
+    /// to another restorer while there is one.
+    async fn create_model(
+        &mut self,
+        id: EvaluatorId,
+        blocks: Vec<BlockId>,
+        text: &str,
+        arriving: &BTreeMap<BlockId, EvaluatorId>,
+    ) {
+        let mut load: Vec<(usize, EvaluatorId)> = self
             .restorers(id)
             .map(|e| (self.owners.blocks_of(MODEL_TABLE, e).len(), e))
             .collect();
+        let mut dealt: BTreeMap<EvaluatorId, Vec<BlockId>> = BTreeMap::new();
+        for &b in &blocks {
+            load.sort_unstable();
+            let avoid = arriving.get(&b);
+            let Some(i) = load
+                .iter()
+                .position(|(_, e)| Some(e) != avoid)
+                .or((!load.is_empty()).then_some(0))
+            else {
+                break;
+            };
+            load[i].0 += 1;
+            dealt.entry(load[i].1).or_default().push(b);
+        }
         let mut owners = Vec::new();
-        for (to, dealt) in deal(load, &blocks) {
+        for (to, dealt) in dealt {
             owners.extend(dealt.iter().map(|&b| (MODEL_TABLE, b, to)));
             let msg = AmToEval::CreateBlocks {
                 table: MODEL_TABLE,
