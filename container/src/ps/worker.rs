@@ -768,6 +768,7 @@ impl Worker {
             waits = self.waited_secs(),
             servers = model_servers(&self.store, counted),
             pushed = self.pushed,
+            wall_per_cpu = crate::os::wall_per_cpu(),
             "worker CPU so far, seconds"
         );
         let clock = self.clock;
