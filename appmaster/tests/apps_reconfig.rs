@@ -15,7 +15,7 @@ use cruise_appmaster::am::JobSummary;
 use cruise_appmaster::datagen::GenSpec;
 use cruise_appmaster::harness::{Cluster, ClusterOptions};
 use cruise_conf::{AppKind, CruiseConfig};
-use cruise_container::apps::{lasso, lda, mlr, nmf};
+use cruise_container::apps::{lasso, mlr, nmf};
 
 const WAIT: Duration = Duration::from_secs(120);
 /// Delay of every data-plane frame in a disturbed run until its plans have
@@ -201,33 +201,22 @@ async fn nmf_keeps_its_quality_under_reconfiguration() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn lda_keeps_its_quality_under_reconfiguration() {
     let dir = tempfile::tempdir().unwrap();
-    let input = dir.path().join("lda.txt");
-    // Documents of 60 tokens. At 30 (seed 13) collapsed Gibbs sampling has a
-    // second basin (2.615 nats per token against 2.414) that 3 of 16
-    // disturbed and 1 of 28 undisturbed runs fell into on a loaded machine:
-    // the comparison then measured which basin a run found, not what the
-    // reconfiguration did. At 60 all of 24 disturbed runs under the same
-    // load ended within 0.1% of their undisturbed run.
-    let truth = generate(
-        &GenSpec::Lda(lda::GenParams {
-            docs: 600,
-            vocab: 100,
-            topics: 4,
-            doc_len: 60,
-            alpha: 0.1,
-            beta: 0.05,
-            seed: 13,
-        }),
-        &input,
-    );
+    // The harness's corpus: documents of 60 tokens. At 30 (seed 13)
+    // collapsed Gibbs sampling has a second basin (2.615 nats per token
+    // against 2.414) that 3 of 16 disturbed and 1 of 28 undisturbed runs
+    // fell into on a loaded machine: the comparison then measured which
+    // basin a run found, not what the reconfiguration did. At 60 all of 24
+    // disturbed runs under the same load ended within 0.1% of their
+    // undisturbed run.
+    let (input, tokens) = cruise_appmaster::harness::lda_data(dir.path()).unwrap();
+    let input = std::path::PathBuf::from(input);
     let mut c = config(AppKind::Lda, dir.path(), 200, 25);
     c.lda.vocab = 100;
     c.lda.topics = 4;
     c.lda.beta = 0.05;
     let (calm, moved) = both(c, &input, dir.path()).await;
     assert_eq!(
-        moved.final_stats.loss_terms,
-        truth["tokens"].as_u64().unwrap(),
+        moved.final_stats.loss_terms, tokens,
         "every token counted once"
     );
     close(
