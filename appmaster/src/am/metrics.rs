@@ -80,6 +80,101 @@ impl Window {
     }
 }
 
+/// A worker's reports over a sliding window, summed in the parts its own
+/// time is taken from ([`cruise_container::ps::own_secs`]): its CPU at its
+/// share is bounded by its wall time over the window, not per report.
+/// Under a CPU quota a worker spends its CPU in bursts at a core's speed,
+/// and one report's mini-batches may take less wall time than their CPU
+/// costs at the quota while the next report's wait out the quota's period.
+#[derive(Debug, Clone, Default)]
+pub struct OwnWindow {
+    samples: VecDeque<OwnParts>,
+    cap: usize,
+}
+
+/// Sums of one or more reports (see [`OwnWindow`]), seconds.
+#[derive(Debug, Clone, Copy, Default)]
+struct OwnParts {
+    mini_batches: f64,
+    batch: f64,
+    wait: f64,
+    comp: f64,
+    cpu_wall: f64,
+    io: f64,
+}
+
+impl OwnWindow {
+    /// A window of at most `cap` reports.
+    pub fn new(cap: usize) -> Self {
+        OwnWindow {
+            samples: VecDeque::with_capacity(cap),
+            cap: cap.max(1),
+        }
+    }
+
+    /// Adds a report of mini-batches that took wall time.
+    pub fn push(&mut self, r: &MiniBatchReport) {
+        let parts = OwnParts {
+            mini_batches: f64::from(r.mini_batches.max(1)),
+            batch: r.batch_secs,
+            wait: r.wait_secs,
+            comp: r.comp_secs,
+            cpu_wall: r.cpu_wall_secs,
+            io: r.io_secs,
+        };
+        let finite = [
+            parts.batch,
+            parts.wait,
+            parts.comp,
+            parts.cpu_wall,
+            parts.io,
+        ]
+        .iter()
+        .all(|v| v.is_finite() && *v >= 0.0);
+        if !finite || parts.batch <= 0.0 {
+            return;
+        }
+        if self.samples.len() == self.cap {
+            self.samples.pop_front();
+        }
+        self.samples.push_back(parts);
+    }
+
+    /// Forgets all reports.
+    pub fn clear(&mut self) {
+        self.samples.clear();
+    }
+
+    fn sums(&self) -> Option<OwnParts> {
+        let s = self
+            .samples
+            .iter()
+            .fold(OwnParts::default(), |a, p| OwnParts {
+                mini_batches: a.mini_batches + p.mini_batches,
+                batch: a.batch + p.batch,
+                wait: a.wait + p.wait,
+                comp: a.comp + p.comp,
+                cpu_wall: a.cpu_wall + p.cpu_wall,
+                io: a.io + p.io,
+            });
+        (s.mini_batches > 0.0).then_some(s)
+    }
+
+    /// The worker's own seconds per mini-batch over the window.
+    pub fn own_secs_per_batch(&self) -> Option<f64> {
+        let s = self.sums()?;
+        let own = cruise_container::ps::own_secs(s.batch, s.wait, s.comp, s.cpu_wall, 1.0);
+        Some(own / s.mini_batches)
+    }
+
+    /// Of that, the seconds of its requests that grow with the servers
+    /// (`cruise_container::ps::io_secs`), per mini-batch.
+    pub fn io_secs_per_batch(&self) -> Option<f64> {
+        let s = self.sums()?;
+        Some(s.io.min(self.own_secs_per_batch()? * s.mini_batches) / s.mini_batches)
+    }
+}
+
 /// Smoothed measurements of one evaluator.
 #[derive(Debug, Clone)]
 pub struct EvalMetrics {
@@ -102,13 +197,10 @@ pub struct EvalMetrics {
     /// the rest): what a mini-batch really costs when communication
     /// overlaps computation.
     pub batch_secs_per_batch: Window,
-    /// The worker's own seconds per mini-batch
-    /// (`cruise_container::ps::own_secs`): what it would take with answers
-    /// arriving at once.
-    pub own_secs_per_batch: Window,
-    /// Of that, seconds off the worker's loop thread per mini-batch
-    /// (`cruise_container::ps::io_secs`): its requests to the servers.
-    pub io_secs_per_batch: Window,
+    /// The worker's own seconds per mini-batch, what it would take with
+    /// answers arriving at once, and of that its requests' part that grows
+    /// with the servers ([`OwnWindow`]).
+    pub own: OwnWindow,
     /// Server seconds per byte served (the part of its work that grows
     /// with the bytes, at its CPU share).
     pub server_secs_per_byte: Window,
@@ -289,8 +381,7 @@ impl Metrics {
             push_secs_per_batch: Window::new(w),
             comp_secs_per_batch: Window::new(w),
             batch_secs_per_batch: Window::new(w),
-            own_secs_per_batch: Window::new(w),
-            io_secs_per_batch: Window::new(w),
+            own: OwnWindow::new(w),
             server_secs_per_byte: Window::new(w),
             server_secs_per_mini_batch: Window::new(w),
             batches_at_report: None,
@@ -360,10 +451,7 @@ impl Metrics {
         if r.batch_secs > 0.0 {
             e.batch_secs_per_batch
                 .push_weighted(r.batch_secs / per, per);
-            e.own_secs_per_batch
-                .push_weighted(r.own_secs.max(r.comp_secs) / per, per);
-            e.io_secs_per_batch
-                .push_weighted(r.io_secs.max(0.0) / per, per);
+            e.own.push(r);
         }
         e.batches += n;
         e.batch_secs += r.batch_secs.max(0.0);
@@ -530,8 +618,7 @@ impl Metrics {
             e.skip = e.skip.max(1);
             e.batches = 0;
             e.batch_secs = 0.0;
-            e.own_secs_per_batch.clear();
-            e.io_secs_per_batch.clear();
+            e.own.clear();
         }
     }
 
@@ -604,8 +691,8 @@ impl Metrics {
                     bytes_per_mini_batch: e.bytes_per_batch.mean(),
                     comm_secs_per_mini_batch: e.comm_secs_per_batch(),
                     batch_secs_per_mini_batch: e.batch_secs_per_batch.mean(),
-                    own_secs_per_mini_batch: e.own_secs_per_batch.mean(),
-                    io_secs_per_mini_batch: e.io_secs_per_batch.mean(),
+                    own_secs_per_mini_batch: e.own.own_secs_per_batch(),
+                    io_secs_per_mini_batch: e.own.io_secs_per_batch(),
                     server_secs_per_byte: e.server_secs_per_byte.mean(),
                     mini_batches: e.batches,
                     cpu_speed: e.cpu_speed,
@@ -683,7 +770,7 @@ mod tests {
             push_bytes: bytes,
             batch_secs: comp + 0.002,
             wait_secs: 0.001,
-            own_secs: comp + 0.0005,
+            cpu_wall_secs: comp + 0.0005,
             io_secs: 0.0002,
             links: Vec::new(),
             timed_pulls: 1,
@@ -830,6 +917,56 @@ mod tests {
         w.push(1.0);
         w.push(3.0);
         assert_eq!(w.mean(), Some(2.0));
+    }
+
+    /// A worker under a CPU quota spends its CPU in bursts: a report of two
+    /// mini-batches that took 1 ms of wall time for 5 ms of CPU at the quota
+    /// (their answers were there), then one of two that took 9 ms, 8 of
+    /// them waiting for answers, for 1 ms. Its own time is its
+    /// CPU over both, 6 ms in 10 (1.5 ms a mini-batch), where bounding each
+    /// report by its wall time would give 1 + 1 ms (0.5 ms a mini-batch).
+    /// Beside its waits, the loop's time outside them is the floor, and the
+    /// wall time the ceiling.
+    #[test]
+    fn own_time_is_bounded_over_the_window_not_per_report() {
+        let report = |batch: f64, wait: f64, cpu_wall: f64, io: f64| MiniBatchReport {
+            mini_batches: 2,
+            comp_secs: 0.0002,
+            batch_secs: batch,
+            wait_secs: wait,
+            cpu_wall_secs: cpu_wall,
+            io_secs: io,
+            ..MiniBatchReport::default()
+        };
+        let close = |a: Option<f64>, b: f64| {
+            let a = a.expect("a figure");
+            assert!((a - b).abs() < 1e-12, "{a} != {b}");
+        };
+        let mut w = OwnWindow::new(4);
+        w.push(&report(0.001, 0.0, 0.005, 0.002));
+        w.push(&report(0.009, 0.008, 0.001, 0.0));
+        close(w.own_secs_per_batch(), 0.0015);
+        close(w.io_secs_per_batch(), 0.0005);
+        // Waiting 9.5 of 10 ms with 0.1 ms of CPU: the loop's 0.5 ms.
+        let mut w = OwnWindow::new(4);
+        w.push(&report(0.010, 0.0095, 0.0001, 0.0));
+        close(w.own_secs_per_batch(), 0.00025);
+        // More CPU at the quota than wall time (threads on free cores):
+        // the wall time, and the requests' part no more than that.
+        let mut w = OwnWindow::new(4);
+        w.push(&report(0.004, 0.003, 0.006, 0.005));
+        close(w.own_secs_per_batch(), 0.002);
+        close(w.io_secs_per_batch(), 0.002);
+        // The oldest report leaves the window; one without wall time, or
+        // with a figure that is not one, never enters it.
+        let mut w = OwnWindow::new(1);
+        w.push(&report(0.001, 0.0, 0.005, 0.0));
+        w.push(&report(0.009, 0.0, 0.001, 0.0));
+        w.push(&report(0.0, 0.0, 0.001, 0.0));
+        w.push(&report(0.004, f64::NAN, 0.001, 0.0));
+        close(w.own_secs_per_batch(), 0.0045);
+        w.clear();
+        assert_eq!(w.own_secs_per_batch(), None);
     }
 
     /// A ring of probes over three fast (18 MB/s) and five slow (10 MB/s)

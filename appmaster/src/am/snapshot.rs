@@ -294,8 +294,8 @@ fn worker_costs(
             else {
                 return (None, None);
             };
-            let io = x.io_secs_per_batch.mean();
-            let own = match (x.own_secs_per_batch.mean(), x.comp_secs_per_batch.mean()) {
+            let io = x.own.io_secs_per_batch();
+            let own = match (x.own.own_secs_per_batch(), x.comp_secs_per_batch.mean()) {
                 (Some(own), Some(comp)) if comp > 0.0 => {
                     ((own - io.unwrap_or(0.0)) / comp).max(1.0)
                 }
@@ -368,15 +368,15 @@ fn fit_latency(
                 measured,
                 comp = x.comp_secs_per_batch.mean(),
                 batch = x.batch_secs_per_batch.mean(),
-                own = x.own_secs_per_batch.mean(),
-                io = x.io_secs_per_batch.mean(),
+                own = x.own.own_secs_per_batch(),
+                io = x.own.io_secs_per_batch(),
                 "per mini-batch: the cost model's communication and what was measured"
             );
             per_worker.push((
                 predicted,
                 (measured - predicted).max(0.0),
-                x.own_secs_per_batch
-                    .mean()
+                x.own
+                    .own_secs_per_batch()
                     .or_else(|| x.comp_secs_per_batch.mean()),
                 x.batch_secs_per_batch.mean(),
             ));
@@ -725,8 +725,8 @@ mod tests {
                     },
                     comp_secs: 0.002,
                     batch_secs: 0.010,
-                    wait_secs: 0.004,
-                    own_secs: own,
+                    wait_secs: 0.008,
+                    cpu_wall_secs: own,
                     timed_pulls: 2,
                     timed_pushes: 2,
                     ..MiniBatchReport::default()
@@ -908,6 +908,10 @@ mod tests {
             push_secs: 10.0 * rtt,
             push_bytes: 5_000_000,
             batch_secs: 10.0 * batch,
+            // The worker waits for all but its computation, which is all
+            // of its CPU.
+            wait_secs: 10.0 * (batch - 0.004).max(0.0),
+            cpu_wall_secs: 0.040,
             timed_pulls: 10,
             timed_pushes: 10,
             ..Default::default()
@@ -1029,7 +1033,7 @@ mod tests {
             for _ in 0..8 {
                 let mut r = ten_mini_batches(0.0015, 0.007);
                 // 5 ms of own time a mini-batch, 1 ms of it for the requests.
-                r.own_secs = 0.05;
+                r.cpu_wall_secs = 0.05;
                 r.io_secs = 0.01;
                 m.mini_batch(EvaluatorId(1), &r, &[]);
             }

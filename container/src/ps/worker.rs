@@ -199,6 +199,20 @@ struct Epoch {
     last: BatchMark,
     /// The model servers counted for this epoch ([`model_servers`]).
     counted: (u64, usize),
+    /// This epoch's mini-batch reports summed, for the debug log.
+    reported: ReportedTotals,
+}
+
+/// A local epoch's mini-batch reports summed, in seconds: what the AM's
+/// cost model is given, beside the CPU clocks it came from.
+#[derive(Debug, Default)]
+struct ReportedTotals {
+    batches: u32,
+    batch: f64,
+    wait: f64,
+    comp: f64,
+    cpu_wall: f64,
+    io: f64,
 }
 
 /// A mini-batch's pulled values, with this worker's unseen pushes applied,
@@ -337,6 +351,7 @@ impl Worker {
             depth,
             last: BatchMark::now(self.request_cpu()),
             counted: (u64::MAX, 0),
+            reported: ReportedTotals::default(),
         };
         while let Some(cur) = epoch.ahead.pulls.pop_front() {
             if self.ctx.stop.is_cancelled() {
@@ -362,7 +377,7 @@ impl Worker {
                 Batch::RolledBack => return Ok(ControlFlow::Continue(())),
             }
         }
-        self.end_epoch(&mut epoch.counted).await?;
+        self.end_epoch(&mut epoch.counted, &epoch.reported).await?;
         Ok(ControlFlow::Continue(()))
     }
 
@@ -600,7 +615,7 @@ impl Worker {
             push_bytes: deltas.byte_len() as u64,
             batch_secs: 0.0,
             wait_secs: blocked,
-            own_secs: 0.0,
+            cpu_wall_secs: 0.0,
             io_secs: 0.0,
             links: pulled.links,
             timed_pulls: 1,
@@ -750,11 +765,22 @@ impl Worker {
             self.pricing,
             model_servers(&self.store, &mut epoch.counted),
         );
+        let t = &mut epoch.reported;
+        t.batches += 1;
+        t.batch += report.batch_secs;
+        t.wait += report.wait_secs;
+        t.comp += report.comp_secs;
+        t.cpu_wall += report.cpu_wall_secs;
+        t.io += report.io_secs;
     }
 
     /// The end of a local epoch: every push is applied and reported before
     /// the clock ticks.
-    async fn end_epoch(&mut self, counted: &mut (u64, usize)) -> Result<(), PsError> {
+    async fn end_epoch(
+        &mut self,
+        counted: &mut (u64, usize),
+        reported: &ReportedTotals,
+    ) -> Result<(), PsError> {
         flush_pushes(&mut self.reporter, &mut self.pushes).await?;
         self.recent.clear();
         self.clock += 1;
@@ -770,6 +796,23 @@ impl Worker {
             pushed = self.pushed,
             wall_per_cpu = crate::os::wall_per_cpu(),
             "worker CPU so far, seconds"
+        );
+        tracing::debug!(
+            clock = self.clock,
+            batches = reported.batches,
+            batch = reported.batch,
+            wait = reported.wait,
+            comp = reported.comp,
+            cpu_wall = reported.cpu_wall,
+            own = super::own_secs(
+                reported.batch,
+                reported.wait,
+                reported.comp,
+                reported.cpu_wall,
+                1.0
+            ),
+            io = reported.io,
+            "worker's mini-batch reports this epoch, summed, seconds"
         );
         let clock = self.clock;
         self.reporter.send(EvalToAm::ClockTick { clock }).await

@@ -102,11 +102,16 @@ pub struct MiniBatchReport {
     /// applying its own pushes, routing requests), at the speed its CPU
     /// share allows.
     pub wait_secs: f64,
-    /// The worker's own seconds: the time its mini-batches would take if
-    /// every answer came at once (`crate::ps` says how it is measured).
-    /// At least `batch_secs - wait_secs`, at most `batch_secs`.
-    pub own_secs: f64,
-    /// Of `own_secs`, the part that grows with the servers a mini-batch
+    /// The worker's CPU seconds over its mini-batches (its loop thread's
+    /// and its request connections'), at the wall seconds a CPU second
+    /// takes here: what they would take if every answer came at once. Not
+    /// bounded by `batch_secs` in one mini-batch: under a CPU quota a
+    /// worker spends its CPU in bursts at a core's speed, a burst's
+    /// mini-batches take less wall time than their CPU costs at the quota,
+    /// and the next ones wait out the quota's period. The AM bounds it over
+    /// its window of reports (`crate::ps::own_secs`).
+    pub cpu_wall_secs: f64,
+    /// Of `cpu_wall_secs`, the part that grows with the servers a mini-batch
     /// talks to, not with its records: its requests' CPU beyond encoding
     /// and decoding the values (the request connections' and the loop
     /// thread's hand-offs and wake-ups), at most two empty round trips a
@@ -140,7 +145,7 @@ impl MiniBatchReport {
         self.push_bytes += o.push_bytes;
         self.batch_secs += o.batch_secs;
         self.wait_secs += o.wait_secs;
-        self.own_secs += o.own_secs;
+        self.cpu_wall_secs += o.cpu_wall_secs;
         self.io_secs += o.io_secs;
         self.links.extend_from_slice(&o.links);
         self.timed_pulls += o.timed_pulls;
