@@ -7,7 +7,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::PsError;
-use super::cost::codec_cpu_per_byte;
+use super::cost::{codec_cpu_per_byte, store_cpu_per_byte};
 use crate::peer::DataPlane;
 use crate::protocol::{EvalToAm, ServerReport, TaskKind};
 
@@ -30,6 +30,18 @@ pub async fn run_server(
     let codec_per_byte = tokio::task::spawn_blocking(move || codec_cpu_per_byte(opts))
         .await
         .unwrap_or(0.0);
+    let store_per_byte = match dp.store().model_functions() {
+        Some(model) => tokio::task::spawn_blocking(move || store_cpu_per_byte(model))
+            .await
+            .ok()
+            .flatten(),
+        None => None,
+    };
+    tracing::debug!(
+        codec_per_byte,
+        ?store_per_byte,
+        "serving CPU per byte, seconds"
+    );
     let mut tick = tokio::time::interval(period);
     tick.tick().await;
     loop {
@@ -41,7 +53,12 @@ pub async fn run_server(
         let t = Instant::now();
         let wall_per_cpu = crate::os::wall_per_cpu();
         let bytes = (now.bytes_in - last.bytes_in) + (now.bytes_out - last.bytes_out);
-        let values = (now.busy_secs - last.busy_secs).max(0.0) + codec_per_byte * bytes as f64;
+        // The store's part of the values: what it measured, at most its
+        // slope per byte (`store_cpu_per_byte`): the rest of an
+        // operation's cost comes with each request.
+        let busy = (now.busy_secs - last.busy_secs).max(0.0);
+        let store = store_per_byte.map_or(busy, |s| busy.min(s * bytes as f64));
+        let values = store + codec_per_byte * bytes as f64;
         let own = (now.cpu_secs - last.cpu_secs).max(0.0);
         let report = ServerReport {
             own_secs: own * wall_per_cpu,

@@ -266,6 +266,11 @@ impl Store {
             .ok_or(StoreError::NoTable(MODEL_TABLE))
     }
 
+    /// The job's model functions, once configured.
+    pub fn model_functions(&self) -> Option<Arc<dyn ModelFunctions>> {
+        self.model().ok()
+    }
+
     /// The length of every value of the keyed tables, once configured.
     pub fn value_len(&self) -> Option<usize> {
         self.model().ok().map(|m| m.value_len())

@@ -179,9 +179,10 @@ pub struct ServerReport {
     /// worker, 0.40 ms beside seven).
     pub own_secs: f64,
     /// Of that, the part that grows with the bytes served, at the same
-    /// price: applying and reading the values (`busy_secs`) and encoding
-    /// and decoding them (`ps::codec_cpu_per_byte`). The rest is the
-    /// requests' own cost, which spreading the model does not shrink.
+    /// price: applying and reading the values (`busy_secs`, at most the
+    /// store's CPU per byte, `ps::store_cpu_per_byte`, times the bytes) and
+    /// encoding and decoding them (`ps::codec_cpu_per_byte`). The rest is
+    /// the requests' own cost, which spreading the model does not shrink.
     pub values_secs: f64,
 }
 
