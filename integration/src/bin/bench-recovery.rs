@@ -1,14 +1,16 @@
 //! Benchmark: surviving a lost worker or a lost server (issue #18).
 //!
-//! A long MLR job (the default data set, separate processes) trains; one
-//! evaluator is killed with `SIGKILL`. Measured from the kill, through the
-//! AM's `/status`:
+//! A long MLR job (the default data set, separate processes), or with
+//! `--lda` an LDA job, trains; one evaluator is killed with `SIGKILL`.
+//! Measured from the kill, through the AM's `/status`:
 //!
 //! - **detected**: the loss is listed (`lost`);
 //! - **recovered**: a lost worker's input blocks are owned by the surviving
 //!   workers again (re-read from the job's input); a lost server's model
-//!   blocks are held by the survivors again (restored from the newest
-//!   checkpoint);
+//!   blocks are held by the survivors again (MLR: restored from the newest
+//!   checkpoint; LDA: created empty); for LDA also the recount listed
+//!   (`recounts`: every worker held, the counts emptied and the workers
+//!   told to train on, each row counted in again by its next sweep);
 //! - **training again**: the job's records per second over a 0.5 s window
 //!   are back to the survivors' share of the rate before the kill: for a
 //!   lost worker the rate per worker times the workers left; for a lost
@@ -25,13 +27,22 @@
 //! progress back to the checkpoint's, and "recovered" waits for that
 //! rollback too.
 //!
+//! `--lda` (with or without `--server`): LDA on a corpus written once per
+//! invocation by `cruise datagen lda` (5000 documents of about 100 tokens,
+//! 2000 words, 20 topics: the defaults) and read by every job of it;
+//! checkpoints off (LDA recounts instead of restoring) and the optimizer
+//! off (a recount waits for a running plan to end). Worker mode: 4
+//! containers, 3 workers and 1 server; with `--server` 5 containers, 3
+//! workers and 2 servers. The lost server's bytes (`store_bytes` before the
+//! kill) are printed beside its figures.
+//!
 //! The reference, in the same invocation, is what restarting the job costs
 //! (TensorFlow-style and Litz-style recovery restart the job): the time from
 //! `cruise run` to the first records trained, with no checkpoint to read
 //! (a lower bound on a restart from a checkpoint).
 //!
 //! ```text
-//! cargo run --release -p cruise-integration --bin bench-recovery [-- REPS] [--server [--ssp]]
+//! cargo run --release -p cruise-integration --bin bench-recovery [-- REPS] [--server [--ssp]] [--lda]
 //! ```
 //!
 //! Target: recovered ≤ 2 s after the kill (for a server, plus its bytes at
@@ -48,16 +59,19 @@ use cruise_integration::{
 };
 
 const USAGE: &str = "\
-usage: bench-recovery [REPS] [--server [--ssp]]
+usage: bench-recovery [REPS] [--server [--ssp]] [--lda]
 
 Kills an evaluator of a training MLR job and measures, from the kill, when
 the loss is detected, when its blocks are held again and when the job
 trains at the survivors' former rate; the reference is a job's restart.
 
   REPS      repetitions; medians are printed (default 3)
-  --server  kill a server (restored from a checkpoint) instead of a worker
-  --ssp     with --server: a stale-synchronous job (staleness 1), whose
-            clocks roll back to the checkpoint's";
+  --server  kill a server (MLR: restored from a checkpoint) instead of a
+            worker
+  --ssp     with --server, MLR only: a stale-synchronous job (staleness
+            1), whose clocks roll back to the checkpoint's
+  --lda     an LDA job (no checkpoint): the loss is survived by a recount
+            of the model from the workers' topic assignments";
 const WAIT: Duration = Duration::from_secs(120);
 /// The window the training rate is measured over.
 const WINDOW: Duration = Duration::from_millis(500);
@@ -88,37 +102,77 @@ impl Victim {
             Victim::Server => "model_blocks",
         }
     }
+}
 
-    /// `cruise run`'s arguments besides the work directory; `ssp`: the
-    /// job is stale-synchronous.
-    fn args(self, ssp: bool) -> Vec<&'static str> {
-        let mut args = self.common().to_vec();
-        if ssp {
-            args.extend(["--staleness", "1"]);
+/// What is measured: the job and what is killed in it.
+#[derive(Clone, Copy)]
+struct Mode {
+    victim: Victim,
+    /// A stale-synchronous job (MLR's `--server` only).
+    ssp: bool,
+    /// An LDA job (its loss survived by a recount) instead of MLR.
+    lda: bool,
+}
+
+impl Mode {
+    /// `cruise run`'s arguments besides the work directory; `corpus`: the
+    /// LDA job's input.
+    fn args(self, corpus: Option<&std::path::Path>) -> Vec<std::ffi::OsString> {
+        let mut args: Vec<std::ffi::OsString> = ["run", "--epochs", "1000000"]
+            .iter()
+            .map(Into::into)
+            .collect();
+        let mut add = |a: &[&str]| args.extend(a.iter().map(Into::into));
+        if self.victim == Victim::Server {
+            add(&["--containers", "5", "--workers", "3"]);
         }
-        args
-    }
-
-    fn common(self) -> &'static [&'static str] {
-        match self {
-            Victim::Worker => &["run", "--epochs", "1000000"],
-            Victim::Server => &[
-                "run",
-                "--epochs",
-                "1000000",
-                "--containers",
-                "5",
-                "--workers",
-                "3",
+        if self.lda || self.victim == Victim::Server {
+            add(&["--set", "optimizer.enabled=false"]);
+        }
+        if self.lda {
+            add(&["--app", "lda", "--set", "checkpoint.enabled=false"]);
+        } else if self.victim == Victim::Server {
+            add(&[
                 "--set",
                 "mlr.features=20000",
                 "--set",
                 "checkpoint.every_epochs=1",
                 "--set",
                 "checkpoint.every_secs=0",
-                "--set",
-                "optimizer.enabled=false",
-            ],
+            ]);
+        }
+        if self.ssp {
+            add(&["--staleness", "1"]);
+        }
+        if let Some(c) = corpus {
+            args.push("--input".into());
+            args.push(c.into());
+        }
+        args
+    }
+
+    /// The job and the victim, in words.
+    fn name(self) -> String {
+        format!(
+            "{}{}{}",
+            if self.lda { "LDA " } else { "" },
+            self.victim.role(),
+            if self.ssp { ", stale-synchronous" } else { "" }
+        )
+    }
+
+    /// What "recovered" waits for, in words.
+    fn recovered(self) -> &'static str {
+        match (self.victim, self.lda, self.ssp) {
+            (Victim::Worker, false, _) => "input re-read by the survivors (median)",
+            (Victim::Worker, true, _) => "input re-read and the model recounted (median)",
+            (Victim::Server, true, _) => {
+                "model blocks created on the survivors and recounted (median)"
+            }
+            (Victim::Server, false, true) => {
+                "model blocks restored and the clocks rolled back (median)"
+            }
+            (Victim::Server, false, false) => "model blocks restored from the checkpoint (median)",
         }
     }
 }
@@ -139,13 +193,20 @@ struct Rep {
     /// `--ssp`: epochs done at the kill beyond the clock the job rolled
     /// back to (trained again).
     rolled_back_epochs: Option<u64>,
+    /// The bytes of blocks the victim held before the kill.
+    victim_bytes: u64,
 }
 
-async fn one(cruise: &std::path::Path, victim: Victim, ssp: bool) -> anyhow::Result<Rep> {
+async fn one(
+    cruise: &std::path::Path,
+    mode: Mode,
+    corpus: Option<&std::path::Path>,
+) -> anyhow::Result<Rep> {
+    let Mode { victim, ssp, lda } = mode;
     let dir = tempfile::tempdir()?;
     let started = Instant::now();
     let mut c = tokio::process::Command::new(cruise);
-    c.args(victim.args(ssp))
+    c.args(mode.args(corpus))
         .arg("--work-dir")
         .arg(dir.path())
         .env_remove("RUST_LOG");
@@ -153,7 +214,7 @@ async fn one(cruise: &std::path::Path, victim: Victim, ssp: bool) -> anyhow::Res
     let addr = status_address(&job, WAIT).await?;
     await_status(&addr, WAIT, |s| s["phase"] == "training" && records(s) > 0).await?;
     let restart_secs = started.elapsed().as_secs_f64();
-    if victim == Victim::Server {
+    if victim == Victim::Server && !lda {
         await_status(&addr, WAIT, |s| s["checkpoints"].as_u64().unwrap_or(0) > 0)
             .await
             .context("no checkpoint published")?;
@@ -172,6 +233,7 @@ async fn one(cruise: &std::path::Path, victim: Victim, ssp: bool) -> anyhow::Res
         chosen["id"].as_u64().context("evaluator id")?,
         chosen["pid"].as_u64().context("evaluator pid")?,
     );
+    let victim_bytes = chosen["store_bytes"].as_u64().unwrap_or(0);
     let target = match victim {
         Victim::Worker => before * (workers - 1) as f64 / workers as f64,
         Victim::Server => before * 0.9,
@@ -187,14 +249,13 @@ async fn one(cruise: &std::path::Path, victim: Victim, ssp: bool) -> anyhow::Res
     })
     .await?;
     let detected_secs = killed.elapsed().as_secs_f64();
+    let listed = |s: &Value, field: &str| s[field].as_array().is_some_and(|r| !r.is_empty());
     await_status(&addr, WAIT, |s| {
         let members = s["evaluators"].as_array().map_or(&[][..], Vec::as_slice);
         members.iter().all(|e| e["id"].as_u64() != Some(id))
             && blocks_held(s, victim.field(), Some(id)) == blocks
-            && (!ssp
-                || s["clock_rollbacks"]
-                    .as_array()
-                    .is_some_and(|r| !r.is_empty()))
+            && (!ssp || listed(s, "clock_rollbacks"))
+            && (!lda || listed(s, "recounts"))
     })
     .await?;
     let recovered_secs = killed.elapsed().as_secs_f64();
@@ -224,6 +285,9 @@ async fn one(cruise: &std::path::Path, victim: Victim, ssp: bool) -> anyhow::Res
     if s["phase"] != "training" {
         bail!("the job left training: {}", s["phase"]);
     }
+    if lda && s["recounts"].as_array().map_or(0, Vec::len) != 1 {
+        bail!("one loss, one recount expected: {}", s["recounts"]);
+    }
     drop(job);
     Ok(Rep {
         restart_secs,
@@ -231,21 +295,56 @@ async fn one(cruise: &std::path::Path, victim: Victim, ssp: bool) -> anyhow::Res
         recovered_secs,
         training_again_secs: training_again_secs.max(recovered_secs),
         rolled_back_epochs,
+        victim_bytes,
     })
+}
+
+/// Writes the LDA jobs' corpus (`cruise datagen lda`, its defaults) into
+/// `dir`; returns its path.
+fn write_corpus(
+    cruise: &std::path::Path,
+    dir: &std::path::Path,
+) -> anyhow::Result<std::path::PathBuf> {
+    let path = dir.join("corpus.txt");
+    let out = std::process::Command::new(cruise)
+        .args(["datagen", "lda", "--out"])
+        .arg(&path)
+        .env_remove("RUST_LOG")
+        .output()?;
+    if !out.status.success() {
+        bail!(
+            "cruise datagen lda failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(path)
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> anyhow::Result<()> {
     cruise_integration::bench::exit_on_help(USAGE);
     let flag = |f: &str| std::env::args().skip(1).any(|a| a == f);
-    let victim = if flag("--server") {
-        Victim::Server
-    } else {
-        Victim::Worker
+    let mode = Mode {
+        victim: if flag("--server") {
+            Victim::Server
+        } else {
+            Victim::Worker
+        },
+        ssp: flag("--ssp"),
+        lda: flag("--lda"),
     };
-    let ssp = flag("--ssp");
-    if ssp && victim != Victim::Server {
-        bail!("--ssp is for --server: a lost worker does not roll the clocks back\n{USAGE}");
+    if mode.ssp && (mode.victim != Victim::Server || mode.lda) {
+        bail!(
+            "--ssp is for MLR's --server: a lost worker does not roll the clocks back, \
+             and LDA recounts instead\n{USAGE}"
+        );
+    }
+    if let Some(a) = std::env::args()
+        .skip(1)
+        .find(|a| a.starts_with("--") && !["--server", "--ssp", "--lda"].contains(&a.as_str()))
+    {
+        bail!("unknown flag {a:?}\n{USAGE}");
     }
     let reps = match std::env::args().skip(1).find(|a| !a.starts_with("--")) {
         Some(a) => a
@@ -253,16 +352,17 @@ async fn main() -> anyhow::Result<()> {
             .with_context(|| format!("REPS {a:?} is not a number\n{USAGE}"))?,
         None => 3,
     };
-    let sync = if ssp { ", stale-synchronous" } else { "" };
-    println!(
-        "## Surviving a lost {}{sync} ({})",
-        victim.role(),
-        machine_note()
-    );
+    println!("## Surviving a lost {} ({})", mode.name(), machine_note());
     let cruise = cruise_release_binary()?;
+    let data = tempfile::tempdir()?;
+    let corpus = if mode.lda {
+        Some(write_corpus(&cruise, data.path())?)
+    } else {
+        None
+    };
     let mut runs = Vec::new();
     for i in 0..reps {
-        let r = one(&cruise, victim, ssp).await?;
+        let r = one(&cruise, mode, corpus.as_deref()).await?;
         println!(
             "repetition {}: restart {:.2} s; detected {:.3} s, recovered {:.3} s, training again {:.3} s after the kill ({:.2}× the restart)",
             i + 1,
@@ -274,6 +374,9 @@ async fn main() -> anyhow::Result<()> {
         );
         if let Some(n) = r.rolled_back_epochs {
             println!("  rolled back: {n} epoch(s) done at the kill are trained again");
+        }
+        if mode.victim == Victim::Server {
+            println!("  the lost server held {} bytes", r.victim_bytes);
         }
         runs.push(r);
     }
@@ -287,13 +390,7 @@ async fn main() -> anyhow::Result<()> {
             format!("{:.3} s", med(|r| r.detected_secs)),
         ),
         Row {
-            figure: match victim {
-                Victim::Worker => "input re-read by the survivors (median)".into(),
-                Victim::Server if ssp => {
-                    "model blocks restored and the clocks rolled back (median)".into()
-                }
-                Victim::Server => "model blocks restored from the checkpoint (median)".into(),
-            },
+            figure: mode.recovered().into(),
             value: format!("{recovered:.3} s"),
             reference: format!("job restart {restart:.2} s"),
             ratio: Some(recovered / restart),
@@ -309,9 +406,6 @@ async fn main() -> anyhow::Result<()> {
             pass: Some(again <= 2.0),
         },
     ];
-    print_table(
-        &format!("Lost {}{sync}, {reps} repetitions", victim.role()),
-        &rows,
-    );
+    print_table(&format!("Lost {}, {reps} repetitions", mode.name()), &rows);
     Ok(())
 }
