@@ -749,6 +749,69 @@ fn lda_config(model: &Path) -> CruiseConfig {
     c
 }
 
+/// Starts the LDA job `c` with every data-plane frame delayed (1 ms), and
+/// waits until epoch [`LDA_KILL_AFTER_EPOCH`] is done; returns it with its
+/// status then.
+async fn lda_started(c: CruiseConfig, input: String, work: &Path) -> (Cluster, am::Status) {
+    let mut cluster = Cluster::start_with(
+        c,
+        input,
+        work.to_path_buf(),
+        ClusterOptions {
+            data_delay: Duration::from_millis(1),
+            ..ClusterOptions::default()
+        },
+    );
+    let st = cluster
+        .await_status(WAIT, |s| {
+            s.phase == "training" && s.epochs_done >= LDA_KILL_AFTER_EPOCH
+        })
+        .await
+        .unwrap();
+    (cluster, st)
+}
+
+/// Kills the evaluator in `container`, waits until the AM says the counts
+/// were rebuilt, then lifts the data plane's delay (which held the job
+/// back so that it could not end first).
+async fn kill_and_await_recount(cluster: &mut Cluster, container: &str) {
+    assert!(cluster.kill_evaluator(container));
+    loop {
+        match next_progress(cluster).await {
+            Progress::Phase(p) if p.contains("counts emptied and rebuilt") => break,
+            _ => {}
+        }
+    }
+    assert!(cluster.delay_data(Duration::ZERO));
+}
+
+/// Waits for the end of an LDA job that lost one evaluator, and checks
+/// that it finished every epoch after one recount, evaluated every
+/// document and token once, and wrote a `model` that counts every one of
+/// the corpus's `tokens` once. Returns its summary.
+async fn survived_lda(cluster: Cluster, model: &Path, tokens: u64) -> am::JobSummary {
+    let s = tokio::time::timeout(WAIT, cluster.join())
+        .await
+        .expect("no hang")
+        .expect("the job survives the loss");
+    assert_eq!(s.epochs.len(), LDA_EPOCHS as usize);
+    assert_eq!(s.lost.len(), 1, "{:?}", s.lost);
+    assert_eq!(s.recounts.len(), 1, "{:?}", s.recounts);
+    assert_eq!(s.final_stats.records, s.records, "every document once");
+    assert_eq!(
+        s.final_stats.loss_terms, tokens,
+        "every token evaluated once"
+    );
+    let (words, summary) = harness::lda_model_sums(model, 100).unwrap();
+    eprintln!("{tokens} tokens; word rows count {words}, topic totals {summary}");
+    assert_eq!(words, tokens as f64, "the word rows count every token once");
+    assert_eq!(
+        summary, tokens as f64,
+        "the topic totals count every token once"
+    );
+    s
+}
+
 /// An LDA job of which an evaluator in `role` is killed once epoch
 /// [`LDA_KILL_AFTER_EPOCH`] is done (no checkpoint: LDA rebuilds its
 /// counts) finishes every epoch, its model counting every token of the
@@ -777,54 +840,15 @@ async fn lda_loss_is_survived_by_a_recount(role: am::Role) {
     );
 
     let model = dir.path().join("model.txt");
-    let mut cluster = Cluster::start_with(
-        lda_config(&model),
-        input,
-        dir.path().join("work"),
-        ClusterOptions {
-            data_delay: Duration::from_millis(1),
-            ..ClusterOptions::default()
-        },
-    );
-    let st = cluster
-        .await_status(WAIT, |s| {
-            s.phase == "training" && s.epochs_done >= LDA_KILL_AFTER_EPOCH
-        })
-        .await
-        .unwrap();
+    let (mut cluster, st) = lda_started(lda_config(&model), input, &dir.path().join("work")).await;
     let victim = st.evaluators.iter().find(|e| e.role == role).unwrap();
-    assert!(cluster.kill_evaluator(&victim.container));
-    loop {
-        match next_progress(&mut cluster).await {
-            Progress::Phase(p) if p.contains("counts emptied and rebuilt") => break,
-            _ => {}
-        }
-    }
-    assert!(cluster.delay_data(Duration::ZERO));
-    let s = tokio::time::timeout(WAIT, cluster.join())
-        .await
-        .expect("no hang")
-        .expect("the job survives the loss");
-    assert_eq!(s.epochs.len(), LDA_EPOCHS as usize);
-    assert_eq!(s.lost.len(), 1, "{:?}", s.lost);
-    assert_eq!(s.recounts.len(), 1, "{:?}", s.recounts);
-    assert_eq!(s.final_stats.records, s.records, "every document once");
-    assert_eq!(
-        s.final_stats.loss_terms, tokens,
-        "every token evaluated once"
-    );
-    let (words, summary) = harness::lda_model_sums(&model, 100).unwrap();
+    kill_and_await_recount(&mut cluster, &victim.container).await;
+    let s = survived_lda(cluster, &model, tokens).await;
     let (a, b) = (calm.final_stats.mean_loss(), s.final_stats.mean_loss());
     eprintln!(
-        "LDA, a {} killed after epoch {}: {tokens} tokens; word rows count {words}, \
-         topic totals {summary}; nll/token undisturbed {a:.5}, survived {b:.5}",
+        "LDA, a {} killed after epoch {}: nll/token undisturbed {a:.5}, survived {b:.5}",
         format!("{role:?}").to_lowercase(),
         st.epochs_done
-    );
-    assert_eq!(words, tokens as f64, "the word rows count every token once");
-    assert_eq!(
-        summary, tokens as f64,
-        "the topic totals count every token once"
     );
     assert!(
         (b - a).abs() <= 0.05 * a,
@@ -840,4 +864,72 @@ async fn killed_lda_worker_is_survived_with_every_token_counted_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_lda_server_is_survived_with_every_token_counted_once() {
     lda_loss_is_survived_by_a_recount(am::Role::Server).await;
+}
+
+/// A recount with an idle worker: 3 workers and 2 input blocks (the
+/// initial deal gives the third worker none; the optimizer is off, so it
+/// stays so), 2 servers. An evaluator in `role` that holds input or model
+/// blocks is killed once epoch [`LDA_KILL_AFTER_EPOCH`] is done. A lost
+/// server's blocks are created empty and no input moves: the idle worker
+/// holds no input block when the recount holds it. A lost worker's block
+/// is re-read by the least loaded survivor, the idle worker, told so just
+/// before the recount holds it (the block lands before or after its
+/// hold). Either way every live worker holds for the recount, and
+/// the job ends with every token counted exactly once. Every data-plane
+/// frame is delayed (1 ms) until the AM says the counts were rebuilt, so
+/// the job cannot end first.
+async fn lda_recount_with_an_idle_worker(role: am::Role) {
+    let dir = tempfile::tempdir().unwrap();
+    let (input, tokens) = harness::lda_data(dir.path()).unwrap();
+    let model = dir.path().join("model.txt");
+    let mut c = lda_config(&model);
+    c.job.containers = 5;
+    c.job.workers = 3;
+    c.store.input_blocks = 2;
+    c.validate().unwrap();
+    let (mut cluster, st) = lda_started(c, input, &dir.path().join("work")).await;
+    let workers: Vec<_> = st
+        .evaluators
+        .iter()
+        .filter(|e| e.role == am::Role::Worker)
+        .collect();
+    let idle: Vec<_> = workers.iter().filter(|e| e.input_blocks == 0).collect();
+    assert_eq!((workers.len(), idle.len()), (3, 1), "{:?}", st.evaluators);
+    let idle = idle[0].id;
+    let victim = st
+        .evaluators
+        .iter()
+        .find(|e| e.role == role && e.input_blocks + e.model_blocks > 0)
+        .unwrap();
+    kill_and_await_recount(&mut cluster, &victim.container).await;
+    if role == am::Role::Worker {
+        // The lost worker's block went to the idle worker.
+        cluster
+            .await_status(WAIT, |s| {
+                s.evaluators
+                    .iter()
+                    .any(|e| e.id == idle && e.input_blocks == 1)
+            })
+            .await
+            .unwrap();
+    }
+    let s = survived_lda(cluster, &model, tokens).await;
+    assert!(
+        s.recounts[0].contains(match role {
+            am::Role::Worker => "2 workers",
+            _ => "3 workers",
+        }),
+        "every live worker held, the idle one too: {:?}",
+        s.recounts
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lda_recount_holds_an_idle_worker_when_a_server_is_lost() {
+    lda_recount_with_an_idle_worker(am::Role::Server).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lda_recount_holds_a_worker_re_reading_a_lost_worker_s_block() {
+    lda_recount_with_an_idle_worker(am::Role::Worker).await;
 }
