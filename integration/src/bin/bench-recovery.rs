@@ -33,8 +33,7 @@
 //! checkpoints off (LDA recounts instead of restoring) and the optimizer
 //! off (a recount waits for a running plan to end). Worker mode: 4
 //! containers, 3 workers and 1 server; with `--server` 5 containers, 3
-//! workers and 2 servers. The lost server's bytes (`store_bytes` before the
-//! kill) are printed beside its figures.
+//! workers and 2 servers.
 //!
 //! The reference, in the same invocation, is what restarting the job costs
 //! (TensorFlow-style and Litz-style recovery restart the job): the time from
@@ -45,8 +44,10 @@
 //! cargo run --release -p cruise-integration --bin bench-recovery [-- REPS] [--server [--ssp]] [--lda]
 //! ```
 //!
-//! Target: recovered ≤ 2 s after the kill (for a server, plus its bytes at
-//! half the link's speed: milliseconds on loopback).
+//! Target: recovered ≤ 2 s after the kill; for a server, plus its bytes
+//! (`store_bytes` before the kill) at half the speed of its slowest link the
+//! job measured (`metrics.capacity` in `/status`, else `metrics.links`):
+//! milliseconds on loopback.
 
 use std::time::{Duration, Instant};
 
@@ -195,6 +196,34 @@ struct Rep {
     rolled_back_epochs: Option<u64>,
     /// The bytes of blocks the victim held before the kill.
     victim_bytes: u64,
+    /// The slowest link to or from the victim the job had measured before
+    /// the kill, bytes per second.
+    link_bytes_per_sec: Option<f64>,
+}
+
+impl Rep {
+    /// A lost server's allowance beyond 2 s: its bytes at half the
+    /// measured link speed (0 when no link was measured).
+    fn allowance_secs(&self) -> f64 {
+        self.link_bytes_per_sec
+            .map_or(0.0, |b| self.victim_bytes as f64 / (0.5 * b))
+    }
+}
+
+/// The slowest link to or from evaluator `id` in the status's
+/// measurements: bulk transfers (`metrics.capacity`: probes and moves)
+/// where measured, else mini-batch transfers (`metrics.links`).
+fn link_speed(st: &Value, id: u64) -> Option<f64> {
+    let slowest = |field: &str| {
+        st["metrics"][field]
+            .as_array()?
+            .iter()
+            .filter(|l| l["from"].as_u64() == Some(id) || l["to"].as_u64() == Some(id))
+            .filter_map(|l| l["bytes_per_sec"].as_f64())
+            .filter(|&b| b > 0.0)
+            .reduce(f64::min)
+    };
+    slowest("capacity").or_else(|| slowest("links"))
 }
 
 async fn one(
@@ -234,6 +263,7 @@ async fn one(
         chosen["pid"].as_u64().context("evaluator pid")?,
     );
     let victim_bytes = chosen["store_bytes"].as_u64().unwrap_or(0);
+    let link_bytes_per_sec = link_speed(&st, id);
     let target = match victim {
         Victim::Worker => before * (workers - 1) as f64 / workers as f64,
         Victim::Server => before * 0.9,
@@ -296,6 +326,7 @@ async fn one(
         training_again_secs: training_again_secs.max(recovered_secs),
         rolled_back_epochs,
         victim_bytes,
+        link_bytes_per_sec,
     })
 }
 
@@ -376,7 +407,13 @@ async fn main() -> anyhow::Result<()> {
             println!("  rolled back: {n} epoch(s) done at the kill are trained again");
         }
         if mode.victim == Victim::Server {
-            println!("  the lost server held {} bytes", r.victim_bytes);
+            println!(
+                "  the lost server held {} bytes; its slowest measured link {}: {:.4} s at half of it",
+                r.victim_bytes,
+                r.link_bytes_per_sec
+                    .map_or("none".into(), |b| format!("{:.0} MB/s", b / 1e6)),
+                r.allowance_secs()
+            );
         }
         runs.push(r);
     }
@@ -384,6 +421,16 @@ async fn main() -> anyhow::Result<()> {
     let restart = med(|r| r.restart_secs);
     let recovered = med(|r| r.recovered_secs);
     let again = med(|r| r.training_again_secs);
+    // A lost server may take its bytes at half the link's speed beyond 2 s.
+    let bound = 2.0
+        + match mode.victim {
+            Victim::Worker => 0.0,
+            Victim::Server => med(Rep::allowance_secs),
+        };
+    let target = match mode.victim {
+        Victim::Worker => "≤ 2 s".to_string(),
+        Victim::Server => format!("≤ {bound:.4} s (2 s + its bytes at half the link)"),
+    };
     let rows = vec![
         Row::plain(
             "loss detected after the kill (median)",
@@ -394,16 +441,16 @@ async fn main() -> anyhow::Result<()> {
             value: format!("{recovered:.3} s"),
             reference: format!("job restart {restart:.2} s"),
             ratio: Some(recovered / restart),
-            target: "≤ 2 s".into(),
-            pass: Some(recovered <= 2.0),
+            target: target.clone(),
+            pass: Some(recovered <= bound),
         },
         Row {
             figure: "training at the survivors' former rate (median)".into(),
             value: format!("{again:.3} s"),
             reference: format!("job restart {restart:.2} s"),
             ratio: Some(again / restart),
-            target: "≤ 2 s".into(),
-            pass: Some(again <= 2.0),
+            target,
+            pass: Some(again <= bound),
         },
     ];
     print_table(&format!("Lost {}, {reps} repetitions", mode.name()), &rows);
