@@ -81,6 +81,38 @@ async fn bulk_synchronous_trains() {
     );
 }
 
+/// A bulk-synchronous job with a worker that holds no input block (3
+/// workers, 2 input blocks: the initial deal gives the third none) trains
+/// every epoch: the idle worker's clock does not hold the others back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bulk_synchronous_trains_with_an_idle_worker() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = data(dir.path(), 2000);
+    let mut c = config(3);
+    c.job.containers = 4;
+    c.job.workers = 3;
+    c.store.input_blocks = 2;
+    c.job.sync = SyncMode::Ssp;
+    c.job.staleness = 0;
+    c.optimizer.enabled = false;
+    let mut cluster = Cluster::start(c, input, dir.path().join("work"));
+    let st = cluster
+        .await_status(WAIT, |s| s.phase == "training")
+        .await
+        .unwrap();
+    let idle = st
+        .evaluators
+        .iter()
+        .filter(|e| e.role == am::Role::Worker && e.input_blocks == 0)
+        .count();
+    assert_eq!(idle, 1, "{:?}", st.evaluators);
+    let s = tokio::time::timeout(WAIT, cluster.join())
+        .await
+        .expect("no hang")
+        .expect("job succeeds");
+    assert_eq!(s.epochs.len(), 3);
+}
+
 /// Waits until the job trains, then returns the container of a worker.
 async fn training_worker(cluster: &mut Cluster) -> (EvaluatorId, String) {
     let st = cluster

@@ -340,7 +340,14 @@ impl Worker {
         };
         self.refill(&mut ahead, depth.max(1));
         if ahead.pulls.is_empty() {
-            // No input here (yet): wait for a stop or a block to arrive.
+            // No input here (yet): the local epoch is empty and, under
+            // SSP, ticks at once (the slowest worker's clock bounds every
+            // other, so a clock that stood still would hold them all
+            // back); then wait for a stop or a block to arrive.
+            if self.ctx.task.staleness.is_some() {
+                self.end_epoch(&mut (u64::MAX, 0), &ReportedTotals::default())
+                    .await?;
+            }
             tokio::select! {
                 _ = self.ctx.stop.cancelled() => return Ok(ControlFlow::Break(())),
                 _ = tokio::time::sleep(Duration::from_millis(20)) => return Ok(ControlFlow::Continue(())),
