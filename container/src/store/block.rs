@@ -324,12 +324,12 @@ const ZERO_AHEAD: usize = (256 << 10) / 4;
 /// An array's memory is made ready [`ZERO_AHEAD`] elements at a time, just
 /// before the socket's bytes are read over them: its pages faulted in with
 /// one system call ([`populate_for_write`]) rather than a fault per 4 KiB
-/// page, and the zeros a `&mut [u8]` window needs written while those
-/// pages are still in the cache, where the copy finds them. A move's
-/// destination mostly rebuilds blocks in memory fresh from the kernel:
-/// faulting each page in on its first write and zeroing the whole array
-/// ahead of the copy would take about a third of its time (BENCHMARKS.md,
-/// #21).
+/// page, unless they are all mapped in already ([`resident`]), and the
+/// zeros a `&mut [u8]` window needs written while those pages are still
+/// in the cache, where the copy finds them. Faulting each page in on its
+/// first write and zeroing the whole array ahead of the copy would take
+/// about a third of a destination's time, and populating pages already
+/// mapped a sixth (BENCHMARKS.md, #21).
 ///
 /// An array's length is checked against the bytes the block announced
 /// before anything is allocated for it, so a peer cannot make us allocate
@@ -407,8 +407,10 @@ impl BlockDecoder {
                 ArrayAt::Elems { v, len, got } => {
                     if *got == v.len() * 4 && v.len() < *len {
                         let more = (*len - v.len()).min(ZERO_AHEAD);
-                        let spare = v.spare_capacity_mut();
-                        populate_for_write(spare.as_ptr() as usize, more * 4);
+                        let start = v.spare_capacity_mut().as_ptr() as usize;
+                        if !resident(start, more * 4) {
+                            populate_for_write(start, more * 4);
+                        }
                         v.resize(v.len() + more, 0);
                     }
                     &mut bytemuck::cast_slice_mut::<u32, u8>(v)[*got..]
@@ -588,6 +590,42 @@ fn populate_for_write(start: usize, len: usize) {
     }
     #[cfg(not(target_os = "linux"))]
     let _ = (start, len);
+}
+
+/// Whether every whole 4 KiB page of `[start, start + len)` is mapped in
+/// already (memory the allocator handed back after an earlier free), asked
+/// with one `mincore`, which reads the page tables only:
+/// [`populate_for_write`] walks each page of its range, mapped or not, and
+/// on pages already there that walk is all it does. `false` where it
+/// cannot tell (then the range is populated, as it would be without
+/// asking).
+fn resident(start: usize, len: usize) -> bool {
+    #[cfg(target_os = "linux")]
+    {
+        const PAGE: usize = 4096;
+        let from = start.next_multiple_of(PAGE);
+        let to = start.saturating_add(len) & !(PAGE - 1);
+        if to <= from {
+            return false;
+        }
+        // One byte per page; a window is at most 64 pages.
+        let mut pages = [0u8; 128];
+        let n = (to - from) / PAGE;
+        if n > pages.len() {
+            return false;
+        }
+        // SAFETY: `from..to` lies inside an allocation the caller owns
+        // (page-aligned, as mincore requires); mincore only reads the page
+        // tables and writes one byte per page into `pages`, which has room
+        // for `n`.
+        let rc = unsafe { libc::mincore(from as *mut libc::c_void, to - from, pages.as_mut_ptr()) };
+        rc == 0 && pages[..n].iter().all(|p| p & 1 == 1)
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = (start, len);
+        false
+    }
 }
 
 /// Writes bytes into pieces of a fixed size.
