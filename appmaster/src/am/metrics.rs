@@ -163,15 +163,21 @@ impl OwnWindow {
     /// The worker's own seconds per mini-batch over the window.
     pub fn own_secs_per_batch(&self) -> Option<f64> {
         let s = self.sums()?;
-        let own = cruise_container::ps::own_secs(s.batch, s.wait, s.comp, s.cpu_wall, 1.0);
-        Some(own / s.mini_batches)
+        Some(s.own() / s.mini_batches)
     }
 
     /// Of that, the seconds of its requests that grow with the servers
     /// (`cruise_container::ps::io_secs`), per mini-batch.
     pub fn io_secs_per_batch(&self) -> Option<f64> {
         let s = self.sums()?;
-        Some(s.io.min(self.own_secs_per_batch()? * s.mini_batches) / s.mini_batches)
+        Some(s.io.min(s.own()) / s.mini_batches)
+    }
+}
+
+impl OwnParts {
+    /// The own seconds of these sums ([`cruise_container::ps::own_secs`]).
+    fn own(&self) -> f64 {
+        cruise_container::ps::own_secs(self.batch, self.wait, self.comp, self.cpu_wall, 1.0)
     }
 }
 
