@@ -460,6 +460,7 @@ async fn start_worker(
         min_clock: links.min_clock.subscribe(),
         rollback: links.rollback.subscribe(),
         recount: links.recount.subscribe(),
+        recounts_before: links.recount.borrow().hold,
         mini_batch: job.config.job.mini_batch as usize,
         task,
         pipeline_depth: job.config.job.in_flight() as usize,

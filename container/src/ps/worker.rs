@@ -68,6 +68,11 @@ pub struct WorkerContext {
     pub rollback: watch::Receiver<ClockRollback>,
     /// The recounts the AM ordered (LDA after a loss).
     pub recount: watch::Receiver<RecountOrder>,
+    /// The last recount ordered before the task was started: not its own
+    /// (the evaluator marked and answered it without a worker). Read when
+    /// the task is created, not when it first runs: a recount ordered
+    /// while the task prices its requests is its own to answer.
+    pub recounts_before: u32,
     /// Records per mini-batch.
     pub mini_batch: usize,
     /// The task's parameters.
@@ -264,8 +269,7 @@ impl Worker {
                 .unwrap_or(f64::INFINITY),
         };
         tracing::debug!(?pricing, "a worker's request CPU");
-        // Recounts before the task started are not its own.
-        let marked = ctx.recount.borrow().hold;
+        let marked = ctx.recounts_before;
         Worker {
             store: ctx.dp.store().clone(),
             model: ctx.app.model(),
@@ -926,15 +930,40 @@ mod tests {
         assert_eq!(pipeline_depth(2, 3), 2);
     }
 
+    /// An MLR app (3 classes, 10 features) and the store of evaluator
+    /// `me`, which holds one input block of three records; `server` owns
+    /// the 4 model blocks.
+    fn mlr_store(me: EvaluatorId, server: EvaluatorId) -> (Arc<dyn App>, Store) {
+        use crate::apps::mlr::{Mlr, params};
+        use crate::protocol::OwnershipUpdate;
+        use crate::store::BlockData;
+
+        let c = cruise_conf::MlrConfig {
+            classes: 3,
+            features: 10,
+            features_per_key: 2,
+            ..cruise_conf::MlrConfig::default()
+        };
+        let app = Arc::new(Mlr::new(&c, &params(&c, 4).unwrap()).unwrap());
+        let store = Store::new(me);
+        store.configure(&[(MODEL_TABLE, 4), (INPUT_TABLE, 1)], app.model());
+        let input = app.parse(b"0 1:1 3:1\n1 2:1\n2 9:1\n").unwrap();
+        store
+            .put_block(INPUT_TABLE, BlockId(0), BlockData::Input(Arc::new(input)))
+            .unwrap();
+        let mut owners: Vec<_> = BlockId::all(4).map(|b| (MODEL_TABLE, b, server)).collect();
+        owners.push((INPUT_TABLE, BlockId(0), me));
+        store.apply_ownership(&OwnershipUpdate { version: 1, owners });
+        (app, store)
+    }
+
     /// A worker whose task is dropped while it waits for an answer that
     /// will not come ends its thread: the runtime's shutdown, which waits
     /// for its blocking threads, is not held.
     #[test]
     fn an_abandoned_worker_does_not_hold_its_runtime() {
-        use crate::apps::mlr::{Mlr, params};
         use crate::emulate::Throttled;
-        use crate::protocol::{OwnershipUpdate, ToClient, ToOwner};
-        use crate::store::BlockData;
+        use crate::protocol::{ToClient, ToOwner};
         use futures::StreamExt;
         use tokio::net::TcpListener;
 
@@ -968,25 +997,8 @@ mod tests {
                 while let Some(Ok(_)) = framed.next().await {}
             });
 
-            let c = cruise_conf::MlrConfig {
-                classes: 3,
-                features: 10,
-                features_per_key: 2,
-                ..cruise_conf::MlrConfig::default()
-            };
-            let app = Arc::new(Mlr::new(&c, &params(&c, 4).unwrap()).unwrap());
             let me = EvaluatorId(1);
-            let store = Store::new(me);
-            store.configure(&[(MODEL_TABLE, 4), (INPUT_TABLE, 1)], app.model());
-            let input = app.parse(b"0 1:1 3:1\n1 2:1\n2 9:1\n").unwrap();
-            store
-                .put_block(INPUT_TABLE, BlockId(0), BlockData::Input(Arc::new(input)))
-                .unwrap();
-            let mut owners: Vec<_> = BlockId::all(4)
-                .map(|b| (MODEL_TABLE, b, EvaluatorId(2)))
-                .collect();
-            owners.push((INPUT_TABLE, BlockId(0), me));
-            store.apply_ownership(&OwnershipUpdate { version: 1, owners });
+            let (app, store) = mlr_store(me, EvaluatorId(2));
             let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
             let cancel = CancellationToken::new();
             let dp = DataPlane::start(me, store, listener, settings, Default::default(), &cancel)
@@ -1002,6 +1014,7 @@ mod tests {
                 min_clock,
                 rollback: watch::channel(ClockRollback::default()).1,
                 recount: watch::channel(RecountOrder::default()).1,
+                recounts_before: 0,
                 mini_batch: 2,
                 task: WorkerTask {
                     start_clock: 0,
@@ -1021,5 +1034,64 @@ mod tests {
         done_rx
             .recv_timeout(Duration::from_secs(60))
             .expect("the runtime's shutdown waited for the abandoned worker's thread");
+    }
+
+    /// A recount ordered after the task was started but before it first
+    /// ran (it prices its requests first, which takes a while on a loaded
+    /// machine) is the task's own: the evaluator left it to the task, so
+    /// the task holds and answers it. Reading the recounts already ordered
+    /// only when it first ran, a worker once swallowed such an order and
+    /// the AM waited for its answer until the job failed.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_recount_ordered_while_the_task_starts_is_answered() {
+        use tokio::net::TcpListener;
+
+        let me = EvaluatorId(1);
+        let (app, store) = mlr_store(me, me);
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let settings = crate::peer::PeerSettings::for_tests(Duration::from_secs(60));
+        let cancel = CancellationToken::new();
+        let dp =
+            DataPlane::start(me, store, listener, settings, Default::default(), &cancel).unwrap();
+        dp.set_peers(&[(me, addr)]);
+        let (to_am, mut from_worker) = mpsc::channel(64);
+        let (order, recount) = watch::channel(RecountOrder::default());
+        // The context is made before the order comes (as the evaluator
+        // makes it when the AM starts the worker); the task runs after.
+        let ctx = WorkerContext {
+            dp: dp.clone(),
+            app,
+            to_am,
+            stop: CancellationToken::new(),
+            min_clock: watch::channel(0).1,
+            rollback: watch::channel(ClockRollback::default()).1,
+            recount,
+            recounts_before: order.borrow().hold,
+            mini_batch: 1,
+            task: WorkerTask {
+                start_clock: 0,
+                staleness: None,
+                rollback: 0,
+            },
+            pipeline_depth: 0,
+        };
+        let stop = ctx.stop.clone();
+        order.send_modify(|r| r.hold = 1);
+        let worker = tokio::spawn(run_worker(ctx));
+        let held = tokio::time::timeout(Duration::from_secs(60), async {
+            while let Some(m) = from_worker.recv().await {
+                if let EvalToAm::RecountHeld { recount } = m {
+                    return Some(recount);
+                }
+            }
+            None
+        })
+        .await
+        .expect("the worker did not answer the recount ordered while it started");
+        assert_eq!(held, Some(1));
+        stop.cancel();
+        worker.await.unwrap().unwrap();
+        dp.shutdown().await;
     }
 }
