@@ -419,6 +419,7 @@ impl Driver {
             }
             self.step_plan().await?;
             self.step_recount().await;
+            self.step_deferred_stop().await;
             if self.phase == Phase::Finishing
                 && (self.all_containers_done() || self.finishing_overdue())
             {

@@ -317,11 +317,21 @@ impl Driver {
         }
     }
 
+    /// Training is over: the workers are told to stop, once the recount
+    /// and the re-reads of a lost worker's input under way have ended
+    /// (until then the stop is deferred, see [`Driver::step_deferred_stop`]).
+    /// A worker counts in its blocks' state as it stops and the final
+    /// evaluation reads its blocks: blocks that landed after it stopped
+    /// would be in neither.
     pub(super) async fn start_stopping(&mut self) {
-        if self.phase != Phase::Training || self.stop_after_recount() {
-            // A recount under way ends first (`reconfigure/recount.rs`).
+        if self.phase != Phase::Training {
             return;
         }
+        if self.recounting() || self.rereading() {
+            self.rc.stop_deferred = true;
+            return;
+        }
+        self.rc.stop_deferred = false;
         if let Some(t) = self.train_started {
             self.train_secs = t.elapsed().as_secs_f64();
         }
@@ -330,6 +340,14 @@ impl Driver {
         for id in workers {
             self.ask(id, AmToEval::StopWorker, Answer::WorkerStopped)
                 .await;
+        }
+    }
+
+    /// Stops training deferred by [`Driver::start_stopping`] once nothing
+    /// holds it any more (called after every event).
+    pub(super) async fn step_deferred_stop(&mut self) {
+        if self.rc.stop_deferred && !self.recounting() && !self.rereading() {
+            self.start_stopping().await;
         }
     }
 

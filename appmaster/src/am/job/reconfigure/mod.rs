@@ -279,9 +279,9 @@ pub(super) struct Reconfig {
     recounts: u32,
     /// The recounts done, in words.
     recounted: Vec<String>,
-    /// Stop training once the recount under way has ended (the last epoch
-    /// ended).
-    stop_after_recount: bool,
+    /// Stop training once the recount and the re-reads of a lost worker's
+    /// input under way have ended (the last epoch ended meanwhile).
+    pub(super) stop_deferred: bool,
 }
 
 impl Reconfig {
@@ -332,7 +332,7 @@ impl Reconfig {
             recount: None,
             recounts: 0,
             recounted: Vec::new(),
-            stop_after_recount: false,
+            stop_deferred: false,
         }
     }
 

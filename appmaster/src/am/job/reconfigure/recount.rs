@@ -108,15 +108,6 @@ impl Driver {
         self.rc.recount.is_some()
     }
 
-    /// Training is over: it stops once the recount under way has ended.
-    /// Returns whether stopping waits for it.
-    pub(in crate::am::job) fn stop_after_recount(&mut self) -> bool {
-        if self.rc.recount.is_some() {
-            self.rc.stop_after_recount = true;
-        }
-        self.rc.stop_after_recount
-    }
-
     /// The evaluators that hold for a recount: the workers, and any other
     /// holder of input blocks, alive.
     fn recount_workers(&self) -> BTreeSet<EvaluatorId> {
@@ -198,9 +189,6 @@ impl Driver {
                     tracing::warn!("{text}");
                     self.rc.recounted.push(text.clone());
                     let _ = self.links.progress.send(Progress::Phase(text));
-                    if std::mem::take(&mut self.rc.stop_after_recount) {
-                        self.start_stopping().await;
-                    }
                     return;
                 }
             }

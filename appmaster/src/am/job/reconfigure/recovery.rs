@@ -10,7 +10,9 @@
 //!   (NMF's row factors, as they were then: `LoadInput`'s `state`), and
 //!   drawn afresh as at the start otherwise (no checkpoint yet, an app
 //!   whose state checkpoints do not hold, a state file that cannot be
-//!   read).
+//!   read). A job whose last epoch ends meanwhile stops training only
+//!   once they have landed: a worker counts in its blocks' state as it
+//!   stops, and the final evaluation reads its blocks.
 //! - A lost server's model blocks are restored from the newest published
 //!   checkpoint onto the surviving servers (workers if none is left), the
 //!   least loaded first: each is told `RestoreBlocks` — its slots take the
