@@ -435,6 +435,14 @@ async fn lost_during_a_plan_of(workers: u32, role: am::Role, end: End, lda: bool
 /// One job of [`lost_during_a_plan`]; `None` when the move's end is not in
 /// `role` (the job is then cancelled).
 async fn try_lost_during_a_plan(workers: u32, role: am::Role, end: End, lda: bool) -> Option<()> {
+    // The job's log at info (RUST_LOG overrides), shown if the test fails.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_test_writer()
+        .try_init();
     let dir = tempfile::tempdir().unwrap();
     let mut c = config(4, workers, 12);
     c.optimizer.enabled = true;
@@ -455,7 +463,14 @@ async fn try_lost_during_a_plan(workers: u32, role: am::Role, end: End, lda: boo
     } else {
         data(dir.path(), 4000)
     };
-    let mut cluster = Cluster::start(c, input, dir.path().join("w"));
+    // Every frame delayed from the start: a mini-batch takes at least two
+    // delays, so the twelve epochs cannot all end, on a fast machine or
+    // behind a slow first checkpoint, before the plan this waits for.
+    let faults = ClusterOptions {
+        data_delay: Duration::from_millis(10),
+        ..ClusterOptions::default()
+    };
+    let mut cluster = Cluster::start_with(c, input, dir.path().join("w"), faults);
     cluster
         .await_status(WAIT, |s| s.phase == "training" && s.checkpoints >= 1)
         .await
