@@ -343,10 +343,10 @@ impl Driver {
         }
     }
 
-    /// Stops training deferred by [`Driver::start_stopping`] once nothing
-    /// holds it any more (called after every event).
+    /// Tries a stop deferred by [`Driver::start_stopping`] again (called
+    /// after every event): it goes ahead once nothing holds it any more.
     pub(super) async fn step_deferred_stop(&mut self) {
-        if self.rc.stop_deferred && !self.recounting() && !self.rereading() {
+        if self.rc.stop_deferred {
             self.start_stopping().await;
         }
     }
