@@ -201,6 +201,8 @@ impl Driver {
             if let Some(e) = self.evaluators.get_mut(&id) {
                 e.role = Role::Idle;
             }
+            // Its clock no longer holds the others back.
+            self.release_clocks().await;
             self.progress_deletes().await;
             return;
         }
@@ -216,6 +218,12 @@ impl Driver {
             self.start_role(id, sw.to).await;
             if let Some(e) = self.evaluators.get_mut(&id) {
                 e.role = sw.to;
+            }
+            if stopped == Role::Worker {
+                // Under SSP the workers ahead of it may be waiting for its
+                // clock, which no longer counts: nothing else would
+                // release them (they tick no more until released).
+                self.release_clocks().await;
             }
             tracing::info!(
                 "evaluator {id} is now a {}",
