@@ -115,6 +115,7 @@
 pub mod cost;
 pub mod error;
 pub mod executor;
+pub mod nearby;
 pub mod plan;
 pub mod reconfig_cost;
 pub mod snapshot;

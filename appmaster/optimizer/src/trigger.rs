@@ -10,7 +10,10 @@
 //! * **Stay** unless the best configuration is faster by at least
 //!   [`TriggerConfig::min_gain`] (5% by default) *and* the time it saves over the
 //!   remaining epochs exceeds the plan's predicted duration. A job at its optimum
-//!   therefore never reconfigures.
+//!   therefore never reconfigures. "Best" is the target with the largest net
+//!   saving (time saved over the remaining epochs less the plan): the solver's
+//!   fastest, or one near the running configuration with fewer bytes to move
+//!   ([`crate::nearby`]); with many epochs left that is the fastest.
 //! * **Reconfigure** with a plan otherwise, once
 //!   [`TriggerConfig::confirmations`] looks in a row have proposed to
 //!   reconfigure, to the split the latest of them proposed
@@ -48,6 +51,7 @@ use serde::{Deserialize, Serialize};
 use crate::cost::{CostModel, Target};
 use crate::error::OptimizerError;
 use crate::executor::ExecutionReport;
+use crate::nearby::{Pricer, net_best};
 use crate::plan::{Configuration, Plan};
 pub use crate::reconfig_cost::{OpCost, OpCostEstimate, ReconfigCostModel};
 use crate::snapshot::{Role, Snapshot};
@@ -522,6 +526,26 @@ impl TriggerPolicy {
             };
             return Ok(Decision::Reconfigure(Box::new(chosen)));
         }
+        // The target with the largest net saving: the solver's best or one
+        // near the running configuration with fewer bytes to move.
+        let best = if current_epoch.is_finite() && job.remaining_epochs.is_finite() {
+            let plan_secs = |p: &Plan| self.costs.plan_secs(p, snapshot, self.config.max_parallel);
+            let pricer = Pricer::new(&model, current, &plan_secs);
+            let chosen = net_best(
+                &pricer,
+                &best,
+                current_epoch,
+                job.remaining_epochs,
+                self.config.min_gain,
+            )?;
+            crate::solver::Solution {
+                target: chosen.target,
+                epoch_secs: chosen.epoch_secs,
+                ..best
+            }
+        } else {
+            best
+        };
         let stay = |reason: String| Decision::Stay {
             current_epoch_secs: current_epoch,
             best_epoch_secs: best.epoch_secs,

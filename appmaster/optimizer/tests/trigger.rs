@@ -1134,3 +1134,125 @@ fn an_asynchronous_job_keeps_the_workers_that_add_throughput() {
         .unwrap();
     assert!(matches!(d, Decision::Reconfigure(_)), "{d:?}");
 }
+
+/// Three fast containers, two slow ones (a 0.3 MB/s link and a server
+/// 40 times as slow per byte); running 2 fast workers and a slow one
+/// beside the slow server, a fast container idle.
+fn slow_server_job(remaining: f64) -> (Job, Vec<Spec>, Configuration) {
+    let specs = vec![
+        spec("fast0", 1e-3, 1e8, 1e-9),
+        spec("fast1", 1e-3, 1e8, 1e-9),
+        spec("fast2", 1e-3, 1e8, 1e-9),
+        spec("slow0", 1e-3, 3e5, 4e-8),
+        spec("slow1", 1e-3, 3e5, 4e-8),
+    ];
+    let mut j = job(32, 8, remaining);
+    j.bytes_per_mini_batch = 2e4;
+    j.input_bytes = 32 << 20;
+    j.model_bytes = 1 << 20;
+    let cfg = config(&j, &["fast0", "fast1", "slow0"], &["slow1"], &["fast2"]);
+    (j, specs, cfg)
+}
+
+/// The solver's best puts input on both slow containers, 3 MiB over a
+/// 0.3 MB/s link for each: a 70 s plan. With 10 epochs left it saves
+/// less over them than a split one role away that makes a fast worker the
+/// server and leaves the slow server idle (1 MiB of model over its link,
+/// no input onto a slow container), and the trigger goes there; with many
+/// epochs left it goes to the solver's best.
+#[test]
+fn a_cheaper_plan_near_the_running_split_wins_when_few_epochs_remain() {
+    use cruise_optimizer::{CostModel, solve};
+    let net_of = |p: &cruise_optimizer::Proposal, remaining: f64| {
+        (p.current_epoch_secs - p.predicted_epoch_secs) * remaining - p.predicted_cost_secs
+    };
+    let onto_slow = |p: &cruise_optimizer::Proposal| {
+        p.plan.ops.iter().any(|o| {
+            matches!(&o.op, Operation::Move { table: Table::Input, to, .. } if to.starts_with("slow"))
+        })
+    };
+    for (remaining, near) in [(10.0, true), (1e5, false)] {
+        let (j, specs, cfg) = slow_server_job(remaining);
+        let snap = snapshot(&j, &specs, &cfg, 50);
+        let policy = TriggerPolicy::default();
+        let best = solve(&CostModel::new(&snap).unwrap()).unwrap();
+        let to_best = Plan::between(&cfg, &best.target).unwrap();
+        let best_cost = policy
+            .costs
+            .plan_secs(&to_best, &snap, policy.config.max_parallel);
+        let d = policy.decide(&snap, &cfg).unwrap();
+        let Decision::Reconfigure(p) = d else {
+            panic!("{remaining} epochs left: expected a reconfiguration, got {d:?}")
+        };
+        let best_net = (p.current_epoch_secs - best.epoch_secs) * remaining - best_cost;
+        assert!(best_cost > 60.0, "{best_cost}");
+        if near {
+            assert_ne!(p.target, best.target);
+            assert!(
+                net_of(&p, remaining) > best_net + 10.0,
+                "{p:?} vs {best_net}"
+            );
+            assert!(!onto_slow(&p), "{p:?}");
+            assert_eq!(p.target["slow1"].role, Role::Idle, "{p:?}");
+            assert_eq!(p.target["fast0"].role, Role::Server, "{p:?}");
+        } else {
+            assert_eq!(p.target, best.target);
+            assert!(onto_slow(&p));
+        }
+    }
+}
+
+/// [`slow_server_job`] with the fast idle container made the server and
+/// the slow server a worker: the best partition for those roles moves
+/// input onto the slow one over its 0.3 MB/s link. With few epochs left
+/// moves are taken back (a larger net saving, fewer blocks moved); with
+/// many left none that costs epoch time is.
+#[test]
+fn moves_that_do_not_pay_over_the_epochs_left_are_taken_back() {
+    use cruise_optimizer::nearby::{Pricer, fewer_moves};
+    use cruise_optimizer::{CostModel, solve_for_roles};
+    let input_moved = |p: &Plan| -> usize {
+        p.ops
+            .iter()
+            .map(|o| match &o.op {
+                Operation::Move {
+                    table: Table::Input,
+                    blocks,
+                    ..
+                } => blocks.len(),
+                _ => 0,
+            })
+            .sum()
+    };
+    for remaining in [5.0, 1e6] {
+        let (j, specs, cfg) = slow_server_job(remaining);
+        let snap = snapshot(&j, &specs, &cfg, 50);
+        let model = CostModel::new(&snap).unwrap();
+        let policy = TriggerPolicy::default();
+        let plan_secs = |p: &Plan| policy.costs.plan_secs(p, &snap, 4);
+        let pricer = Pricer::new(&model, &cfg, &plan_secs);
+        let now = model.evaluate(&cfg.counts()).unwrap().epoch_secs;
+        let roles = [
+            Role::Worker,
+            Role::Worker,
+            Role::Server,
+            Role::Worker,
+            Role::Worker,
+        ];
+        let placed = solve_for_roles(&model, &roles).unwrap();
+        let start = pricer.price(placed.target).unwrap().unwrap();
+        assert!(input_moved(&start.plan) > 0, "{:?}", start.plan);
+        let fewer = fewer_moves(&pricer, start.clone(), now, remaining).unwrap();
+        assert!(fewer.net(now, remaining) >= start.net(now, remaining));
+        if remaining < 10.0 {
+            assert!(
+                input_moved(&fewer.plan) < input_moved(&start.plan),
+                "{:?}",
+                fewer.plan
+            );
+            assert!(fewer.net(now, remaining) > start.net(now, remaining) + 1.0);
+        } else {
+            assert!((fewer.epoch_secs - start.epoch_secs).abs() < 1e-9 * start.epoch_secs);
+        }
+    }
+}
