@@ -273,6 +273,41 @@ pub fn resize(s: &mut Snapshot, n: usize) {
     }
 }
 
+/// The solver's fastest configuration and its plan, priced as the trigger
+/// prices it: the decision below goes elsewhere when a target with fewer
+/// bytes to move saves more net of its plan (`cruise_optimizer::nearby`).
+fn write_fastest(
+    out: &mut String,
+    snap: &Snapshot,
+    model: &CostModel,
+    config: &Configuration,
+    policy: &TriggerPolicy,
+) {
+    let Ok(best) = solve(model) else {
+        return;
+    };
+    let Ok(plan) = cruise_optimizer::Plan::between(config, &best.target) else {
+        return;
+    };
+    let cost = policy
+        .costs
+        .plan_secs(&plan, snap, policy.config.max_parallel);
+    let (w, s) = best.target.values().fold((0, 0), |(w, s), p| match p.role {
+        Role::Worker => (w + 1, s),
+        Role::Server => (w, s + 1),
+        Role::Idle => (w, s),
+    });
+    let (input, model_blocks) = plan.blocks_moved();
+    let _ = writeln!(
+        out,
+        "fastest: {w} workers + {s} servers, predicted epoch {:.4} s; its plan {:.2} s \
+         ({} operations, {input} input and {model_blocks} model blocks moved)",
+        best.epoch_secs,
+        cost,
+        plan.ops.len()
+    );
+}
+
 /// Runs the what-if analysis and returns the report text. `min_gain`
 /// overrides the snapshot's gain threshold (default: the job's, else 5%).
 pub fn report(
@@ -321,6 +356,7 @@ pub fn report(
     }
     let mut policy = policy_of(&snap, min_gain);
     write_policy(&mut out, &snap, &policy);
+    write_fastest(&mut out, &snap, &model, &config, &policy);
     let decision = policy.decide(&snap, &config).map_err(bad)?;
     // Counted against the looks the job had made, as the job counted it.
     let decision = policy.confirm(decision);
@@ -642,7 +678,19 @@ mod tests {
     fn more_containers_are_used_and_fewer_are_given_back() {
         let dir = tempfile::tempdir().unwrap();
         let p = write(dir.path());
+        // With 10 epochs left, adding two containers (10 s each by the
+        // default prior) saves less net of its plan than switching a
+        // server to a worker; with 100 left it saves more.
         let r = report(&p, Some(6), Some(0.05)).unwrap();
+        assert!(
+            r.contains("fastest: 4 workers + 2 servers")
+                && r.contains("decision: reconfigure to 2 workers + 2 servers"),
+            "{r}"
+        );
+        let long = SNAP.replace("\"remaining_epochs\": 10.0", "\"remaining_epochs\": 100.0");
+        let p6 = dir.path().join("long.json");
+        std::fs::write(&p6, long).unwrap();
+        let r = report(&p6, Some(6), Some(0.05)).unwrap();
         assert!(r.contains("add offered"), "{r}");
         let r = report(&p, Some(3), Some(0.05)).unwrap();
         assert!(r.contains("forced") && r.contains("delete e4"), "{r}");
