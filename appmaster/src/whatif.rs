@@ -273,30 +273,29 @@ pub fn resize(s: &mut Snapshot, n: usize) {
     }
 }
 
+/// Workers and servers of a target.
+fn split_of(target: &cruise_optimizer::Target) -> (usize, usize) {
+    let count = |r: Role| target.values().filter(|p| p.role == r).count();
+    (count(Role::Worker), count(Role::Server))
+}
+
 /// The solver's fastest configuration and its plan, priced as the trigger
 /// prices it: the decision below goes elsewhere when a target with fewer
 /// bytes to move saves more net of its plan (`cruise_optimizer::nearby`).
 fn write_fastest(
     out: &mut String,
     snap: &Snapshot,
-    model: &CostModel,
+    best: &cruise_optimizer::Solution,
     config: &Configuration,
     policy: &TriggerPolicy,
 ) {
-    let Ok(best) = solve(model) else {
-        return;
-    };
     let Ok(plan) = cruise_optimizer::Plan::between(config, &best.target) else {
         return;
     };
     let cost = policy
         .costs
         .plan_secs(&plan, snap, policy.config.max_parallel);
-    let (w, s) = best.target.values().fold((0, 0), |(w, s), p| match p.role {
-        Role::Worker => (w + 1, s),
-        Role::Server => (w, s + 1),
-        Role::Idle => (w, s),
-    });
+    let (w, s) = split_of(&best.target);
     let (input, model_blocks) = plan.blocks_moved();
     let _ = writeln!(
         out,
@@ -340,7 +339,8 @@ pub fn report(
     }
     // The search the decision rests on: proven best, or the best found
     // before it stopped (too many containers, or its node budget).
-    if let Ok(best) = solve(&model) {
+    let fastest = solve(&model).ok();
+    if let Some(best) = &fastest {
         let _ = writeln!(
             out,
             "search: {} role assignments evaluated; {}",
@@ -356,7 +356,9 @@ pub fn report(
     }
     let mut policy = policy_of(&snap, min_gain);
     write_policy(&mut out, &snap, &policy);
-    write_fastest(&mut out, &snap, &model, &config, &policy);
+    if let Some(best) = &fastest {
+        write_fastest(&mut out, &snap, best, &config, &policy);
+    }
     let decision = policy.decide(&snap, &config).map_err(bad)?;
     // Counted against the looks the job had made, as the job counted it.
     let decision = policy.confirm(decision);
@@ -561,8 +563,7 @@ fn write_decision(out: &mut String, decision: &Decision) {
             );
         }
         Decision::Reconfigure(p) => {
-            let w = p.target.values().filter(|x| x.role == Role::Worker).count();
-            let s = p.target.values().filter(|x| x.role == Role::Server).count();
+            let (w, s) = split_of(&p.target);
             let _ = writeln!(
                 out,
                 "decision: reconfigure to {w} workers + {s} servers: {:.4} s -> {:.4} s ({:.1}% gain), predicted cost {:.2} s{}",

@@ -82,22 +82,20 @@ async fn training(cluster: &mut Cluster) {
 }
 
 /// Offers the job a capacity of 4 and waits until a plan has succeeded and
-/// more than `more_than` of its members are `counted`; returns the status.
+/// the job's members are `grown`; returns the status.
 async fn grown_into_4(
     cluster: &mut Cluster,
-    counted: fn(&am::EvaluatorStatus) -> bool,
-    more_than: usize,
-) -> am::Status {
+    grown: impl Fn(&[am::EvaluatorStatus]) -> bool,
+) -> Result<am::Status, String> {
     assert!(cluster.set_capacity(4));
     cluster
         .await_status(WAIT, |s| {
             s.reconfigurations
                 .iter()
                 .any(|r| r.failed.is_empty() && r.succeeded > 0)
-                && s.evaluators.iter().filter(|e| counted(e)).count() > more_than
+                && grown(&s.evaluators)
         })
         .await
-        .unwrap()
 }
 
 /// Capacity offered: the job grows into it. The job is endless (cancelled
@@ -118,7 +116,11 @@ async fn offered_capacity_is_used() {
     c.optimizer.bandwidth_noise_tolerance = 1.0;
     let mut cluster = Cluster::start(c, data(dir.path(), 4000), dir.path().join("w"));
     training(&mut cluster).await;
-    let st = grown_into_4(&mut cluster, |e| e.role != am::Role::Idle, 2).await;
+    let st = grown_into_4(&mut cluster, |evals| {
+        evals.iter().filter(|e| e.role != am::Role::Idle).count() > 2
+    })
+    .await
+    .unwrap();
     assert!(st.capacity == 4);
     stop(cluster).await;
 }
@@ -149,18 +151,13 @@ async fn a_worker_joining_an_ssp_job_starts_at_its_clock() {
         .filter(|e| e.role == am::Role::Worker)
         .map(|e| e.id)
         .collect();
-    assert!(cluster.set_capacity(4));
-    let st = cluster
-        .await_status(WAIT, |s| {
-            s.reconfigurations
-                .iter()
-                .any(|r| r.failed.is_empty() && r.succeeded > 0)
-                && s.evaluators
-                    .iter()
-                    .any(|e| e.role == am::Role::Worker && !workers_before.contains(&e.id))
-        })
-        .await
-        .unwrap_or_else(|e| panic!("no worker started late: {e}"));
+    let st = grown_into_4(&mut cluster, |evals| {
+        evals
+            .iter()
+            .any(|e| e.role == am::Role::Worker && !workers_before.contains(&e.id))
+    })
+    .await
+    .unwrap_or_else(|e| panic!("no worker started late: {e}"));
     let before = st.records_processed;
     cluster
         .await_status(WAIT, |s| s.records_processed > before + 2 * 4000)
