@@ -155,6 +155,23 @@ impl InProcessRm {
             .is_some()
     }
 
+    /// Holds (`true`) every control message an evaluator sends from now
+    /// on, or sends what it held (`false`): a partition between it and the
+    /// AM that heals, nothing lost.
+    pub fn hold_messages(&self, container: &str, hold: bool) -> bool {
+        let st = self.state();
+        st.containers
+            .get(container)
+            .map(|h| {
+                if hold {
+                    h.opts.control_faults.hold();
+                } else {
+                    h.opts.control_faults.release();
+                }
+            })
+            .is_some()
+    }
+
     /// Changes the capacity and tells the AM (like a cluster offering or
     /// reclaiming resources).
     pub fn set_capacity(&self, n: u32) {
@@ -459,6 +476,13 @@ impl Cluster {
     /// Delays an evaluator's control messages.
     pub fn delay_messages(&self, container: &str, d: Duration) -> bool {
         self.rm().is_some_and(|rm| rm.delay_messages(container, d))
+    }
+
+    /// Holds an evaluator's control messages (`true`) or sends what it
+    /// held (`false`).
+    pub fn hold_messages(&self, container: &str, hold: bool) -> bool {
+        self.rm()
+            .is_some_and(|rm| rm.hold_messages(container, hold))
     }
 
     /// Changes the capacity the resource manager offers.

@@ -29,6 +29,7 @@ pub struct Faults {
 #[derive(Debug, Default)]
 struct FaultState {
     delay_us: AtomicU64,
+    held: AtomicBool,
     broken: AtomicBool,
     notify: Notify,
 }
@@ -45,6 +46,35 @@ impl Faults {
     /// The current delay.
     pub fn delay(&self) -> Duration {
         Duration::from_micros(self.inner.delay_us.load(Ordering::Relaxed))
+    }
+
+    /// Holds every frame not sent yet until [`Faults::release`], as a
+    /// partition that heals does: nothing is lost, and the frames go out in
+    /// order once released.
+    pub fn hold(&self) {
+        self.inner.held.store(true, Ordering::SeqCst);
+    }
+
+    /// Ends [`Faults::hold`]: the frames held go out.
+    pub fn release(&self) {
+        self.inner.held.store(false, Ordering::SeqCst);
+        self.inner.notify.notify_waiters();
+    }
+
+    /// Whether frames are held ([`Faults::hold`]).
+    pub fn is_held(&self) -> bool {
+        self.inner.held.load(Ordering::SeqCst)
+    }
+
+    /// Resolves once frames are not held.
+    async fn released(&self) {
+        loop {
+            let notified = self.inner.notify.notified();
+            if !self.is_held() {
+                return;
+            }
+            notified.await;
+        }
     }
 
     /// Breaks every connection using these hooks: they stop reading and
@@ -105,6 +135,13 @@ where
                     None => break,
                 },
             };
+            if faults.is_held() {
+                tokio::select! {
+                    _ = faults.released() => {}
+                    _ = faults.broken() => break,
+                    _ = cancel.cancelled() => break,
+                }
+            }
             let delay = faults.delay();
             if !delay.is_zero() {
                 tokio::select! {
@@ -118,8 +155,8 @@ where
                 return;
             }
             // Batch what is already queued into one flush (not when every
-            // frame must be delayed on its own).
-            while faults.delay().is_zero() {
+            // frame must be delayed or held on its own).
+            while faults.delay().is_zero() && !faults.is_held() {
                 let Ok(m) = rx.try_recv() else { break };
                 if let Err(e) = sink.feed(m).await {
                     tracing::debug!("{what}: write failed: {e}");
@@ -181,6 +218,39 @@ mod tests {
             handle.await.unwrap();
             assert!(rx.next().await.is_none(), "closed after the last message");
         }
+    }
+
+    /// Held frames wait (the clock is paused: a timeout fires only when
+    /// nothing else can run) and go out in order once released.
+    #[tokio::test(start_paused = true)]
+    async fn held_frames_go_out_in_order_once_released() {
+        let (a, b) = tokio::io::duplex(1 << 16);
+        let tracker = TaskTracker::new();
+        let faults = Faults::default();
+        let sink = Framed::new(a, FrameCodec::<u32, u32>::new(FrameOptions::default()));
+        let (tx, handle) = spawn_writer(
+            sink,
+            8,
+            faults.clone(),
+            CancellationToken::new(),
+            &tracker,
+            "test".into(),
+        );
+        let mut rx = Framed::new(b, FrameCodec::<u32, u32>::new(FrameOptions::default()));
+        tx.send(1).await.unwrap();
+        assert_eq!(rx.next().await.unwrap().unwrap(), 1);
+        faults.hold();
+        for i in 2..5u32 {
+            tx.send(i).await.unwrap();
+        }
+        let held = tokio::time::timeout(Duration::from_secs(3600), rx.next()).await;
+        assert!(held.is_err(), "nothing arrives while held: {held:?}");
+        faults.release();
+        for i in 2..5u32 {
+            assert_eq!(rx.next().await.unwrap().unwrap(), i);
+        }
+        drop(tx);
+        handle.await.unwrap();
     }
 
     #[tokio::test]
