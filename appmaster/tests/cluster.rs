@@ -418,6 +418,71 @@ async fn killed_worker_is_survived(c: CruiseConfig) {
     survived_by_one(cluster, id, am::Role::Worker, |e| e.input_blocks == 6).await;
 }
 
+/// A job whose last epoch ends while a lost worker's input is being
+/// re-read stops only once the re-read has landed: the stop waits, says
+/// so, and the final evaluation counts every record once. Of three
+/// workers one is killed; its two blocks go one to each survivor, the
+/// least loaded first. One survivor's control messages are held (its
+/// re-read cannot be heard of) while the other trains the job through
+/// its last epoch; then they are sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_stop_waits_for_a_lost_worker_s_input_to_be_re_read() {
+    // Its first epoch is seen, then the rest take a second or more.
+    const EPOCHS: u32 = 100;
+    let dir = tempfile::tempdir().unwrap();
+    let input = data(dir.path(), 3000);
+    let mut c = config(EPOCHS);
+    c.job.containers = 4;
+    c.job.workers = 3;
+    c.optimizer.enabled = false;
+    // The held messages include the survivor's heartbeats.
+    c.channel.heartbeat_timeout_ms = 600_000;
+    let mut cluster = Cluster::start(c, input, dir.path().join("work"));
+    while !matches!(next_progress(&mut cluster).await, Progress::Epoch(_)) {}
+    let st = cluster.status();
+    assert!(st.epochs_done < EPOCHS, "{st:?}");
+    let workers: Vec<_> = st
+        .evaluators
+        .iter()
+        .filter(|e| e.role == am::Role::Worker)
+        .collect();
+    assert_eq!(workers.len(), 3, "{:?}", st.evaluators);
+    assert!(
+        workers.iter().all(|e| e.input_blocks == 2),
+        "{:?}",
+        st.evaluators
+    );
+    let (lost, held) = (workers[0], workers[1]);
+    assert!(cluster.hold_messages(&held.container, true));
+    assert!(cluster.kill_evaluator(&lost.container));
+    loop {
+        match next_progress(&mut cluster).await {
+            Progress::Phase(p) if p.contains("waiting for the re-reads") => break,
+            Progress::Phase(p) if p.contains("stopping") => {
+                panic!("the workers were stopped with a re-read under way: {p}")
+            }
+            _ => {}
+        }
+    }
+    // Held, the stop waits: the last epoch's status says so.
+    let st = cluster
+        .await_status(WAIT, |s| s.epochs_done == EPOCHS)
+        .await
+        .unwrap();
+    assert_eq!(st.phase, "training");
+    assert!(cluster.hold_messages(&held.container, false));
+    let s = tokio::time::timeout(WAIT, cluster.join())
+        .await
+        .expect("no hang")
+        .expect("job succeeds");
+    assert_eq!(s.epochs.len() as u32, EPOCHS);
+    assert_eq!(s.lost.len(), 1, "{:?}", s.lost);
+    assert_eq!(
+        s.final_stats.records, 3000,
+        "evaluation covers every record once"
+    );
+}
+
 /// NMF on `rows` rows of 80 columns, rank 3, in `dir`.
 fn nmf_data(dir: &Path, rows: u64) -> String {
     use cruise_appmaster::datagen::GenSpec;

@@ -225,7 +225,8 @@ impl Driver {
             );
             let _ = self.links.progress.send(Progress::Epoch(summary));
         }
-        if self.epochs.len() as u32 >= self.config.job.epochs && !self.end_reconfiguration() {
+        if self.epochs.len() as u32 >= self.config.job.epochs {
+            self.end_reconfiguration();
             self.start_stopping().await;
         } else {
             self.maybe_checkpoint().await;
@@ -317,18 +318,38 @@ impl Driver {
         }
     }
 
-    /// Training is over: the workers are told to stop, once the recount
-    /// and the re-reads of a lost worker's input under way have ended
-    /// (until then the stop is deferred, see [`Driver::step_deferred_stop`]).
-    /// A worker counts in its blocks' state as it stops and the final
-    /// evaluation reads its blocks: blocks that landed after it stopped
-    /// would be in neither.
+    /// Training is over: the workers are told to stop, once the running
+    /// plan's operations under way, the recount and the re-reads of a lost
+    /// worker's input have ended (until then the stop is deferred, see
+    /// [`Driver::step_deferred_stop`]). A worker counts in its blocks'
+    /// state as it stops and the final evaluation reads its blocks: blocks
+    /// that landed after it stopped would be in neither.
     pub(super) async fn start_stopping(&mut self) {
         if self.phase != Phase::Training {
             return;
         }
-        if self.recounting() || self.rereading() {
-            self.rc.stop_deferred = true;
+        let holds: Vec<&str> = [
+            (
+                self.rc.plan_running(),
+                "the running plan's operations under way",
+            ),
+            (self.recounting(), "the model's recount"),
+            (self.rereading(), "the re-reads of a lost worker's input"),
+        ]
+        .into_iter()
+        .filter_map(|(on, what)| on.then_some(what))
+        .collect();
+        if !holds.is_empty() {
+            if !self.rc.stop_deferred {
+                self.rc.stop_deferred = true;
+                self.phase(
+                    Phase::Training,
+                    format!(
+                        "the last epoch ended; waiting for {} before the workers stop",
+                        holds.join(" and ")
+                    ),
+                );
+            }
             return;
         }
         self.rc.stop_deferred = false;

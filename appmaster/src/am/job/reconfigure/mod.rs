@@ -256,8 +256,6 @@ pub(super) struct Reconfig {
     /// ([`cruise_rm::RmEvent::Reclaiming`]) → its deadline and reason, until
     /// they end.
     pub(super) reclaiming: BTreeMap<cruise_rm::ContainerId, (Instant, String)>,
-    /// Stop training once the running plan is done (the last epoch ended).
-    pub(super) stop_after_plan: bool,
     pub(super) last_decision: Option<String>,
     /// The optimizer's last look: the predicted epoch time of each split.
     pub(super) last_splits: Vec<(u32, u32, f64)>,
@@ -279,8 +277,10 @@ pub(super) struct Reconfig {
     recounts: u32,
     /// The recounts done, in words.
     recounted: Vec<String>,
-    /// Stop training once the recount and the re-reads of a lost worker's
-    /// input under way have ended (the last epoch ended meanwhile).
+    /// The last epoch ended: stop training once nothing holds the stop
+    /// any more (the running plan, a recount, the re-reads of a lost
+    /// worker's input; see [`Driver::start_stopping`]). No plan starts
+    /// meanwhile.
     pub(super) stop_deferred: bool,
 }
 
@@ -320,7 +320,6 @@ impl Reconfig {
             capacity: config.runtime.effective_max_containers(&config.job),
             reclaim: None,
             reclaiming: BTreeMap::new(),
-            stop_after_plan: false,
             last_decision: None,
             last_splits: Vec::new(),
             history: Vec::new(),
@@ -350,12 +349,12 @@ impl Reconfig {
         }
     }
 
-    /// Whether a plan is deleting an evaluator (it is draining or leaving).
     /// Whether a plan is running.
     pub(super) fn plan_running(&self) -> bool {
         self.plan.is_some()
     }
 
+    /// Whether a plan is deleting an evaluator (it is draining or leaving).
     pub(super) fn is_deleting(&self, id: EvaluatorId) -> bool {
         self.deletes.contains_key(&id)
     }

@@ -68,15 +68,11 @@ impl Driver {
         }
     }
 
-    /// The last epoch ended: stop planning; finish the running plan first.
-    pub(in crate::am::job) fn end_reconfiguration(&mut self) -> bool {
-        match &mut self.rc.plan {
-            Some(p) => {
-                p.tracker.cancel();
-                self.rc.stop_after_plan = true;
-                true
-            }
-            None => false,
+    /// The last epoch ended: the running plan, if any, starts no more
+    /// operations (the stop waits for the ones under way).
+    pub(in crate::am::job) fn end_reconfiguration(&mut self) {
+        if let Some(p) = &mut self.rc.plan {
+            p.tracker.cancel();
         }
     }
 
@@ -303,10 +299,6 @@ impl Driver {
                 n.min(held - self.rc.capacity).max(held - self.rc.capacity),
                 since,
             ));
-        }
-        if self.rc.stop_after_plan {
-            self.rc.stop_after_plan = false;
-            self.start_stopping().await;
         }
         Ok(())
     }

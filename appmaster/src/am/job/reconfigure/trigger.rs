@@ -26,7 +26,7 @@ impl Driver {
             || self.phase != Phase::Training
             || rc.plan.is_some()
             || rc.deciding.is_some()
-            || rc.stop_after_plan
+            || rc.stop_deferred
             || !rc.recoveries.is_empty()
             || !rc.restores.is_empty()
             || rc.recount.is_some()
@@ -165,7 +165,7 @@ impl Driver {
         }
         if self.phase != Phase::Training
             || self.rc.plan.is_some()
-            || self.rc.stop_after_plan
+            || self.rc.stop_deferred
             || self.rc.recount.is_some()
         {
             return;
