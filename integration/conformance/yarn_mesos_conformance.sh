@@ -4,7 +4,8 @@
 #   pymesos 0.3.15        -> cruise-sim mesos  (mesos_conformance.py), entering
 #                            through a --leader-redirect follower
 #
-# Sets up the venv (yarn_mesos_setup.sh, cached), builds cruise-sim, starts
+# Sets up the venv (yarn_mesos_setup.sh, cached), builds cruise-sim (or uses
+# $CRUISE_SIM_BIN), starts
 # both simulators on 127.0.0.1 port 0, waits for their ready files, runs both
 # scripts, stops the simulators (SIGTERM, which kills their processes) and
 # exits non-zero if anything failed. Prints "N passed, M failed" at the end.
@@ -20,11 +21,15 @@ log() { echo "[yarn_mesos_conformance] $*" >&2; }
 
 bash "$HERE/yarn_mesos_setup.sh"
 
-log "building cruise-sim"
-(cd "$ROOT" && cargo build -q -p cruise-sim)
-TARGET_DIR="$(cd "$ROOT" && cargo metadata --format-version 1 --no-deps \
-    | "$VENV/bin/python" -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')"
-BIN="$TARGET_DIR/debug/cruise-sim"
+if [ -n "${CRUISE_SIM_BIN:-}" ]; then
+    BIN="$CRUISE_SIM_BIN"
+else
+    log "building cruise-sim"
+    (cd "$ROOT" && cargo build -q -p cruise-sim)
+    TARGET_DIR="$(cd "$ROOT" && cargo metadata --format-version 1 --no-deps \
+        | "$VENV/bin/python" -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')"
+    BIN="$TARGET_DIR/debug/cruise-sim"
+fi
 [ -x "$BIN" ] || { log "no binary at $BIN"; exit 1; }
 
 TMP="$(mktemp -d)"

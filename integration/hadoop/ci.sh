@@ -2,8 +2,11 @@
 # CI stage: starts the real one-machine Hadoop (start.sh fetches the Hadoop
 # jars with Maven, cached in ~/.m2, and waits until the RM and WebHDFS
 # answer), runs the real-Hadoop end-to-end and differential tests and the
-# third-party WebHDFS clients against it, and stops it, also on failure. The tests fail rather than skip when the cluster is
-# missing (CRUISE_HADOOP_REQUIRED=1). Prints the stage's time.
+# third-party WebHDFS clients against it, and stops it, also on failure.
+# The tests fail rather than skip when the cluster is missing
+# (CRUISE_HADOOP_REQUIRED=1). Its cargo commands take the whole workspace:
+# after .ci/run's build they build nothing (with `-p` they would build most
+# of it again, its features unified differently). Prints the stage's time.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 T0=$(date +%s)
@@ -16,12 +19,14 @@ if ! integration/hadoop/start.sh "$HADOOP_DIR"; then
 fi
 echo "hadoop: started in $(( $(date +%s) - T0 )) s"
 if ! CRUISE_HADOOP_DIR="$HADOOP_DIR" CRUISE_HADOOP_REQUIRED=1 \
-    cargo test -p cruise-integration --test hadoop_e2e --test hadoop_differential -- --ignored --test-threads 2; then
+    cargo test --workspace --test hadoop_e2e --test hadoop_differential -- --ignored --test-threads 2; then
     echo "---- NodeManager logs: $HADOOP_DIR/logs, containers' logs: $HADOOP_DIR/nm-*/logs ----" >&2
     exit 1
 fi
 # The third-party WebHDFS clients (HdfsCLI, fsspec, Hadoop's own
 # WebHdfsFileSystem) against real HDFS as well as cruise-sim.
-CRUISE_HADOOP_DIR="$HADOOP_DIR" integration/conformance/webhdfs_conformance.sh
+cargo build --quiet --workspace --all-targets
+CRUISE_SIM_BIN="${CARGO_TARGET_DIR:-$PWD/target}/debug/cruise-sim" CRUISE_HADOOP_DIR="$HADOOP_DIR" \
+    integration/conformance/webhdfs_conformance.sh
 integration/hadoop/stop.sh "$HADOOP_DIR"
 echo "real Hadoop stage passed in $(( $(date +%s) - T0 )) s"

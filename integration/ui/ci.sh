@@ -21,5 +21,5 @@ if [ "${#missing[@]}" -gt 0 ]; then
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
     echo "ui: installed in $(( $(date +%s) - T0 )) s"
 fi
-CRUISE_UI_TOOLS_REQUIRED=1 cargo test -p cruise-integration --test ui_e2e -- --ignored --test-threads 1
+CRUISE_UI_TOOLS_REQUIRED=1 cargo test --workspace --test ui_e2e -- --ignored --test-threads 1
 echo "UI tools stage passed in $(( $(date +%s) - T0 )) s"
