@@ -914,15 +914,25 @@ async fn survived_lda(cluster: Cluster, model: &Path, tokens: u64) -> am::JobSum
 /// counts) finishes every epoch, its model counting every token of the
 /// corpus exactly once, with a per-token log-likelihood within 5% of the
 /// same job undisturbed. Every data-plane frame is delayed (1 ms) until the
-/// AM says the counts were rebuilt, so the job cannot end first.
-async fn lda_loss_is_survived_by_a_recount(role: am::Role) {
+/// AM says the counts were rebuilt, so the job cannot end first. `ssp`:
+/// both jobs bulk-synchronous (staleness 0), where every worker waits for
+/// the others at each clock, also while the recount holds them.
+async fn lda_loss_is_survived_by_a_recount(role: am::Role, ssp: bool) {
     let dir = tempfile::tempdir().unwrap();
     let (input, tokens) = harness::lda_data(dir.path()).unwrap();
+    let configured = |model: &Path| {
+        let mut c = lda_config(model);
+        if ssp {
+            c.job.sync = SyncMode::Ssp;
+            c.job.staleness = 0;
+        }
+        c
+    };
     let calm_model = dir.path().join("calm-model.txt");
     let calm = tokio::time::timeout(
         WAIT,
         Cluster::start(
-            lda_config(&calm_model),
+            configured(&calm_model),
             input.clone(),
             dir.path().join("calm"),
         )
@@ -937,7 +947,7 @@ async fn lda_loss_is_survived_by_a_recount(role: am::Role) {
     );
 
     let model = dir.path().join("model.txt");
-    let (mut cluster, st) = lda_started(lda_config(&model), input, &dir.path().join("work")).await;
+    let (mut cluster, st) = lda_started(configured(&model), input, &dir.path().join("work")).await;
     let victim = st.evaluators.iter().find(|e| e.role == role).unwrap();
     kill_and_await_recount(&mut cluster, &victim.container).await;
     let s = survived_lda(cluster, &model, tokens).await;
@@ -955,12 +965,22 @@ async fn lda_loss_is_survived_by_a_recount(role: am::Role) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_lda_worker_is_survived_with_every_token_counted_once() {
-    lda_loss_is_survived_by_a_recount(am::Role::Worker).await;
+    lda_loss_is_survived_by_a_recount(am::Role::Worker, false).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_lda_server_is_survived_with_every_token_counted_once() {
-    lda_loss_is_survived_by_a_recount(am::Role::Server).await;
+    lda_loss_is_survived_by_a_recount(am::Role::Server, false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_lda_worker_of_a_bulk_synchronous_job_is_survived_by_a_recount() {
+    lda_loss_is_survived_by_a_recount(am::Role::Worker, true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_lda_server_of_a_bulk_synchronous_job_is_survived_by_a_recount() {
+    lda_loss_is_survived_by_a_recount(am::Role::Server, true).await;
 }
 
 /// A recount with an idle worker: 3 workers and 2 input blocks (the
