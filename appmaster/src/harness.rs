@@ -172,6 +172,22 @@ impl InProcessRm {
             .is_some()
     }
 
+    /// Names a container the cluster takes back within `notice`, as YARN's
+    /// decommissioning and Mesos's inverse offers do: the AM moves its
+    /// blocks off and gives it back. False if there is no such container.
+    pub fn reclaim_with_notice(&self, container: &str, notice: Duration) -> bool {
+        if !self.state().containers.contains_key(container) {
+            return false;
+        }
+        self.events
+            .send(RmEvent::Reclaiming {
+                containers: vec![container.to_string()],
+                deadline: std::time::Instant::now() + notice,
+                reason: "the test harness takes it back".into(),
+            })
+            .is_ok()
+    }
+
     /// Changes the capacity and tells the AM (like a cluster offering or
     /// reclaiming resources).
     pub fn set_capacity(&self, n: u32) {
@@ -483,6 +499,13 @@ impl Cluster {
     pub fn hold_messages(&self, container: &str, hold: bool) -> bool {
         self.rm()
             .is_some_and(|rm| rm.hold_messages(container, hold))
+    }
+
+    /// Takes a container back with notice (see
+    /// [`InProcessRm::reclaim_with_notice`]).
+    pub fn reclaim_with_notice(&self, container: &str, notice: Duration) -> bool {
+        self.rm()
+            .is_some_and(|rm| rm.reclaim_with_notice(container, notice))
     }
 
     /// Changes the capacity the resource manager offers.

@@ -166,6 +166,63 @@ async fn a_worker_joining_an_ssp_job_starts_at_its_clock() {
     stop(cluster).await;
 }
 
+/// A bulk-synchronous job (staleness 0) whose slowest worker the cluster
+/// takes back with notice (as YARN's decommissioning and Mesos's inverse
+/// offers do): a forced plan moves its input off and gives it back within
+/// the notice, and the other workers, which waited for its clock at every
+/// clock, train on without it. Its data plane is slowed (every frame 5 ms)
+/// so that it is the one they wait for when its worker task stops.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bulk_synchronous_job_goes_on_when_its_slowest_worker_is_taken_back() {
+    log_on_failure();
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = config(4, 3, 1_000_000);
+    c.job.sync = cruise_conf::SyncMode::Ssp;
+    c.job.staleness = 0;
+    // Only the forced plan: no gain is worth a plan of the optimizer's own.
+    c.optimizer.min_gain = 0.99;
+    c.validate().unwrap();
+    let mut cluster = Cluster::start(c, data(dir.path(), 4000), dir.path().join("w"));
+    let st = cluster
+        .await_status(WAIT, |s| s.phase == "training" && s.epochs_done >= 1)
+        .await
+        .unwrap();
+    let slow = st
+        .evaluators
+        .iter()
+        .find(|e| e.role == am::Role::Worker)
+        .unwrap()
+        .clone();
+    cluster
+        .rm()
+        .and_then(|rm| rm.data_faults(&slow.container))
+        .unwrap()
+        .set_delay(Duration::from_millis(5));
+    let at = cluster.status().epochs_done;
+    cluster
+        .await_status(WAIT, |s| s.epochs_done > at)
+        .await
+        .unwrap();
+    assert!(cluster.reclaim_with_notice(&slow.container, Duration::from_secs(60)));
+    let st = cluster
+        .await_status(WAIT, |s| !s.evaluators.iter().any(|e| e.id == slow.id))
+        .await
+        .unwrap_or_else(|e| panic!("the slow worker was not given back: {e}"));
+    assert!(
+        st.reconfigurations
+            .iter()
+            .any(|r| r.summary.contains("forced") && r.failed.is_empty()),
+        "{:?}",
+        st.reconfigurations
+    );
+    let before = st.records_processed;
+    cluster
+        .await_status(WAIT, |s| s.records_processed > before + 2 * 4000)
+        .await
+        .unwrap_or_else(|e| panic!("training stopped after the slowest worker left: {e}"));
+    stop(cluster).await;
+}
+
 /// Capacity taken back: a forced plan moves the blocks off the container to
 /// give back and deletes it, every block keeps exactly one owner, and
 /// training goes on. The job is endless (cancelled at the end): a job that
