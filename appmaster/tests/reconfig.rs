@@ -158,11 +158,17 @@ async fn a_worker_joining_an_ssp_job_starts_at_its_clock() {
     })
     .await
     .unwrap_or_else(|e| panic!("no worker started late: {e}"));
+    trains_on_then_stop(cluster, &st, "a worker started late").await;
+}
+
+/// Waits until the job (4,000 records an epoch) has trained two more
+/// epochs than at `st`, taken just after `what`, then stops it.
+async fn trains_on_then_stop(mut cluster: Cluster, st: &am::Status, what: &str) {
     let before = st.records_processed;
     cluster
         .await_status(WAIT, |s| s.records_processed > before + 2 * 4000)
         .await
-        .unwrap_or_else(|e| panic!("training stopped after a worker started late: {e}"));
+        .unwrap_or_else(|e| panic!("training stopped after {what}: {e}"));
     stop(cluster).await;
 }
 
@@ -215,12 +221,7 @@ async fn a_bulk_synchronous_job_goes_on_when_its_slowest_worker_is_taken_back() 
         "{:?}",
         st.reconfigurations
     );
-    let before = st.records_processed;
-    cluster
-        .await_status(WAIT, |s| s.records_processed > before + 2 * 4000)
-        .await
-        .unwrap_or_else(|e| panic!("training stopped after the slowest worker left: {e}"));
-    stop(cluster).await;
+    trains_on_then_stop(cluster, &st, "the slowest worker left").await;
 }
 
 /// Capacity taken back: a forced plan moves the blocks off the container to

@@ -68,9 +68,15 @@ impl Faults {
 
     /// Resolves once frames are not held.
     async fn released(&self) {
+        self.until(|f| !f.is_held()).await
+    }
+
+    /// Resolves once `done` holds; checked again whenever the hooks notify
+    /// (a break or a release).
+    async fn until(&self, done: impl Fn(&Faults) -> bool) {
         loop {
             let notified = self.inner.notify.notified();
-            if !self.is_held() {
+            if done(self) {
                 return;
             }
             notified.await;
@@ -98,13 +104,7 @@ impl Faults {
 
     /// Resolves once the connection is broken.
     pub async fn broken(&self) {
-        loop {
-            let notified = self.inner.notify.notified();
-            if self.is_broken() {
-                return;
-            }
-            notified.await;
-        }
+        self.until(Faults::is_broken).await
     }
 }
 
