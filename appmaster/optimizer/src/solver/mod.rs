@@ -23,9 +23,12 @@
 //!   serving cost, by their ratio) and the current roles are the starting points, then
 //!   best-improvement local search over single role changes (worker/server/idle) and
 //!   worker↔server swaps, then, from the best, also over changes of two containers at
-//!   once; memoised. Ties (within a relative 1e-10) prefer the configuration closest to
-//!   the current one, and block counts are aligned with the current ones where that
-//!   costs nothing, so a job at its optimum gets back its own configuration.
+//!   once; memoised. Ties (within a relative 1e-10) prefer, for an asynchronous job,
+//!   the higher throughput ([`crate::cost::Breakdown::throughput_epoch_secs`]: the
+//!   epoch is an upper bound of it, and where a slow worker's own link sets the bound,
+//!   role assignments far apart share it), then the configuration closest to the
+//!   current one; block counts are aligned with the current ones where that costs
+//!   nothing, so a job at its optimum gets back its own configuration.
 //!
 //! Files: the closed form in `homogeneous.rs`, the search over role assignments in
 //! `search.rs`, the branch and bound over the model split in `split.rs`.
@@ -35,7 +38,7 @@ mod search;
 mod split;
 
 pub use homogeneous::{HomogeneousSolution, Split, Uniform, solve_homogeneous};
-use search::{Search, distance, exhaustive, finish};
+use search::{Search, distance, exhaustive, finish, prefer, throughput};
 
 use std::cmp::Reverse;
 
@@ -228,7 +231,19 @@ pub fn solve_heterogeneous_with(
     if search.value(&current).is_some() {
         starts.insert(0, current.clone());
     }
-    let mut best: Option<(f64, Vec<Role>)> = None;
+    // Ties: for an asynchronous job the higher throughput, then the nearer.
+    let asynchronous = model.job().asynchronous;
+    let tie_key = |search: &Search, roles: &[Role]| {
+        let speed = if asynchronous {
+            search
+                .partition(roles)
+                .map_or(f64::INFINITY, |p| throughput(model, roles, &p))
+        } else {
+            0.0
+        };
+        (speed, distance(roles, &current))
+    };
+    let mut best: Option<(f64, (f64, usize), Vec<Role>)> = None;
     let mut seen_starts: Vec<Vec<Role>> = Vec::new();
     for start in starts {
         if seen_starts.contains(&start) {
@@ -238,16 +253,16 @@ pub fn solve_heterogeneous_with(
         let (t, roles) = search.local_search(start, false);
         let replace = match &best {
             None => true,
-            Some((bt, br)) => {
-                better(t, *bt)
-                    || (!better(*bt, t) && distance(&roles, &current) < distance(br, &current))
+            Some((bt, bk, _)) => {
+                better(t, *bt) || (!better(*bt, t) && prefer(tie_key(&search, &roles), *bk))
             }
         };
         if replace {
-            best = Some((t, roles));
+            let key = tie_key(&search, &roles);
+            best = Some((t, key, roles));
         }
     }
-    let (_, roles) = best.ok_or_else(|| {
+    let (_, _, roles) = best.ok_or_else(|| {
         OptimizerError::Infeasible("no role assignment has a worker and a server".into())
     })?;
     // Two-container moves only from the best single-move optimum: they are the
@@ -338,6 +353,7 @@ fn greedy_starts(model: &CostModel, search: &mut Search) -> Vec<Vec<Role>> {
 mod tests {
     use super::search::align_counts;
     use super::*;
+    use crate::cost::Placement;
     use crate::snapshot::Job;
     use crate::snapshot::test_job as job;
     use crate::snapshot::{ContainerMetrics, Snapshot};
@@ -480,6 +496,97 @@ mod tests {
         assert_eq!(sol.target["cpu2"].role, Role::Worker);
         assert_eq!(sol.target["net"].model_blocks, 8);
         assert_eq!(sol.target["cpu1"].input_blocks, 20);
+    }
+
+    // A slow-link worker `a` (1 000 B at 100 B/s: 10 s a mini-batch) sets
+    // the bound whichever server serves: D = 200, B = 100, K = 2, L = 1,
+    // M = M' = 1 000 B, one block (one mini-batch) per worker. `f`
+    // computes 100 records at 45 ms = 4.5 s and waits for two workers'
+    // requests at its server: 2 · 1 s on `s1` (1 ms a byte), 2 · 2.5 s on
+    // `s2`: 6.5 s or 9.5 s, both under `a`'s 10 s, so both configurations
+    // are worth 10 s (alone with both blocks, `f` takes 9 + 2 = 11 s, the
+    // others as workers 100 s and as servers 1 000 s). The job runs on
+    // `s2`; on `s1`, `f` goes 1.5× as fast.
+    fn tied_on_a_slow_worker(asynchronous: bool) -> Snapshot {
+        let mk = |id: &str, role, c: f64, b: f64, p: f64, k, l| ContainerMetrics {
+            role,
+            compute_secs_per_record: Some(c),
+            server_secs_per_byte: Some(p),
+            request_secs_per_server: Some(0.0),
+            server_secs_per_mini_batch: Some(0.0),
+            input_blocks: k,
+            model_blocks: l,
+            mini_batches: 10,
+            ..ContainerMetrics::offered(id.into(), None, b)
+        };
+        Snapshot {
+            policy: None,
+            job: Job {
+                asynchronous,
+                ..job(200, 100, 1000.0, 2, 1)
+            },
+            containers: vec![
+                mk("a", Role::Worker, 1e-9, 100.0, 1.0, 1, 0),
+                mk("f", Role::Worker, 0.045, 1e6, 1.0, 1, 0),
+                mk("s1", Role::Idle, 1.0, 1e6, 1e-3, 0, 0),
+                mk("s2", Role::Server, 1.0, 1e6, 2.5e-3, 0, 1),
+            ],
+            links: vec![],
+        }
+    }
+
+    #[test]
+    fn ties_go_to_the_higher_throughput_when_asynchronous() {
+        let server = |sol: &Solution| {
+            let s: Vec<&str> = ["s1", "s2"]
+                .into_iter()
+                .filter(|id| sol.target[*id].role == Role::Server)
+                .collect();
+            s.join(",")
+        };
+        for asynchronous in [false, true] {
+            let model = CostModel::new(&tied_on_a_slow_worker(asynchronous)).unwrap();
+            let sol = solve(&model).unwrap();
+            assert!(sol.exact);
+            assert!((sol.epoch_secs - 10.0).abs() < 1e-6, "{}", sol.epoch_secs);
+            assert_eq!(sol.target["a"].role, Role::Worker);
+            assert_eq!(sol.target["f"].role, Role::Worker);
+            // Synchronous workers wait for `a` either way: the job stays.
+            // Asynchronous ones do not: `f`'s own pace decides.
+            assert_eq!(server(&sol), if asynchronous { "s1" } else { "s2" });
+            let on = |srv: &str| {
+                let mut t = sol.target.clone();
+                for id in ["s1", "s2"] {
+                    t.get_mut(id).unwrap().role = Role::Idle;
+                    t.get_mut(id).unwrap().model_blocks = 0;
+                }
+                *t.get_mut(srv).unwrap() = Placement {
+                    role: Role::Server,
+                    input_blocks: 0,
+                    model_blocks: 1,
+                };
+                model.evaluate(&t).unwrap()
+            };
+            // The local search (above `exhaustive_up_to`) breaks ties alike.
+            let local = solve_heterogeneous_with(
+                &model,
+                SearchOptions {
+                    exhaustive_up_to: 0,
+                    ..SearchOptions::default()
+                },
+            )
+            .unwrap();
+            assert!(!local.exact);
+            assert!(
+                (local.epoch_secs - 10.0).abs() < 1e-6,
+                "{}",
+                local.epoch_secs
+            );
+            assert_eq!(server(&local), server(&sol));
+            let (fast, slow) = (on("s1"), on("s2"));
+            assert!((fast.epoch_secs - slow.epoch_secs).abs() < 1e-9);
+            assert!(fast.throughput_epoch_secs < slow.throughput_epoch_secs);
+        }
     }
 
     #[test]

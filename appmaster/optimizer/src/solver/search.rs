@@ -18,8 +18,10 @@ use super::{REL_EPS, Solution, better, split};
 /// is solved with at least one block per server (and per worker): the assignments then
 /// stand for distinct configurations. Each gets a lower bound ([`split::RoleBounds`]); in
 /// order of it, each is solved exactly against the best time so far, until the next
-/// bound is above it. Then the assignments closer to `current` than the winner are
-/// checked, nearest first, for one within [`REL_EPS`] of the optimum.
+/// bound is above it. Then the ties: for an asynchronous job every assignment within
+/// [`REL_EPS`] of the optimum, the one of the highest throughput (then the nearest
+/// to `current`) winning; otherwise the assignments closer to `current` than the
+/// winner, nearest first, for one within [`REL_EPS`].
 pub(super) fn exhaustive(
     model: &CostModel,
     search: &Search<'_>,
@@ -100,20 +102,89 @@ pub(super) fn exhaustive(
     })?;
     let optimum = part.t;
     let window = optimum * (1.0 + REL_EPS);
-    let far = distance(&roles, current);
-    let mut closer: Vec<(usize, Vec<Role>)> = bounded
-        .iter()
-        .filter(|&&(lb, _)| lb <= window)
-        .map(|&(_, code)| roles_of(code))
-        .map(|r| (distance(&r, current), r))
-        .filter(|(d, _)| *d < far)
-        .collect();
-    closer.sort_by_key(|(d, _)| *d);
-    let (part, roles) = closer
-        .into_iter()
-        .find_map(|(_, r)| search.exact(&r, 1, window).map(|p| (p, r)))
-        .unwrap_or((part, roles));
+    let (part, roles) = if model.job().asynchronous {
+        // Every assignment that reaches the optimum, solved exactly: the
+        // bound cannot tell them apart, their throughput can.
+        let mut tied = vec![(part, roles)];
+        for &(lb, code) in &bounded {
+            if lb > window {
+                break;
+            }
+            let r = roles_of(code);
+            if r != tied[0].1
+                && let Some(p) = search.exact(&r, 1, window)
+            {
+                tied.push((p, r));
+            }
+        }
+        let mut ranked: Vec<(f64, usize, Part, Vec<Role>)> = tied
+            .into_iter()
+            .map(|(p, r)| (throughput(model, &r, &p), distance(&r, current), p, r))
+            .collect();
+        let mut chosen = ranked.swap_remove(0);
+        for c in ranked {
+            if prefer((c.0, c.1), (chosen.0, chosen.1)) {
+                chosen = c;
+            }
+        }
+        (chosen.2, chosen.3)
+    } else {
+        let far = distance(&roles, current);
+        let mut closer: Vec<(usize, Vec<Role>)> = bounded
+            .iter()
+            .filter(|&&(lb, _)| lb <= window)
+            .map(|&(_, code)| roles_of(code))
+            .map(|r| (distance(&r, current), r))
+            .filter(|(d, _)| *d < far)
+            .collect();
+        closer.sort_by_key(|(d, _)| *d);
+        closer
+            .into_iter()
+            .find_map(|(_, r)| search.exact(&r, 1, window).map(|p| (p, r)))
+            .unwrap_or((part, roles))
+    };
     finish(model, search, &roles, part, window, total as usize, exact)
+}
+
+/// Whether a configuration tied with another on the epoch time is to be
+/// preferred, by `(throughput epoch, distance from the running roles)`:
+/// the higher throughput (an asynchronous job's expected epoch, within
+/// [`REL_EPS`]), then the nearer.
+pub(super) fn prefer(a: (f64, usize), b: (f64, usize)) -> bool {
+    better(a.0, b.0) || (!better(b.0, a.0) && a.1 < b.1)
+}
+
+/// The throughput epoch ([`crate::cost::Breakdown::throughput_epoch_secs`])
+/// of `part` for `roles`: what an asynchronous job is expected to run at,
+/// where the solvers' epoch is its upper bound. Infinite when it cannot
+/// train.
+pub(super) fn throughput(model: &CostModel, roles: &[Role], part: &Part) -> f64 {
+    model
+        .evaluate(&target_of(model, roles, part))
+        .map_or(f64::INFINITY, |b| b.throughput_epoch_secs)
+}
+
+/// The target of `part` for `roles`: a worker without input blocks and a
+/// server without model blocks are idle.
+fn target_of(model: &CostModel, roles: &[Role], part: &Part) -> Target {
+    let mut target = Target::new();
+    for (i, id) in model.ids().iter().enumerate() {
+        let p = match roles[i] {
+            Role::Worker if part.k[i] > 0 => Placement {
+                role: Role::Worker,
+                input_blocks: part.k[i],
+                model_blocks: 0,
+            },
+            Role::Server if part.l[i] > 0 => Placement {
+                role: Role::Server,
+                input_blocks: 0,
+                model_blocks: part.l[i],
+            },
+            _ => Placement::IDLE,
+        };
+        target.insert(id.clone(), p);
+    }
+    target
 }
 
 pub(super) fn distance(a: &[Role], b: &[Role]) -> usize {
@@ -132,23 +203,7 @@ pub(super) fn finish(
     exact: bool,
 ) -> Result<Solution, OptimizerError> {
     let part = search.align(roles, part, bar);
-    let mut target = Target::new();
-    for (i, id) in model.ids().iter().enumerate() {
-        let p = match roles[i] {
-            Role::Worker if part.k[i] > 0 => Placement {
-                role: Role::Worker,
-                input_blocks: part.k[i],
-                model_blocks: 0,
-            },
-            Role::Server if part.l[i] > 0 => Placement {
-                role: Role::Server,
-                input_blocks: 0,
-                model_blocks: part.l[i],
-            },
-            _ => Placement::IDLE,
-        };
-        target.insert(id.clone(), p);
-    }
+    let target = target_of(model, roles, &part);
     let epoch_secs = model.evaluate(&target)?.epoch_secs;
     Ok(Solution {
         target,
