@@ -99,7 +99,9 @@
 //!   at the servers (approximate mean value analysis; a worker whose own
 //!   link is slower than a server's answer takes only its link's share of
 //!   that server, [`Breakdown::throughput_epoch_secs`]); the trigger prices the running
-//!   configuration by it and targets by the solvers' upper bound of it. Each
+//!   configuration by it, requires of a target a gain at the solvers' upper
+//!   bound of it, and ranks by it the targets that bound puts within
+//!   `min_gain` of each other (the solvers break their ties by it). Each
 //!   view has its own measured latency and overlap ([`Job::queued_fit`]):
 //!   what one explains of the running configuration's waits, the other
 //!   does not.

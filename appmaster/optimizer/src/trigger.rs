@@ -13,7 +13,9 @@
 //!   therefore never reconfigures. "Best" is the target with the largest net
 //!   saving (time saved over the remaining epochs less the plan): the solver's
 //!   fastest, or one near the running configuration with fewer bytes to move
-//!   ([`crate::nearby`]); with many epochs left that is the fastest.
+//!   ([`crate::nearby`]); with many epochs left that is the fastest. Of an
+//!   asynchronous job's targets that the bound puts within `min_gain` of
+//!   each other, the saving at the expected throughput decides.
 //! * **Reconfigure** with a plan otherwise, once
 //!   [`TriggerConfig::confirmations`] looks in a row have proposed to
 //!   reconfigure, to the split the latest of them proposed
