@@ -166,13 +166,12 @@ pub fn net_best(
         ));
     };
     // A candidate must gain `min_gain` at its bound, and pay its plan at
-    // its bound where the one it would replace does: the expected net
-    // ranks, the bound keeps the choice safe.
-    // The expected net saving ranks only targets of other roles whose
-    // bounds are within `min_gain` of each other, a difference the job
-    // would not act on: the throughput's errors are larger than the
-    // bound's where a slow server holds part of the model (a 6W+2S that
-    // kept a 16 MB/s server was priced at 0.142 s by the throughput,
+    // its bound where the one it would replace does: the bound keeps the
+    // choice safe. The expected net saving ranks only targets of other
+    // roles whose bounds are within `min_gain` of each other, a difference
+    // the job would not act on: the throughput's errors are larger than
+    // the bound's where a slow server holds part of the model (a 6W+2S
+    // that kept a 16 MB/s server was priced at 0.142 s by the throughput,
     // 0.174 s by the bound, and ran at 0.197 s, against 0.15 s and 0.113 s
     // for two fast servers). Between placements of the same roles the
     // bound decides too: an asynchronous job's throughput does not see how
@@ -264,12 +263,12 @@ fn same_roles(a: &Target, b: &Target) -> bool {
 /// running roles and from the bound's best.
 fn prefix_splits(model: &CostModel) -> Vec<Vec<Role>> {
     let n = model.len();
-    let by_compute: Box<dyn Fn(usize) -> f64> = Box::new(|i| model.compute_secs_per_record(i));
-    let by_link: Box<dyn Fn(usize) -> f64> = Box::new(|i| -model.bandwidth(i));
+    let by_compute: Vec<f64> = (0..n).map(|i| model.compute_secs_per_record(i)).collect();
+    let by_link: Vec<f64> = (0..n).map(|i| -model.bandwidth(i)).collect();
     let mut out: Vec<Vec<Role>> = Vec::new();
     for key in [by_compute, by_link] {
         let mut order: Vec<usize> = (0..n).collect();
-        order.sort_by(|&a, &b| key(a).total_cmp(&key(b)).then(a.cmp(&b)));
+        order.sort_by(|&a, &b| key[a].total_cmp(&key[b]).then(a.cmp(&b)));
         for w in 1..n {
             let mut roles = vec![Role::Server; n];
             for &i in &order[..w] {

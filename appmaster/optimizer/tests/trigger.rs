@@ -1276,24 +1276,28 @@ fn one_worker_on_unequal_links(asynchronous: bool) -> Snapshot {
         {"id": "e1", "role": "worker", "compute_secs_per_record": 1.19e-5,
          "request_secs_per_server": 6.74e-5, "cpu_speed": 136.1,
          "bandwidth_bytes_per_sec": 6.09e6, "input_blocks": 48, "mini_batches": 179},
-        {"id": "e2", "role": "server", "server_secs_per_byte": 2.41e-9,
-         "server_secs_per_mini_batch": 1.96e-4, "cpu_speed": 136.1,
-         "bandwidth_bytes_per_sec": 6.09e6, "model_blocks": 13},
-        {"id": "e3", "role": "server", "server_secs_per_byte": 3.17e-9,
-         "server_secs_per_mini_batch": 1.96e-4, "cpu_speed": 136.1,
-         "bandwidth_bytes_per_sec": 6.09e6, "model_blocks": 13},
-        {"id": "e4", "role": "server", "server_secs_per_byte": 2.41e-9,
-         "server_secs_per_mini_batch": 1.96e-4, "cpu_speed": 136.1,
-         "bandwidth_bytes_per_sec": 6.09e6, "model_blocks": 13},
-        {"id": "e5", "role": "server", "server_secs_per_byte": 9.35e-9,
-         "server_secs_per_mini_batch": 4.55e-4, "cpu_speed": 52.36,
-         "bandwidth_bytes_per_sec": 2.506e7, "model_blocks": 13},
-        {"id": "e6", "role": "server", "server_secs_per_byte": 9.35e-9,
-         "server_secs_per_mini_batch": 4.55e-4, "cpu_speed": 52.36,
-         "bandwidth_bytes_per_sec": 2.506e7, "model_blocks": 12}
+        SERVERS
       ]
     }"#;
-    Snapshot::from_json(&text.replace("ASYNC", &asynchronous.to_string())).unwrap()
+    // (id, seconds a byte, seconds a mini-batch, CPU speed, bytes/s, blocks)
+    let servers = [
+        ("e2", 2.41e-9, 1.96e-4, 136.1, 6.09e6, 13),
+        ("e3", 3.17e-9, 1.96e-4, 136.1, 6.09e6, 13),
+        ("e4", 2.41e-9, 1.96e-4, 136.1, 6.09e6, 13),
+        ("e5", 9.35e-9, 4.55e-4, 52.36, 2.506e7, 13),
+        ("e6", 9.35e-9, 4.55e-4, 52.36, 2.506e7, 12),
+    ]
+    .map(|(id, p, r, s, b, l)| {
+        format!(
+            r#"{{"id": "{id}", "role": "server", "server_secs_per_byte": {p},
+            "server_secs_per_mini_batch": {r}, "cpu_speed": {s},
+            "bandwidth_bytes_per_sec": {b}, "model_blocks": {l}}}"#
+        )
+    });
+    let text = text
+        .replace("ASYNC", &asynchronous.to_string())
+        .replace("SERVERS", &servers.join(","));
+    Snapshot::from_json(&text).unwrap()
 }
 
 /// Asynchronous, the job goes where its throughput is best of the targets

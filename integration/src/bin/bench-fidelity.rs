@@ -262,10 +262,14 @@ fn asynchronous(snap: &Path) -> anyhow::Result<bool> {
     Ok(v["job"]["asynchronous"].as_bool().unwrap_or(false))
 }
 
+/// The relative difference within which the solver takes two epoch
+/// times for a tie.
+const TIE: f64 = 1e-10;
+
 /// `bound` with its ties broken as the solver breaks them for an
-/// asynchronous job: of the configurations within a relative 1e-10 of
+/// asynchronous job: of the configurations within a relative [`TIE`] of
 /// another's bound, the one with the lower `throughput` prediction ranks
-/// first. Only the order among tied values changes (by less than 1e-10).
+/// first. Only the order among tied values changes (by less than [`TIE`]).
 fn ties_by(bound: &[f64], throughput: &[f64]) -> Vec<f64> {
     let mut idx: Vec<usize> = (0..bound.len()).collect();
     idx.sort_by(|&a, &b| bound[a].total_cmp(&bound[b]));
@@ -273,13 +277,13 @@ fn ties_by(bound: &[f64], throughput: &[f64]) -> Vec<f64> {
     let mut i = 0;
     while i < idx.len() {
         let mut j = i;
-        while j + 1 < idx.len() && bound[idx[j + 1]] <= bound[idx[i]] * (1.0 + 1e-10) {
+        while j + 1 < idx.len() && bound[idx[j + 1]] <= bound[idx[i]] * (1.0 + TIE) {
             j += 1;
         }
         let mut group: Vec<usize> = idx[i..=j].to_vec();
         group.sort_by(|&a, &b| throughput[a].total_cmp(&throughput[b]));
         for (r, &k) in group.iter().enumerate() {
-            out[k] = bound[idx[i]] * (1.0 + 1e-12 * r as f64);
+            out[k] = bound[idx[i]] * (1.0 + TIE / 100.0 * r as f64);
         }
         i = j + 1;
     }

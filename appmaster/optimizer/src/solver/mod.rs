@@ -251,14 +251,12 @@ pub fn solve_heterogeneous_with(
         }
         seen_starts.push(start.clone());
         let (t, roles) = search.local_search(start, false);
+        let key = tie_key(&search, &roles);
         let replace = match &best {
             None => true,
-            Some((bt, bk, _)) => {
-                better(t, *bt) || (!better(*bt, t) && prefer(tie_key(&search, &roles), *bk))
-            }
+            Some((bt, bk, _)) => better(t, *bt) || (!better(*bt, t) && prefer(key, *bk)),
         };
         if replace {
-            let key = tie_key(&search, &roles);
             best = Some((t, key, roles));
         }
     }
@@ -554,19 +552,6 @@ mod tests {
             // Synchronous workers wait for `a` either way: the job stays.
             // Asynchronous ones do not: `f`'s own pace decides.
             assert_eq!(server(&sol), if asynchronous { "s1" } else { "s2" });
-            let on = |srv: &str| {
-                let mut t = sol.target.clone();
-                for id in ["s1", "s2"] {
-                    t.get_mut(id).unwrap().role = Role::Idle;
-                    t.get_mut(id).unwrap().model_blocks = 0;
-                }
-                *t.get_mut(srv).unwrap() = Placement {
-                    role: Role::Server,
-                    input_blocks: 0,
-                    model_blocks: 1,
-                };
-                model.evaluate(&t).unwrap()
-            };
             // The local search (above `exhaustive_up_to`) breaks ties alike.
             let local = solve_heterogeneous_with(
                 &model,
@@ -583,6 +568,19 @@ mod tests {
                 local.epoch_secs
             );
             assert_eq!(server(&local), server(&sol));
+            let on = |srv: &str| {
+                let mut t = sol.target.clone();
+                for id in ["s1", "s2"] {
+                    t.get_mut(id).unwrap().role = Role::Idle;
+                    t.get_mut(id).unwrap().model_blocks = 0;
+                }
+                *t.get_mut(srv).unwrap() = Placement {
+                    role: Role::Server,
+                    input_blocks: 0,
+                    model_blocks: 1,
+                };
+                model.evaluate(&t).unwrap()
+            };
             let (fast, slow) = (on("s1"), on("s2"));
             assert!((fast.epoch_secs - slow.epoch_secs).abs() < 1e-9);
             assert!(fast.throughput_epoch_secs < slow.throughput_epoch_secs);
