@@ -134,7 +134,7 @@ pub use plan::{Configuration, Holding, OpKind, Operation, Plan, PlannedOp, Table
 pub use snapshot::{ContainerMetrics, Job, Link, Role, Snapshot, WaitFit, expected_draw};
 pub use solver::{
     HomogeneousSolution, SearchOptions, Solution, Split, Uniform, solve, solve_for_roles,
-    solve_heterogeneous, solve_heterogeneous_with, solve_homogeneous,
+    solve_for_roles_within, solve_heterogeneous, solve_heterogeneous_with, solve_homogeneous,
 };
 pub use trigger::{
     Decision, Looks, MeasuredSplit, OpCost, OpCostEstimate, PolicyState, Proposal,

@@ -12,7 +12,7 @@
 //!
 //! The candidates are the solver's best, the running roles re-partitioned,
 //! and every configuration one role change away (each container made a
-//! worker, a server or idle), each placed by [`solve_for_roles`] and then
+//! worker, a server or idle), each placed by [`crate::solver::solve_for_roles`] and then
 //! with moves taken back ([`fewer_moves`]): a block the placement sends from
 //! a container that keeps its role to another stays where it is whenever
 //! that raises the net saving. A container left without blocks is idle.
@@ -28,7 +28,11 @@
 //! by the net saving at the throughput instead; every candidate must
 //! still gain and pay at its bound. The prefix splits of the containers
 //! by compute and by link (the best workers work, the rest serve) are
-//! candidates too. The bound is loosest for a server shared by workers of
+//! candidates too. Each candidate's roles are solved under a cap, the
+//! most epoch time at which it could still be chosen over the best so far
+//! ([`solve_for_roles_within`]): roles that cannot reach it are ruled out
+//! early in the model-split search, which leaves the choice as it was and
+//! a decision's time to the candidates that can win. The bound is loosest for a server shared by workers of
 //! unequal links: it charges each worker every other worker's requests at
 //! the server. On a generated cluster (4 containers of 0.34 CPU and 51
 //! Mbit/s, 2 of 0.13 CPU and 241 Mbit/s, MLR of 1,000 features) the bound
@@ -37,10 +41,12 @@
 //! measured, 0.325 s and 0.275 s.
 
 use crate::cost::{CostModel, Placement, Target};
+use std::collections::HashMap;
+
 use crate::error::OptimizerError;
 use crate::plan::{Configuration, Plan};
 use crate::snapshot::Role;
-use crate::solver::{Solution, solve_for_roles};
+use crate::solver::{Solution, solve_for_roles_within};
 
 /// The most targets [`fewer_moves`] prices in one decision (each is an
 /// epoch evaluation and a plan): it keeps the best found when it runs out.
@@ -193,6 +199,35 @@ pub fn net_best(
             *chosen = p;
         }
     };
+    // The most epoch time at their bound a target can have and still be
+    // chosen over `chosen`: it must gain `min_gain`, and either lie within
+    // `min_gain` of `chosen`'s bound or save more at its bound than
+    // `chosen` does net of its plan (a plan costs nothing or more). Roles
+    // whose best partition is above it are not solved to the end.
+    let cap = |chosen: &Priced| {
+        let pays = if remaining > 0.0 {
+            chosen.epoch_secs + chosen.cost_secs / remaining
+        } else {
+            f64::INFINITY
+        };
+        let band = chosen.epoch_secs * (1.0 + min_gain);
+        let safe = current_epoch * (1.0 - min_gain);
+        safe.min(band.max(pays)) * (1.0 + 1e-9)
+    };
+    // Solves by roles, each with the cap it was solved under: what was found
+    // under a cap serves every lower one (the prefix splits repeat some of
+    // the role sets one change away).
+    let mut solved: HashMap<Vec<Role>, (f64, Option<Solution>)> = HashMap::new();
+    let mut solve_within = |roles: &[Role], cap: f64| -> Option<Solution> {
+        if let Some((solved_cap, s)) = solved.get(roles)
+            && cap <= *solved_cap
+        {
+            return s.clone().filter(|s| s.epoch_secs <= cap);
+        }
+        let s = solve_for_roles_within(model, roles, cap).ok().flatten();
+        solved.insert(roles.to_vec(), (cap, s.clone()));
+        s
+    };
     let pruned = fewer_moves(pricer, chosen.clone(), current_epoch, remaining)?;
     consider(pruned, &mut chosen);
     let running: Vec<Role> = model
@@ -221,7 +256,7 @@ pub fn net_best(
         if pricer.exhausted() {
             break;
         }
-        let Ok(s) = solve_for_roles(model, &roles) else {
+        let Some(s) = solve_within(&roles, cap(&chosen)) else {
             continue;
         };
         let Some(p) = pricer.price(s.target)? else {
@@ -235,7 +270,7 @@ pub fn net_best(
             if pricer.exhausted() {
                 break;
             }
-            let Ok(s) = solve_for_roles(model, &roles) else {
+            let Some(s) = solve_within(&roles, cap(&chosen)) else {
                 continue;
             };
             if let Some(p) = pricer.price(s.target)? {

@@ -128,6 +128,19 @@ pub fn solve(model: &CostModel) -> Result<Solution, OptimizerError> {
 /// [`SearchOptions::node_budget`] (default options). Fails when there is no worker or
 /// no server, or more workers than input blocks.
 pub fn solve_for_roles(model: &CostModel, roles: &[Role]) -> Result<Solution, OptimizerError> {
+    solve_for_roles_within(model, roles, f64::INFINITY)?
+        .ok_or_else(|| OptimizerError::Infeasible("no partition for the roles was found".into()))
+}
+
+/// [`solve_for_roles`] for a caller that wants only partitions whose epoch time is at
+/// most `cap`: the model-split branch and bound prunes against `cap` from its start,
+/// so roles that cannot reach it are ruled out in few nodes. `Ok(None)` when no
+/// partition within `cap` was found (none exists when the search was exact).
+pub fn solve_for_roles_within(
+    model: &CostModel,
+    roles: &[Role],
+    cap: f64,
+) -> Result<Option<Solution>, OptimizerError> {
     if roles.len() != model.len() {
         return Err(OptimizerError::invalid(
             "roles",
@@ -143,10 +156,13 @@ pub fn solve_for_roles(model: &CostModel, roles: &[Role]) -> Result<Solution, Op
         ))
     })?;
     let exhaustive = model.len() <= options.exhaustive_up_to;
-    let part = search.refine(roles, part, options.budget_for(model.len()));
+    let part = search.refine(roles, part, options.budget_for(model.len()), cap);
+    if part.t > cap {
+        return Ok(None);
+    }
     let exact = exhaustive && search.nodes.get() > 0;
-    let bar = part.t * (1.0 + REL_EPS);
-    finish(model, &search, roles, part, bar, 1, exact)
+    let bar = (part.t * (1.0 + REL_EPS)).min(cap.max(part.t));
+    finish(model, &search, roles, part, bar, 1, exact).map(Some)
 }
 
 /// Settings of the heterogeneous search.
@@ -269,7 +285,7 @@ pub fn solve_heterogeneous_with(
     let part = search
         .partition(&roles)
         .ok_or_else(|| OptimizerError::Infeasible("best roles lost feasibility".into()))?;
-    let part = search.refine(&roles, part, options.budget_for(n));
+    let part = search.refine(&roles, part, options.budget_for(n), f64::INFINITY);
     let evaluations = search.cache.len();
     let bar = part.t * (1.0 + REL_EPS);
     finish(model, &search, &roles, part, bar, evaluations, false)
@@ -585,6 +601,55 @@ mod tests {
             assert!((fast.epoch_secs - slow.epoch_secs).abs() < 1e-9);
             assert!(fast.throughput_epoch_secs < slow.throughput_epoch_secs);
         }
+    }
+
+    // Every role assignment of five unlike containers: under a cap at the
+    // exact best's epoch time the capped solve finds it, just below it finds
+    // nothing, and without a cap it is `solve_for_roles`.
+    #[test]
+    fn a_capped_solve_finds_the_best_within_the_cap_and_nothing_below_it() {
+        let mk = |i: usize, c: f64, b: f64, p: f64| ContainerMetrics {
+            compute_secs_per_record: Some(c),
+            server_secs_per_byte: Some(p),
+            request_secs_per_server: Some(1e-4 * (i + 1) as f64),
+            ..ContainerMetrics::offered(format!("c{i}"), None, b)
+        };
+        let snap = Snapshot {
+            policy: None,
+            job: job(20_000, 100, 4.0e4, 16, 12),
+            containers: vec![
+                mk(0, 2e-5, 8e7, 1e-8),
+                mk(1, 5e-5, 2e7, 2e-8),
+                mk(2, 3e-5, 1.2e8, 5e-9),
+                mk(3, 1e-4, 3e6, 4e-8),
+                mk(4, 4e-5, 5e7, 1e-8),
+            ],
+            links: vec![],
+        };
+        let model = CostModel::new(&snap).unwrap();
+        let mut solved = 0;
+        for code in 0..3usize.pow(5) {
+            let roles: Vec<Role> = (0..5)
+                .map(|i| [Role::Worker, Role::Server, Role::Idle][code / 3usize.pow(i) % 3])
+                .collect();
+            let Ok(best) = solve_for_roles(&model, &roles) else {
+                assert_eq!(
+                    solve_for_roles_within(&model, &roles, 1e9).ok().flatten(),
+                    None
+                );
+                continue;
+            };
+            assert!(best.exact, "{roles:?}");
+            let t = best.epoch_secs;
+            let at = solve_for_roles_within(&model, &roles, t).unwrap().unwrap();
+            assert!((at.epoch_secs - t).abs() <= 1e-12 * t, "{roles:?}");
+            let free = solve_for_roles_within(&model, &roles, f64::INFINITY).unwrap();
+            assert_eq!(free, Some(best), "{roles:?}");
+            let below = solve_for_roles_within(&model, &roles, t * (1.0 - 1e-6)).unwrap();
+            assert_eq!(below, None, "{roles:?}");
+            solved += 1;
+        }
+        assert!(solved > 100, "{solved} role assignments solved");
     }
 
     #[test]

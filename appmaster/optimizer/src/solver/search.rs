@@ -371,15 +371,16 @@ impl<'a> Search<'a> {
 
     /// Improves a partition for `roles` (servers may end up without blocks): single
     /// block moves between servers while they lower the epoch time, then the model-split
-    /// branch and bound for at most `budget` nodes (exact when it finishes).
-    pub(super) fn refine(&self, roles: &[Role], part: Part, budget: usize) -> Part {
+    /// branch and bound for at most `budget` nodes (exact when it finishes), looking
+    /// only below `cap` (the result is above `cap` when nothing below it was found).
+    pub(super) fn refine(&self, roles: &[Role], part: Part, budget: usize, cap: f64) -> Part {
         let workers = Self::members(roles, Role::Worker);
         let servers = Self::members(roles, Role::Server);
         let part = self.moves(&workers, &servers, part);
         let Some(fixed) = split::Fixed::new(self.m, &workers, &servers, 0) else {
             return part;
         };
-        let bar = part.t * (1.0 - split::SEARCH_EPS);
+        let bar = (part.t * (1.0 - split::SEARCH_EPS)).min(cap);
         match self.best_split(&fixed, bar, budget, &part.l) {
             Some((_, l)) => self.data(&workers, &servers, l),
             None => part,
