@@ -25,10 +25,11 @@
 //! floats (`mlr.features = 20000`) and a checkpoint every epoch, the kill
 //! once one is published; the optimizer is off (a loss while a plan runs
 //! is not survived, and on a loaded machine it moves blocks between the
-//! servers often). `--server --ssp`: the same job stale-synchronous
-//! (staleness 1); the loss also rolls every worker's clock and the job's
+//! servers often). `--ssp`: the same job stale-synchronous (staleness 1).
+//! A lost MLR server then also rolls every worker's clock and the job's
 //! progress back to the checkpoint's, and "recovered" waits for that
-//! rollback too.
+//! rollback too; a lost worker releases the clocks it held back, and the
+//! survivors, which wait for the slowest clock, must go on.
 //!
 //! `--lda` (with or without `--server`): LDA on a corpus written once per
 //! invocation by `cruise datagen lda` (5000 documents of about 100 tokens,
@@ -36,7 +37,8 @@
 //! checkpoints off (LDA recounts instead of restoring) and the optimizer
 //! off (a recount waits for a running plan to end). Worker mode: 4
 //! containers, 3 workers and 1 server; with `--server` 5 containers, 3
-//! workers and 2 servers.
+//! workers and 2 servers. With `--ssp` the job is stale-synchronous as
+//! above, and the workers the recount holds wait on each other's clocks.
 //!
 //! The reference, in the same invocation, is what restarting the job costs
 //! (TensorFlow-style and Litz-style recovery restart the job): the time from
@@ -44,7 +46,7 @@
 //! (a lower bound on a restart from a checkpoint).
 //!
 //! ```text
-//! cargo run --release -p cruise-integration --bin bench-recovery [-- REPS] [--server [--ssp]] [--lda]
+//! cargo run --release -p cruise-integration --bin bench-recovery [-- REPS] [--server] [--ssp] [--lda]
 //! ```
 //!
 //! Target: recovered ≤ 2 s after the kill; for a server, plus its bytes
@@ -63,7 +65,7 @@ use cruise_integration::{
 };
 
 const USAGE: &str = "\
-usage: bench-recovery [REPS] [--server [--ssp]] [--lda]
+usage: bench-recovery [REPS] [--server] [--ssp] [--lda]
 
 Kills an evaluator of a training MLR job and measures, from the kill, when
 the loss is detected, when its blocks are held again and when the job
@@ -72,8 +74,9 @@ trains at the survivors' former rate; the reference is a job's restart.
   REPS      repetitions; medians are printed (default 3)
   --server  kill a server (MLR: restored from a checkpoint) instead of a
             worker
-  --ssp     with --server, MLR only: a stale-synchronous job (staleness
-            1), whose clocks roll back to the checkpoint's
+  --ssp     a stale-synchronous job (staleness 1): a lost MLR server
+            rolls the clocks back to the checkpoint's; a lost worker
+            releases the clocks it held back
   --lda     an LDA job (no checkpoint): the loss is survived by a recount
             of the model from the workers' topic assignments";
 const WAIT: Duration = Duration::from_secs(120);
@@ -112,7 +115,7 @@ impl Victim {
 #[derive(Clone, Copy)]
 struct Mode {
     victim: Victim,
-    /// A stale-synchronous job (MLR's `--server` only).
+    /// A stale-synchronous job.
     ssp: bool,
     /// An LDA job (its loss survived by a recount) instead of MLR.
     lda: bool,
@@ -163,6 +166,13 @@ impl Mode {
             self.victim.role(),
             if self.ssp { ", stale-synchronous" } else { "" }
         )
+    }
+
+    /// Whether the loss rolls the clocks back to the checkpoint's: a lost
+    /// server of a stale-synchronous MLR job (LDA recounts instead, and a
+    /// lost worker loses no model update).
+    fn rolls_back(self) -> bool {
+        self.ssp && self.victim == Victim::Server && !self.lda
     }
 
     /// What "recovered" waits for, in words.
@@ -246,7 +256,7 @@ async fn one(
     mode: Mode,
     corpus: Option<&std::path::Path>,
 ) -> anyhow::Result<Rep> {
-    let Mode { victim, ssp, lda } = mode;
+    let Mode { victim, lda, .. } = mode;
     let dir = tempfile::tempdir()?;
     let started = Instant::now();
     let mut c = tokio::process::Command::new(cruise);
@@ -300,12 +310,12 @@ async fn one(
         let members = s["evaluators"].as_array().map_or(&[][..], Vec::as_slice);
         members.iter().all(|e| e["id"].as_u64() != Some(id))
             && blocks_held(s, victim.field(), Some(id)) == blocks
-            && (!ssp || listed(s, "clock_rollbacks"))
+            && (!mode.rolls_back() || listed(s, "clock_rollbacks"))
             && (!lda || listed(s, "recounts"))
     })
     .await?;
     let recovered_secs = killed.elapsed().as_secs_f64();
-    let rolled_back_epochs = if ssp {
+    let rolled_back_epochs = if mode.rolls_back() {
         let st = status(&addr).await?;
         let text = st["clock_rollbacks"][0].as_str().unwrap_or_default();
         let clock: u64 = text
@@ -383,12 +393,6 @@ async fn main() -> anyhow::Result<()> {
         ssp: flag("--ssp"),
         lda: flag("--lda"),
     };
-    if mode.ssp && (mode.victim != Victim::Server || mode.lda) {
-        bail!(
-            "--ssp is for MLR's --server: a lost worker does not roll the clocks back, \
-             and LDA recounts instead\n{USAGE}"
-        );
-    }
     if let Some(a) = std::env::args()
         .skip(1)
         .find(|a| a.starts_with("--") && !["--server", "--ssp", "--lda"].contains(&a.as_str()))
