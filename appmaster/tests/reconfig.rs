@@ -172,6 +172,24 @@ async fn trains_on_then_stop(mut cluster: Cluster, st: &am::Status, what: &str) 
     stop(cluster).await;
 }
 
+/// An endless bulk-synchronous job (staleness 0) of `containers` and
+/// `workers` that makes only forced plans, once it has trained an epoch;
+/// with the status then.
+async fn bulk_synchronous(dir: &Path, containers: u32, workers: u32) -> (Cluster, am::Status) {
+    let mut c = config(containers, workers, 1_000_000);
+    c.job.sync = cruise_conf::SyncMode::Ssp;
+    c.job.staleness = 0;
+    // Only the forced plan: no gain is worth a plan of the optimizer's own.
+    c.optimizer.min_gain = 0.99;
+    c.validate().unwrap();
+    let mut cluster = Cluster::start(c, data(dir, 4000), dir.join("w"));
+    let st = cluster
+        .await_status(WAIT, |s| s.phase == "training" && s.epochs_done >= 1)
+        .await
+        .unwrap();
+    (cluster, st)
+}
+
 /// A bulk-synchronous job (staleness 0) whose slowest worker the cluster
 /// takes back with notice (as YARN's decommissioning and Mesos's inverse
 /// offers do): a forced plan moves its input off and gives it back within
@@ -182,17 +200,7 @@ async fn trains_on_then_stop(mut cluster: Cluster, st: &am::Status, what: &str) 
 async fn a_bulk_synchronous_job_goes_on_when_its_slowest_worker_is_taken_back() {
     log_on_failure();
     let dir = tempfile::tempdir().unwrap();
-    let mut c = config(4, 3, 1_000_000);
-    c.job.sync = cruise_conf::SyncMode::Ssp;
-    c.job.staleness = 0;
-    // Only the forced plan: no gain is worth a plan of the optimizer's own.
-    c.optimizer.min_gain = 0.99;
-    c.validate().unwrap();
-    let mut cluster = Cluster::start(c, data(dir.path(), 4000), dir.path().join("w"));
-    let st = cluster
-        .await_status(WAIT, |s| s.phase == "training" && s.epochs_done >= 1)
-        .await
-        .unwrap();
+    let (mut cluster, st) = bulk_synchronous(dir.path(), 4, 3).await;
     let slow = st
         .evaluators
         .iter()
@@ -222,6 +230,67 @@ async fn a_bulk_synchronous_job_goes_on_when_its_slowest_worker_is_taken_back() 
         st.reconfigurations
     );
     trains_on_then_stop(cluster, &st, "the slowest worker left").await;
+}
+
+/// A bulk-synchronous job whose only server the cluster takes back, with
+/// no capacity to replace it: the forced plan switches a worker to a
+/// server (the only way to keep the model, moved onto it from the server
+/// given back), and the worker that stays, which waited for the switched
+/// worker's clock at every clock, trains on alone. It does not force the
+/// case the switch's release of the clocks is for (the worker that stays
+/// already waiting at the bound when the other stops): here it usually
+/// ticks after the switch, which releases it too, and the reclaimed
+/// server's stop some 20 ms later releases the clocks as well.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bulk_synchronous_job_goes_on_when_a_worker_becomes_its_server() {
+    log_on_failure();
+    let dir = tempfile::tempdir().unwrap();
+    let (mut cluster, st) = bulk_synchronous(dir.path(), 3, 2).await;
+    let server = st
+        .evaluators
+        .iter()
+        .find(|e| e.role == am::Role::Server)
+        .unwrap()
+        .clone();
+    let workers: Vec<EvaluatorId> = st
+        .evaluators
+        .iter()
+        .filter(|e| e.role == am::Role::Worker)
+        .map(|e| e.id)
+        .collect();
+    assert_eq!(workers.len(), 2, "{:?}", st.evaluators);
+    assert!(cluster.reclaim_with_notice(&server.container, Duration::from_secs(60)));
+    let st = cluster
+        .await_status(WAIT, |s| {
+            !s.evaluators.iter().any(|e| e.id == server.id)
+                && s.evaluators
+                    .iter()
+                    .any(|e| e.role == am::Role::Server && workers.contains(&e.id))
+                && s.reconfigurations
+                    .iter()
+                    .any(|r| r.failed.is_empty() && r.succeeded > 0)
+        })
+        .await
+        .unwrap_or_else(|e| panic!("no worker became the server: {e}"));
+    assert!(
+        st.reconfigurations
+            .iter()
+            .any(|r| r.summary.contains("forced")
+                && r.failed.is_empty()
+                && r.op_secs.iter().any(|(k, _)| k == "switch")),
+        "{:?}",
+        st.reconfigurations
+    );
+    assert_eq!(
+        st.evaluators
+            .iter()
+            .filter(|e| e.role == am::Role::Worker)
+            .count(),
+        1,
+        "{:?}",
+        st.evaluators
+    );
+    trains_on_then_stop(cluster, &st, "a worker became the server").await;
 }
 
 /// Capacity taken back: a forced plan moves the blocks off the container to
