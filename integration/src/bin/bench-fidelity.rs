@@ -68,7 +68,8 @@ median prediction error and the regret of the predicted best.
   --set KEY=VALUE   a configuration override passed to every `cruise run`
   --keep DIR        keep the snapshots and the measured grids in DIR
   --replay DIR      run nothing: predict the grids kept in DIR again with
-                    this build's cruise plan (seconds; for model changes)
+                    this build's cruise plan (seconds; for model changes);
+                    with --only or --cases, only the grids they name
 
 About 2 minutes per cluster and case on 2 cores.
 ";
@@ -397,6 +398,30 @@ fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Whether `--replay` predicts the grid kept as `file`
+/// (`grid-SEED-INDEX-CASE.json`): every one, or those `--only` and
+/// `--cases` name.
+fn replayed(file: &str, a: &Args) -> bool {
+    let Some(stem) = file
+        .strip_prefix("grid-")
+        .and_then(|f| f.strip_suffix(".json"))
+    else {
+        return false;
+    };
+    let mut parts = stem.splitn(3, '-');
+    let (_seed, index, case) = (parts.next(), parts.next(), parts.next());
+    let index_ok = a.only.as_ref().is_none_or(|only| {
+        index
+            .and_then(|i| i.parse::<u32>().ok())
+            .is_some_and(|i| only.contains(&i))
+    });
+    let case_ok = a
+        .cases
+        .as_ref()
+        .is_none_or(|cases| case.is_some_and(|c| cases.iter().any(|k| k == c)));
+    index_ok && case_ok
+}
+
 fn bench(s: &Settings, a: &Args) -> anyhow::Result<()> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
     let chosen: Vec<Cluster> = match (&a.cluster, &a.only) {
@@ -417,14 +442,19 @@ fn bench(s: &Settings, a: &Args) -> anyhow::Result<()> {
             .filter_map(|e| e.ok().map(|e| e.path()))
             .filter(|p| {
                 p.file_name()
-                    .is_some_and(|f| f.to_string_lossy().starts_with("grid-"))
+                    .is_some_and(|f| replayed(&f.to_string_lossy(), a))
             })
             .collect();
         files.sort();
         if files.is_empty() {
             bail!(
-                "--replay {}: no grid-*.json there (saved by --keep)",
-                dir.display()
+                "--replay {}: no grid-*.json there (saved by --keep){}",
+                dir.display(),
+                if a.only.is_some() || a.cases.is_some() {
+                    " of the clusters and cases --only and --cases name"
+                } else {
+                    ""
+                }
             );
         }
         for f in files {
