@@ -13,7 +13,7 @@
 //!   [`await_status`] for the AM's status endpoint, [`mlr_data`];
 //! - [`fake_am`]: a scriptable fake AM that drives one real evaluator process
 //!   over the real control protocol;
-//! - [`bench`]: the shared pieces of the benchmarks; [`optbench`]: those of
+//! - [`mod@bench`]: the shared pieces of the benchmarks; [`optbench`]: those of
 //!   the optimizer's (cases, one `cruise run` on an emulated cluster);
 //!   [`clusters`]: emulated clusters drawn by a seeded generator;
 //! - [`required_tool`]: an external tool a test needs, or why it is skipped;

@@ -521,11 +521,11 @@ impl CostModel {
     /// the workers process together in a second, each going at its own
     /// pace. Server `j` spends `s_ij` per mini-batch of worker `i` on its
     /// `l_j` blocks (its own link or its CPU, as in
-    /// [`CostModel::server_load`]; a slower link measured between the two
+    /// `CostModel::server_load`; a slower link measured between the two
     /// holds the worker's transfer, not the server); a worker's
     /// mini-batch takes its computation and the longer of its own link's
     /// time and its slowest server's answer, overlapped as
-    /// [`CostModel::epoch_of`] says.
+    /// `CostModel::epoch_of` says.
     ///
     /// A server's answer waits behind the other workers' requests there.
     /// Each worker is one customer of a closed queueing network (its
@@ -536,10 +536,10 @@ impl CostModel {
     /// `R_ij = s_ij · (1 + Σ_{k≠i} Q_kj)`, `Q_kj = X_k · R_kj` the mean
     /// number of worker `k`'s requests at `j` and `X_k` its mini-batches a
     /// second, solved by fixed-point iteration
-    /// ([`CostModel::queued_rates`]). A worker whose own link (or the one
+    /// (`CostModel::queued_rates`). A worker whose own link (or the one
     /// measured between the two) is slower than the server's answer is not
     /// queued so: its transfer trickles and takes only its share of the
-    /// server, the others served in the rest ([`queued_answer`]). Without the queues (every answer in
+    /// server, the others served in the rest (`queued_answer`). Without the queues (every answer in
     /// `s_ij`, the servers shared max-min fairly up to their capacity) a
     /// fast worker beside four slow ones on 0.3-CPU, 400 Mbit/s servers was
     /// priced at 61 mini-batches a second where it ran 37 (the queues give

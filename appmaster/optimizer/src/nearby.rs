@@ -154,7 +154,7 @@ impl<'a> Pricer<'a> {
 /// best whatever it gains). For an asynchronous job, two targets of other
 /// roles whose bounds are within `min_gain` of each other are compared at
 /// their expected epoch time ([`Priced::expected_secs`], the throughput),
-/// and the splits of [`prefix_splits`] are candidates too. Ties keep the
+/// and the splits of `prefix_splits` are candidates too. Ties keep the
 /// solver's best, then the earlier candidate. `current_epoch` and
 /// `remaining` must be finite.
 pub fn net_best(

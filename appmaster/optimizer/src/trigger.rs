@@ -30,7 +30,7 @@
 //!   plan, the policy remembers its roles and its measured epoch time
 //!   ([`TriggerPolicy::leaving`], [`MeasuredSplit`]). A later look judges a
 //!   return there by that measurement against the running configuration's
-//!   ([`Job::measured_epoch_secs`]), not by the model: a plan that measurably
+//!   ([`crate::Job::measured_epoch_secs`]), not by the model: a plan that measurably
 //!   made the job slower is undone, and the model cannot send the job back to
 //!   a split it measured worse.
 //! * **A promise that did not deliver discounts the next.** The policy also
@@ -142,7 +142,7 @@ pub struct MeasuredSplit {
     /// Its servers, by container id.
     pub servers: BTreeSet<String>,
     /// Its epoch time as measured when the job left it
-    /// ([`Job::measured_epoch_secs`]), seconds.
+    /// ([`crate::Job::measured_epoch_secs`]), seconds.
     pub epoch_secs: f64,
     /// When the job left it for the policy's proposal: the gain that
     /// proposal was made for (0 otherwise). What it delivered is known once

@@ -2,7 +2,7 @@
 //!
 //! [`run_job`] sets a job up (job id and secret, input splits, control
 //! listener, status endpoint, resource manager) and then runs the job's event
-//! loop ([`job::Driver`]), which owns all job state: containers, evaluators,
+//! loop (`job::Driver`), which owns all job state: containers, evaluators,
 //! block ownership, metrics, the phase of the job. Everything else — the
 //! acceptor, one reader per evaluator, the resource manager — sends it typed
 //! [`Event`]s. Progress is reported on a channel for the command line to draw,

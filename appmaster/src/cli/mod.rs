@@ -43,7 +43,7 @@ pub use summary::summary_text;
 /// local runtime), a Mesos cluster (`cruise run --runtime mesos --master
 /// HOST:PORT`) or a YARN cluster (`cruise submit`, then `cruise status`,
 /// `cruise logs`, `cruise kill`). Configuration comes from built-in defaults,
-/// a TOML file (--config), environment variables CRUISE_<SECTION>__<KEY>, and
+/// a TOML file (--config), environment variables `CRUISE_<SECTION>__<KEY>`, and
 /// flags, each overriding the one before.
 #[derive(Parser, Debug)]
 #[command(

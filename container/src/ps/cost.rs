@@ -175,8 +175,8 @@ impl BatchMark {
 /// took beyond encoding and decoding the values (writing, reading, waking,
 /// completing; a pull and a push per server), plus what the loop's thread
 /// spent handing each request to its connection and being woken for the
-/// answers ([`RequestCpu`]), at most what two empty round trips take a
-/// request connection, a server ([`round_trip_cpu`]). The values' part is as large whoever holds
+/// answers (`RequestCpu`), at most what two empty round trips take a
+/// request connection, a server (`round_trip_cpu`). The values' part is as large whoever holds
 /// them, and stays in the own time (the cost model prices it per record).
 /// Left in the loop's own time, the wake-ups made a 0.09-CPU worker beside
 /// 7 servers (MLR 100 features) measure 5.1 µs of computing a record where

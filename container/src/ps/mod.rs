@@ -24,7 +24,7 @@
 //! - [`run_server`]: the server task: blocks are served by the data plane
 //!   whatever the role; this task reports serving metrics periodically.
 //!
-//! Roles share one [`DataPlane`] and [`Store`], so an evaluator switches role
+//! Roles share one [`DataPlane`] and [`crate::store::Store`], so an evaluator switches role
 //! without restarting, and blocks stay where they are until moved.
 //!
 //! Modules: the worker's pipeline in `worker`, with the keys it caches in

@@ -105,7 +105,7 @@ enum Batch {
 
 /// A worker that holds all the job's input pulls at least this many
 /// mini-batches ahead. Alone, it misses no one's pushes but its own, and
-/// those are applied to what it pulls ([`apply_own_pushes`]): it computes on
+/// those are applied to what it pulls (`apply_own_pushes`): it computes on
 /// the same values at any depth, and deeper only hides more of the round
 /// trip.
 pub const LONE_WORKER_DEPTH: usize = 8;

@@ -321,10 +321,10 @@ const ZERO_AHEAD: usize = (256 << 10) / 4;
 /// the kernel. Model blocks (a map of small values) are gathered and
 /// decoded whole at the end.
 ///
-/// An array's memory is made ready [`ZERO_AHEAD`] elements at a time, just
+/// An array's memory is made ready `ZERO_AHEAD` elements at a time, just
 /// before the socket's bytes are read over them: its pages faulted in with
-/// one system call ([`populate_for_write`]) rather than a fault per 4 KiB
-/// page, unless they are all mapped in already ([`resident`]), and the
+/// one system call (`populate_for_write`) rather than a fault per 4 KiB
+/// page, unless they are all mapped in already (`resident`), and the
 /// zeros a `&mut [u8]` window needs written while those pages are still
 /// in the cache, where the copy finds them. Faulting each page in on its
 /// first write and zeroing the whole array ahead of the copy would take

@@ -515,7 +515,7 @@ pub(super) fn find_cgroup_cpu() -> Option<CgroupCpu> {
     cgroup_cpu_from(&mountinfo, &own, |p| p.is_dir())
 }
 
-/// [`find_cgroup_cpu`] on given file contents (`exists` checks a directory).
+/// `find_cgroup_cpu` on given file contents (`exists` checks a directory).
 pub fn cgroup_cpu_from(
     mountinfo: &str,
     own_cgroup: &str,

@@ -1,7 +1,7 @@
 //! Inverse offers: the master asks for an agent's resources back ahead of
 //! its maintenance window (`PROTOCOLS.md` §5.5, `INVERSE_OFFERS`, nested
 //! as `{"inverse_offers":{"inverse_offers":[...]}}`). Part of the framework
-//! actor ([`super::Actor`]).
+//! actor (`super::Actor`).
 //!
 //! The framework's tasks on the agent are announced as
 //! [`RmEvent::Reclaiming`], deadline the window's start (never in the past);

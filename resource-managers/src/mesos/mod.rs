@@ -8,7 +8,7 @@
 //! events; a caller task sends the other calls in order. Trait calls map to
 //! protocol calls like this:
 //!
-//! - [`ResourceManager::request`]: the count is added to the evaluators
+//! - [`crate::ResourceManager::request`]: the count is added to the evaluators
 //!   wanted. Each OFFERS event is packed
 //!   with as many evaluators as fit by cpus and mem (ACCEPT with LAUNCH of
 //!   command tasks: the evaluator command, the [`LaunchSpec`] environment,
@@ -17,19 +17,19 @@
 //!   pace, so the capacity view stays fresh); a new request REVIVEs, which
 //!   clears the filters. The task id is the container id: a command task
 //!   sees it as `MESOS_TASK_ID`.
-//! - [`ResourceManager::release`]: KILL; the task's terminal UPDATE becomes
+//! - [`crate::ResourceManager::release`]: KILL; the task's terminal UPDATE becomes
 //!   `Completed { released: true }`.
 //! - UPDATE events are ACKNOWLEDGEd (when they carry a uuid) and become
 //!   `Running` (TASK_RUNNING) and `Completed` (terminal states, with the exit
 //!   status parsed from the command executor's message).
-//! - [`ResourceManager::capacity`]: held tasks plus how many evaluators fit
+//! - [`crate::ResourceManager::capacity`]: held tasks plus how many evaluators fit
 //!   in the agents' free resources as last offered; a change is sent as
 //!   `CapacityChanged`.
 //! - INVERSE_OFFERS (agent maintenance): the tasks on the agent become
 //!   `Reclaiming`, deadline the unavailability's start; offers from the
 //!   agent are declined; once none of our tasks is left there,
 //!   ACCEPT_INVERSE_OFFERS ([`inverse`]).
-//! - [`ResourceManager::shutdown`]: KILL every task, wait for their ends (at
+//! - [`crate::ResourceManager::shutdown`]: KILL every task, wait for their ends (at
 //!   most the kill grace), TEARDOWN.
 //!
 //! Liveness: when no event (HEARTBEAT included) arrives for

@@ -1,6 +1,6 @@
 //! Decommissioning nodes: YARN takes a node away gracefully, after a
 //! notice (`GET /ws/v1/cluster/nodes?states=DECOMMISSIONING`,
-//! `PROTOCOLS.md` §1.6). Part of the service actor ([`super::Actor`]).
+//! `PROTOCOLS.md` §1.6). Part of the service actor (`super::Actor`).
 //!
 //! Every `decommission_poll_interval`, while the job holds containers, the
 //! actor reads the decommissioning nodes. Its containers on one (matched by

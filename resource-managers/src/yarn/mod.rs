@@ -4,11 +4,11 @@
 //!
 //! YARN gives containers only to an ApplicationMaster over the (non-REST)
 //! AM–RM protocol (`PROTOCOLS.md` §3), so this runtime lets YARN's own
-//! ServiceMaster hold them: the first [`ResourceManager::request`] creates a
+//! ServiceMaster hold them: the first [`crate::ResourceManager::request`] creates a
 //! service with one component whose `launch_command` is the evaluator command
 //! and whose environment is the [`LaunchSpec`]'s, later requests flex the
-//! component up, [`ResourceManager::release`] decommissions the container's
-//! instance (`decommissioned_instances`), and [`ResourceManager::shutdown`]
+//! component up, [`crate::ResourceManager::release`] decommissions the container's
+//! instance (`decommissioned_instances`), and [`crate::ResourceManager::shutdown`]
 //! destroys the service.
 //!
 //! One actor task owns the service. It polls the service every

@@ -24,7 +24,7 @@ pub enum Purpose {
 pub enum Handshake {
     /// Connecting side → accepting side.
     Hello {
-        /// [`PROTOCOL_VERSION`] of the sender.
+        /// [`super::PROTOCOL_VERSION`] of the sender.
         protocol: u32,
         /// The job this connection belongs to.
         job_id: String,
