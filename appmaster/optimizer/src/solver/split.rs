@@ -800,5 +800,31 @@ mod tests {
             let best = f.best_split(&m, f64::INFINITY, &mut { usize::MAX }, &vec![0; n]).unwrap().0;
             prop_assert!(lb <= best * (1.0 + 1e-12), "bound {lb} > best {best}");
         }
+
+        /// A solve for fixed roles under a cap finds the uncapped solve's epoch time
+        /// when the cap is at or above it, and nothing when the cap is below it.
+        #[test]
+        fn a_capped_solve_agrees_with_the_uncapped_one(m in model(12), code in 0u32..729, below in any::<bool>()) {
+            use crate::solver::{solve_for_roles, solve_for_roles_within};
+            let n = m.len();
+            let (workers, servers) = roles(n, code % 3u32.pow(n as u32));
+            let mut r = vec![Role::Idle; n];
+            workers.iter().for_each(|&i| r[i] = Role::Worker);
+            servers.iter().for_each(|&i| r[i] = Role::Server);
+            let Ok(free) = solve_for_roles(&m, &r) else {
+                prop_assert!(!matches!(solve_for_roles_within(&m, &r, f64::MAX), Ok(Some(_))));
+                return Ok(());
+            };
+            prop_assert!(free.exact);
+            let t = free.epoch_secs;
+            let cap = if below { t * (1.0 - 1e-9) } else { t };
+            let capped = solve_for_roles_within(&m, &r, cap).unwrap();
+            if below {
+                prop_assert!(capped.is_none(), "found {capped:?} below {t}");
+            } else {
+                let capped = capped.expect("the best is within its own epoch time");
+                prop_assert!((capped.epoch_secs - t).abs() <= 1e-12 * t, "{} vs {t}", capped.epoch_secs);
+            }
+        }
     }
 }
