@@ -12,10 +12,11 @@
 //!
 //! The candidates are the solver's best, the running roles re-partitioned,
 //! and every configuration one role change away (each container made a
-//! worker, a server or idle), each placed by [`crate::solver::solve_for_roles`] and then
-//! with moves taken back ([`fewer_moves`]): a block the placement sends from
-//! a container that keeps its role to another stays where it is whenever
-//! that raises the net saving. A container left without blocks is idle.
+//! worker, a server or idle), each placed by
+//! [`crate::solver::solve_for_roles`] and then with moves taken back
+//! ([`fewer_moves`]): a block the placement sends from a container that
+//! keeps its role to another stays where it is whenever that raises the
+//! net saving. A container left without blocks is idle.
 //!
 //! The net saving is what the Cruise cost model minimises over a job's
 //! life (training time plus reconfiguration time). It picks the fastest
@@ -32,17 +33,19 @@
 //! most epoch time at which it could still be chosen over the best so far
 //! ([`solve_for_roles_within`]): roles that cannot reach it are ruled out
 //! early in the model-split search, which leaves the choice as it was and
-//! a decision's time to the candidates that can win. The bound is loosest for a server shared by workers of
-//! unequal links: it charges each worker every other worker's requests at
-//! the server. On a generated cluster (4 containers of 0.34 CPU and 51
+//! a decision's time to the candidates that can win.
+//!
+//! The bound is loosest for a server shared by workers of unequal links:
+//! it charges each worker every other worker's requests at the server. On
+//! a generated cluster (4 containers of 0.34 CPU and 51
 //! Mbit/s, 2 of 0.13 CPU and 241 Mbit/s, MLR of 1,000 features) the bound
 //! put 4 workers and one server at 0.325 s an epoch and the 5 workers of
 //! the measured best at 0.328 s, the throughput the 5 at 0.309 s;
 //! measured, 0.325 s and 0.275 s.
 
-use crate::cost::{CostModel, Placement, Target};
 use std::collections::HashMap;
 
+use crate::cost::{CostModel, Placement, Target};
 use crate::error::OptimizerError;
 use crate::plan::{Configuration, Plan};
 use crate::snapshot::Role;
