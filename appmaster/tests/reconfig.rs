@@ -172,6 +172,15 @@ async fn trains_on_then_stop(mut cluster: Cluster, st: &am::Status, what: &str) 
     stop(cluster).await;
 }
 
+/// The first member of the status in `role`.
+fn first_in_role(st: &am::Status, role: am::Role) -> am::EvaluatorStatus {
+    st.evaluators
+        .iter()
+        .find(|e| e.role == role)
+        .unwrap_or_else(|| panic!("no {role:?} in {:?}", st.evaluators))
+        .clone()
+}
+
 /// An endless bulk-synchronous job (staleness 0) of `containers` and
 /// `workers` that makes only forced plans, once it has trained an epoch;
 /// with the status then.
@@ -201,12 +210,7 @@ async fn a_bulk_synchronous_job_goes_on_when_its_slowest_worker_is_taken_back() 
     log_on_failure();
     let dir = tempfile::tempdir().unwrap();
     let (mut cluster, st) = bulk_synchronous(dir.path(), 4, 3).await;
-    let slow = st
-        .evaluators
-        .iter()
-        .find(|e| e.role == am::Role::Worker)
-        .unwrap()
-        .clone();
+    let slow = first_in_role(&st, am::Role::Worker);
     cluster
         .rm()
         .and_then(|rm| rm.data_faults(&slow.container))
@@ -246,12 +250,7 @@ async fn a_bulk_synchronous_job_goes_on_when_a_worker_becomes_its_server() {
     log_on_failure();
     let dir = tempfile::tempdir().unwrap();
     let (mut cluster, st) = bulk_synchronous(dir.path(), 3, 2).await;
-    let server = st
-        .evaluators
-        .iter()
-        .find(|e| e.role == am::Role::Server)
-        .unwrap()
-        .clone();
+    let server = first_in_role(&st, am::Role::Server);
     let workers: Vec<EvaluatorId> = st
         .evaluators
         .iter()

@@ -1257,6 +1257,15 @@ fn moves_that_do_not_pay_over_the_epochs_left_are_taken_back() {
     }
 }
 
+/// The containers a target makes servers, in id order.
+fn servers_of(target: &cruise_optimizer::Target) -> Vec<&String> {
+    target
+        .iter()
+        .filter(|(_, x)| x.role == Role::Server)
+        .map(|(id, _)| id)
+        .collect()
+}
+
 /// A one-worker start measured on a generated cluster (`bench-optimizer
 /// --generated 1/1 --cases medium`: e1–e4 of 0.34 CPU on 51 Mbit/s links,
 /// e5 and e6 of 0.13 CPU on 241 Mbit/s), its figures rounded. The bound
@@ -1318,12 +1327,7 @@ fn an_asynchronous_job_goes_where_its_throughput_is_best_of_the_safe_targets() {
             panic!("expected a reconfiguration");
         };
         let count = |r: Role| p.target.values().filter(|x| x.role == r).count();
-        let serving: Vec<&String> = p
-            .target
-            .iter()
-            .filter(|(_, x)| x.role == Role::Server)
-            .map(|(id, _)| id)
-            .collect();
+        let serving = servers_of(&p.target);
         assert!(
             serving == ["e5"] || serving == ["e6"],
             "a fast-linked server: {serving:?}"
@@ -1421,12 +1425,7 @@ fn the_throughput_does_not_overrule_a_bound_min_gain_apart() {
     let Decision::Reconfigure(p) = policy.decide(&snap, &cfg).unwrap() else {
         panic!("expected a reconfiguration");
     };
-    let servers: Vec<&String> = p
-        .target
-        .iter()
-        .filter(|(_, x)| x.role == Role::Server)
-        .map(|(id, _)| id)
-        .collect();
+    let servers = servers_of(&p.target);
     assert_eq!(servers.len(), 2, "{:?}", p.target);
     assert_eq!(p.target["e8"].role, Role::Worker, "{:?}", p.target);
 }

@@ -809,6 +809,30 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_replay_takes_the_grids_only_and_cases_name() {
+        let with = |only: Option<Vec<u32>>, cases: Option<Vec<&str>>| Args {
+            seed: 1,
+            clusters: 10,
+            only,
+            cluster: None,
+            keep: None,
+            replay: Some(PathBuf::from("d")),
+            cases: cases.map(|c| c.into_iter().map(str::to_string).collect()),
+            mechanism: "auto".into(),
+            sets: Vec::new(),
+        };
+        let all = with(None, None);
+        assert!(replayed("grid-1-3-medium.json", &all));
+        assert!(!replayed("snap-1-3-medium-0-1.json", &all));
+        let three = with(Some(vec![3]), None);
+        assert!(replayed("grid-1-3-medium.json", &three));
+        assert!(!replayed("grid-1-13-medium.json", &three));
+        let small = with(Some(vec![3]), Some(vec!["small"]));
+        assert!(!replayed("grid-1-3-medium.json", &small));
+        assert!(replayed("grid-2-3-small.json", &small));
+    }
+
+    #[test]
     fn tied_bounds_rank_by_the_throughput() {
         // 0 and 2 tie on the bound; 2 has the better throughput.
         let b = ties_by(&[1.0, 3.0, 1.0, 2.0], &[0.9, 0.5, 0.7, 0.1]);

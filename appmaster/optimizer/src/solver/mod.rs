@@ -161,7 +161,7 @@ pub fn solve_for_roles_within(
         return Ok(None);
     }
     let exact = exhaustive && search.nodes.get() > 0;
-    let bar = (part.t * (1.0 + REL_EPS)).min(cap.max(part.t));
+    let bar = (part.t * (1.0 + REL_EPS)).min(cap);
     finish(model, &search, roles, part, bar, 1, exact).map(Some)
 }
 
