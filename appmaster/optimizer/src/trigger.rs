@@ -46,7 +46,7 @@
 //!
 //! What a plan costs is [`ReconfigCostModel`]'s (in `reconfig_cost`).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
@@ -466,6 +466,63 @@ impl TriggerPolicy {
         }
     }
 
+    /// The plan that gives the containers `roles` names those roles (the
+    /// others keep theirs), whatever it gains: an operator's or a test's
+    /// choice, not the policy's. The solver places the blocks for the
+    /// roles, every worker and server keeping at least one block of its
+    /// table (none is left idle and deleted); the proposal carries the predicted epoch times and plan cost
+    /// as [`TriggerPolicy::decide`]'s do, and is not forced. Fails on a
+    /// container the snapshot does not have, and on roles no partition
+    /// fits (no worker, no server, more workers than input blocks).
+    pub fn propose_roles(
+        &self,
+        snapshot: &Snapshot,
+        current: &Configuration,
+        roles: &BTreeMap<String, Role>,
+    ) -> Result<Proposal, OptimizerError> {
+        snapshot.validate()?;
+        check_agreement(snapshot, current)?;
+        let model = CostModel::new(snapshot)?;
+        if let Some(id) = roles.keys().find(|id| !model.ids().contains(id)) {
+            return Err(OptimizerError::UnknownContainer {
+                container: id.clone(),
+                context: "the roles asked for".into(),
+            });
+        }
+        let wanted: Vec<Role> = model
+            .ids()
+            .iter()
+            .zip(model.current_placements())
+            .map(|(id, p)| roles.get(id).copied().unwrap_or(p.role))
+            .collect();
+        let mut target = solve_for_roles(&model, &wanted)?.target;
+        // The solver may leave a server or a worker without blocks (idle,
+        // then deleted); the roles asked for, and those kept, are taken.
+        for (id, role) in model.ids().iter().zip(&wanted) {
+            give_one_block(&mut target, id, *role);
+        }
+        let epoch = model.evaluate(&target)?;
+        let epoch = if snapshot.job.asynchronous {
+            epoch.throughput_epoch_secs
+        } else {
+            epoch.epoch_secs
+        };
+        let plan = Plan::between(current, &target)?;
+        let current_epoch = current_epoch_secs(snapshot, current)?;
+        let gain = gain_of(current_epoch, epoch);
+        Ok(Proposal {
+            predicted_cost_secs: self
+                .costs
+                .plan_secs(&plan, snapshot, self.config.max_parallel),
+            plan,
+            target,
+            current_epoch_secs: current_epoch,
+            predicted_epoch_secs: epoch,
+            gain,
+            forced: false,
+        })
+    }
+
     /// Decides whether and how to reconfigure. `current` is the AM's ownership table;
     /// it must agree with the snapshot's roles and block counts.
     pub fn decide(
@@ -483,15 +540,6 @@ impl TriggerPolicy {
         let model = CostModel::new(snapshot)?;
         let best = solve(&model)?;
         let job = &snapshot.job;
-        let gain_of = |from: f64, to: f64| {
-            if from.is_infinite() {
-                1.0
-            } else if from > 0.0 {
-                (from - to) / from
-            } else {
-                0.0
-            }
-        };
         let pays = |from: f64, to: f64, extra_cost: f64| {
             gain_of(from, to) >= self.config.min_gain
                 && (from.is_infinite() || (from - to) * job.remaining_epochs > extra_cost)
@@ -849,6 +897,57 @@ impl TriggerPolicy {
 /// ran at 0.9 s; judged by the throughput without the servers' queues, a
 /// 5W+3S priced at 0.73 s ran at 0.85 s and took the job from its best
 /// split.
+/// Makes `id` a container in `role` holding a block of its role's table
+/// if the solver left it without one (and idle), taken from the container
+/// of that role holding the most.
+fn give_one_block(target: &mut Target, id: &str, role: Role) {
+    fn blocks(p: &mut crate::cost::Placement, role: Role) -> Option<&mut u32> {
+        match role {
+            Role::Worker => Some(&mut p.input_blocks),
+            Role::Server => Some(&mut p.model_blocks),
+            Role::Idle => None,
+        }
+    }
+    let held = |p: &crate::cost::Placement| match role {
+        Role::Worker => p.input_blocks,
+        Role::Server => p.model_blocks,
+        Role::Idle => 0,
+    };
+    if role == Role::Idle || target.get(id).is_none_or(|p| p.role == role && held(p) > 0) {
+        return;
+    }
+    let Some(richest) = target
+        .iter()
+        .filter(|(other, p)| other.as_str() != id && p.role == role && held(p) > 1)
+        .max_by_key(|(_, p)| held(p))
+        .map(|(other, _)| other.clone())
+    else {
+        return;
+    };
+    if let Some(n) = target.get_mut(&richest).and_then(|p| blocks(p, role)) {
+        *n -= 1;
+    }
+    if let Some(p) = target.get_mut(id) {
+        // The solver marks a container it left without blocks idle.
+        p.role = role;
+        if let Some(n) = blocks(p, role) {
+            *n += 1;
+        }
+    }
+}
+
+/// The relative gain of going from an epoch of `from` seconds to one of
+/// `to`: 1 from a configuration that cannot train (`from` infinite).
+fn gain_of(from: f64, to: f64) -> f64 {
+    if from.is_infinite() {
+        1.0
+    } else if from > 0.0 {
+        (from - to) / from
+    } else {
+        0.0
+    }
+}
+
 fn current_epoch_secs(snapshot: &Snapshot, current: &Configuration) -> Result<f64, OptimizerError> {
     let now = CostModel::including_reclaimed(snapshot)?;
     Ok(now

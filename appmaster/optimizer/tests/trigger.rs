@@ -365,6 +365,74 @@ fn reclaimed_containers_are_emptied_and_deleted_regardless_of_gain() {
 }
 
 #[test]
+fn roles_asked_for_are_planned_whatever_they_gain() {
+    // Three workers and a server of equal containers: making a worker a
+    // second server is the plan asked for, with no container deleted (the
+    // plan an SSP job's clocks must survive), even where it gains nothing.
+    let j = job(12, 8, 100.0);
+    let specs = uniform_specs(4);
+    let cfg = config(&j, &["c0", "c1", "c2"], &["c3"], &[]);
+    let snap = snapshot(&j, &specs, &cfg, 50);
+    let policy = TriggerPolicy::default();
+    let roles = [("c2".to_string(), Role::Server)].into_iter().collect();
+    let p = policy.propose_roles(&snap, &cfg, &roles).unwrap();
+    assert!(!p.forced);
+    let ops = |f: fn(&Operation) -> bool| p.plan.ops.iter().filter(|o| f(&o.op)).count();
+    assert_eq!(
+        ops(
+            |o| matches!(o, Operation::Switch { container, to_role: Role::Server } if container == "c2")
+        ),
+        1,
+        "{:?}",
+        p.plan
+    );
+    assert_eq!(
+        ops(|o| matches!(o, Operation::Delete { .. })),
+        0,
+        "{:?}",
+        p.plan
+    );
+    let after = p.plan.apply(&cfg).unwrap();
+    assert_eq!(after.validate().unwrap(), (12, 8));
+    let holding = |id: &str| &after.containers[id];
+    assert_eq!(holding("c2").role, Role::Server);
+    assert!(holding("c2").input.is_empty() && !holding("c2").model.is_empty());
+    assert_eq!(holding("c0").input.len() + holding("c1").input.len(), 12);
+    assert!(p.current_epoch_secs.is_finite() && p.predicted_epoch_secs.is_finite());
+    // Roles the snapshot cannot have are refused, naming the container.
+    let err = policy
+        .propose_roles(
+            &snap,
+            &cfg,
+            &[("c9".to_string(), Role::Server)].into_iter().collect(),
+        )
+        .unwrap_err();
+    assert!(err.to_string().contains("c9"), "{err}");
+    // A server the solver would leave idle (a second server only adds
+    // requests on this slow-request worker set) still serves: it is not
+    // deleted.
+    let mut slow = snap.clone();
+    for c in &mut slow.containers {
+        c.request_secs_per_server = Some(1.0);
+    }
+    let p = policy.propose_roles(&slow, &cfg, &roles).unwrap();
+    let deletes = p
+        .plan
+        .ops
+        .iter()
+        .filter(|o| matches!(o.op, Operation::Delete { .. }));
+    assert_eq!(deletes.count(), 0, "{:?}", p.plan);
+    let after = p.plan.apply(&cfg).unwrap();
+    assert_eq!(after.containers["c2"].role, Role::Server);
+    assert!(!after.containers["c2"].model.is_empty(), "{:?}", p.plan);
+    let none: std::collections::BTreeMap<String, Role> = ["c0", "c1", "c2"]
+        .map(|c| (c.to_string(), Role::Server))
+        .into_iter()
+        .collect();
+    assert!(policy.propose_roles(&snap, &cfg, &none).is_err());
+}
+
+#[test]
 fn snapshot_and_configuration_must_agree() {
     let j = job(16, 8, 100.0);
     let specs = uniform_specs(4);
