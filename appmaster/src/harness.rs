@@ -8,7 +8,8 @@
 //! [`Cluster::drop_connection`], [`Cluster::delay_messages`],
 //! [`Cluster::delay_data`], [`Cluster::fail_allocations`], withheld
 //! allocations ([`ClusterOptions::withhold_allocations`]: a cluster that
-//! never answers), and [`Cluster::await_status`] to wait for a condition
+//! never answers), [`Cluster::request_roles`] to have the job plan roles a
+//! test chooses, and [`Cluster::await_status`] to wait for a condition
 //! instead of sleeping.
 
 use std::collections::BTreeMap;
@@ -339,6 +340,7 @@ pub struct Cluster {
     pub progress: mpsc::UnboundedReceiver<Progress>,
     job: JoinHandle<Result<JobSummary, AmError>>,
     cancel: CancellationToken,
+    requests: mpsc::UnboundedSender<am::Request>,
     _stop: StopOnDrop,
 }
 
@@ -389,6 +391,7 @@ impl Cluster {
         faults: ClusterOptions,
     ) -> Cluster {
         let (ptx, prx) = mpsc::unbounded_channel();
+        let (requests, requests_rx) = mpsc::unbounded_channel();
         let (status_tx, status_rx) = watch::channel(Status::default());
         let cancel = CancellationToken::new();
         let slot: Arc<Mutex<Option<Arc<InProcessRm>>>> = Arc::new(Mutex::new(None));
@@ -411,6 +414,7 @@ impl Cluster {
             work_dir,
             evaluator_command: vec!["(in-process)".into()],
             start: am::JobStart::New,
+            requests: Some(requests_rx),
         };
         let job = tokio::spawn(am::run_job(opts));
         Cluster {
@@ -423,7 +427,25 @@ impl Cluster {
             progress: prx,
             job,
             cancel,
+            requests,
         }
+    }
+
+    /// Asks the job to reconfigure now to `roles` (evaluator → role; the
+    /// others keep theirs), whatever the optimizer predicts: a plan the test
+    /// chooses. The plan's summary once it started, or why the job refused
+    /// (see [`am::Request::Roles`]).
+    pub async fn request_roles(
+        &self,
+        roles: BTreeMap<cruise_container::protocol::EvaluatorId, am::Role>,
+    ) -> Result<String, String> {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        self.requests
+            .send(am::Request::Roles { roles, reply })
+            .map_err(|_| "the job has ended".to_string())?;
+        answer
+            .await
+            .map_err(|_| "the job ended before it answered".to_string())?
     }
 
     /// The resource manager (once the AM has built it).

@@ -308,6 +308,9 @@ pub struct EvaluatorStatus {
     pub input_blocks: u32,
     /// Model blocks owned.
     pub model_blocks: u32,
+    /// The local epochs it has completed as a worker, as the AM heard
+    /// (its clock, which bounds the others' under SSP).
+    pub clock: u32,
 }
 
 /// Events of the job's loop.
@@ -388,6 +391,26 @@ pub struct JobOptions {
     pub evaluator_command: Vec<String>,
     /// A new job, or one resumed from its checkpoint.
     pub start: JobStart,
+    /// Requests to the running job (the test harness's
+    /// [`crate::harness::Cluster::request_roles`]); `None`: none come.
+    pub requests: Option<mpsc::UnboundedReceiver<Request>>,
+}
+
+/// A request to a running job, answered on its `reply` channel.
+#[derive(Debug)]
+pub enum Request {
+    /// Reconfigure now to these roles (evaluator → role; the others keep
+    /// theirs), the blocks placed by the solver for them, whatever the
+    /// optimizer predicts: a plan chosen from outside. Answered with the
+    /// plan's summary once it started, or why the job did not start it (it
+    /// is not training, or a plan, a recovery or a recount is under way, or
+    /// the roles fit no partition).
+    Roles {
+        /// The roles asked for.
+        roles: std::collections::BTreeMap<EvaluatorId, Role>,
+        /// The answer.
+        reply: tokio::sync::oneshot::Sender<Result<String, String>>,
+    },
 }
 
 /// How a job starts.
@@ -577,7 +600,7 @@ pub async fn run_job(opts: JobOptions) -> Result<JobSummary, AmError> {
     };
     let (checkpoints, hdfs) = (config.checkpoint.clone(), config.hdfs.clone());
     let driver = job::Driver::new(config, job_id, am_addr, splits, links, outputs, resumed);
-    let result = driver.run(ev_rx, rm_rx).await;
+    let result = driver.run(ev_rx, rm_rx, opts.requests).await;
 
     if let Err(e) = rm.shutdown().await {
         tracing::warn!("resource manager shutdown: {e}");

@@ -236,6 +236,7 @@ pub async fn run_with(
         work_dir: job_work,
         evaluator_command,
         start,
+        requests: None,
     };
     let result = am::run_job(opts).await;
     let _ = renderer.await;

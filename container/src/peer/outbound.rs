@@ -112,6 +112,11 @@ impl DataPlane {
                 },
                 m = rx.recv(), if !said_goodbye => if let Some(m) = m {
                     progress.fetch_add(1, Ordering::Relaxed);
+                    let delay = self.inner.faults.request_delay();
+                    if !delay.is_zero() {
+                        // A test's slow sender (`Faults::set_request_delay`).
+                        tokio::time::sleep(delay).await;
+                    }
                     if let Err(e) = write_queued(&mut sink, &mut rx, m).await {
                         break format!("write failed: {e}");
                     }

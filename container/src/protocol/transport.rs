@@ -20,7 +20,7 @@ use super::ProtocolError;
 
 /// Fault hooks on a connection: tests use them to delay every frame a side
 /// sends, or to break the connection abruptly. Production code never sets them;
-/// checking them costs two atomic loads per frame.
+/// checking them costs a few atomic loads per frame.
 #[derive(Clone, Debug, Default)]
 pub struct Faults {
     inner: Arc<FaultState>,
@@ -29,6 +29,7 @@ pub struct Faults {
 #[derive(Debug, Default)]
 struct FaultState {
     delay_us: AtomicU64,
+    request_delay_us: AtomicU64,
     held: AtomicBool,
     broken: AtomicBool,
     notify: Notify,
@@ -46,6 +47,22 @@ impl Faults {
     /// The current delay.
     pub fn delay(&self) -> Duration {
         Duration::from_micros(self.inner.delay_us.load(Ordering::Relaxed))
+    }
+
+    /// Delays the requests this side sends on the data plane (its pulls
+    /// and pushes; not the answers it serves, which [`Faults::set_delay`]
+    /// delays) by `d` before each write from now on, the requests queued
+    /// meanwhile going out with it: a slow worker.
+    pub fn set_request_delay(&self, d: Duration) {
+        self.inner.request_delay_us.store(
+            d.as_micros().min(u128::from(u64::MAX)) as u64,
+            Ordering::Relaxed,
+        );
+    }
+
+    /// The current request delay ([`Faults::set_request_delay`]).
+    pub fn request_delay(&self) -> Duration {
+        Duration::from_micros(self.inner.request_delay_us.load(Ordering::Relaxed))
     }
 
     /// Holds every frame not sent yet until [`Faults::release`], as a

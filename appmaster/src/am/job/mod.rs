@@ -328,8 +328,12 @@ impl Driver {
         mut self,
         mut events: mpsc::Receiver<Event>,
         mut rm_events: mpsc::UnboundedReceiver<RmEvent>,
+        mut requests: Option<mpsc::UnboundedReceiver<crate::am::Request>>,
     ) -> Result<JobSummary, AmError> {
-        let r = match self.run_inner(&mut events, &mut rm_events).await {
+        let r = match self
+            .run_inner(&mut events, &mut rm_events, &mut requests)
+            .await
+        {
             // Cancelling closes the control connections, and the evaluators
             // exit because of it: whichever of those events the loop saw
             // before the cancellation itself, the cause is the cancellation.
@@ -367,6 +371,7 @@ impl Driver {
         &mut self,
         events: &mut mpsc::Receiver<Event>,
         rm_events: &mut mpsc::UnboundedReceiver<RmEvent>,
+        requests: &mut Option<mpsc::UnboundedReceiver<crate::am::Request>>,
     ) -> Result<(), AmError> {
         self.params = apps::params(&self.config).map_err(|e| AmError::Config(e.to_string()))?;
         let app =
@@ -398,6 +403,11 @@ impl Driver {
                 _ = self.links.cancel.cancelled() => return Err(AmError::Cancelled),
                 Some(ev) = rm_events.recv() => self.on_rm(ev).await?,
                 Some(ev) = events.recv() => self.on_event(ev).await?,
+                r = next_request(requests) => match r {
+                    Some(r) => self.on_request(r),
+                    // Nobody can ask any more.
+                    None => *requests = None,
+                },
                 _ = tick.tick() => {
                     if last_hb_sent.elapsed() >= hb {
                         last_hb_sent = Instant::now();
@@ -420,6 +430,7 @@ impl Driver {
             self.step_plan().await?;
             self.step_recount().await;
             self.step_deferred_stop().await;
+            self.step_request();
             if self.phase == Phase::Finishing
                 && (self.all_containers_done() || self.finishing_overdue())
             {
@@ -641,6 +652,16 @@ impl Driver {
 
 /// Removes and returns the first item of `list` that `matches`; the last
 /// item takes its place.
+/// The next request to the job; never, when none can come.
+async fn next_request(
+    requests: &mut Option<mpsc::UnboundedReceiver<crate::am::Request>>,
+) -> Option<crate::am::Request> {
+    match requests {
+        Some(r) => r.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
 fn take_first<T>(list: &mut Vec<T>, matches: impl FnMut(&T) -> bool) -> Option<T> {
     let i = list.iter().position(matches)?;
     Some(list.swap_remove(i))

@@ -135,6 +135,7 @@ impl Driver {
                     store_bytes: e.store_bytes,
                     input_blocks: counts.get(&(INPUT_TABLE, e.id)).copied().unwrap_or(0),
                     model_blocks: counts.get(&(MODEL_TABLE, e.id)).copied().unwrap_or(0),
+                    clock: e.clock,
                 })
                 .collect(),
             last_epoch: self.epochs.last().copied(),

@@ -3,7 +3,7 @@
 //! snapshot of the job's measurements and asks the trigger policy; what it
 //! decided, and the capacity the resource manager offers.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
 
 use cruise_container::protocol::{EvaluatorId, INPUT_TABLE, MODEL_TABLE};
@@ -11,7 +11,7 @@ use cruise_optimizer::{Decision, Snapshot};
 
 use super::{effective_mini_batch, plan_snapshot_path, write_snapshot};
 use crate::am::job::{Driver, Phase, plural, split_text};
-use crate::am::snapshot::{EvalFacts, JobFacts, build_snapshot};
+use crate::am::snapshot::{ContainerName, EvalFacts, JobFacts, build_snapshot};
 use crate::am::{Event, Role};
 
 impl Driver {
@@ -27,6 +27,7 @@ impl Driver {
             || rc.plan.is_some()
             || rc.deciding.is_some()
             || rc.stop_deferred
+            || rc.requested.is_some()
             || !rc.recoveries.is_empty()
             || !rc.restores.is_empty()
             || rc.recount.is_some()
@@ -58,9 +59,44 @@ impl Driver {
             self.note_decision(text);
             return;
         }
+        let (mut snapshot, current) =
+            build_snapshot(self.job_facts(&evals), &evals, &self.rc.metrics);
+        snapshot.policy = Some(self.rc.policy.state());
+        let file = &self.config.optimizer.snapshot_file;
+        if !file.is_empty() {
+            write_snapshot(std::path::Path::new(file), &snapshot);
+        }
+        // The search can take a while (bounded by the solver's node budget):
+        // off the loop, which goes on answering evaluators meanwhile.
+        let policy = self.rc.policy.clone();
+        let events = self.links.events.clone();
+        self.rc.deciding = Some(evals);
+        self.links.tracker.spawn(async move {
+            let looked = tokio::task::spawn_blocking(move || {
+                let splits = crate::whatif::split_epochs(&snapshot);
+                let decided = policy
+                    .decide(&snapshot, &current)
+                    .map(|d| (Box::new(snapshot), d))
+                    .map_err(|e| e.to_string());
+                (decided, splits)
+            })
+            .await;
+            let (decided, splits) = looked.unwrap_or_else(|e| {
+                (
+                    Err(format!("the optimizer's search failed: {e}")),
+                    Vec::new(),
+                )
+            });
+            let _ = events.send(Event::Decided { decided, splits }).await;
+        });
+    }
+
+    /// What the optimizer is told about the job as a whole, with `evals`
+    /// its members.
+    fn job_facts(&self, evals: &[EvalFacts]) -> JobFacts {
         let done = self.records_done as f64 / self.records_per_epoch.max(1) as f64;
         let held = evals.len() as u32 + self.rc.adds.len() as u32;
-        let facts = JobFacts {
+        JobFacts {
             records: self.records_per_epoch,
             // The mean mini-batch the workers run: blocks are cut into
             // near-equal mini-batches, so the cost model's D / (L·B) counts
@@ -91,36 +127,81 @@ impl Driver {
                     .count(),
             ) as u32,
             asynchronous: self.config.job.sync == cruise_conf::SyncMode::Async,
-        };
-        let (mut snapshot, current) = build_snapshot(facts, &evals, &self.rc.metrics);
-        snapshot.policy = Some(self.rc.policy.state());
-        let file = &self.config.optimizer.snapshot_file;
-        if !file.is_empty() {
-            write_snapshot(std::path::Path::new(file), &snapshot);
         }
-        // The search can take a while (bounded by the solver's node budget):
-        // off the loop, which goes on answering evaluators meanwhile.
-        let policy = self.rc.policy.clone();
-        let events = self.links.events.clone();
-        self.rc.deciding = Some(evals);
-        self.links.tracker.spawn(async move {
-            let looked = tokio::task::spawn_blocking(move || {
-                let splits = crate::whatif::split_epochs(&snapshot);
-                let decided = policy
-                    .decide(&snapshot, &current)
-                    .map(|d| (Box::new(snapshot), d))
-                    .map_err(|e| e.to_string());
-                (decided, splits)
-            })
-            .await;
-            let (decided, splits) = looked.unwrap_or_else(|e| {
-                (
-                    Err(format!("the optimizer's search failed: {e}")),
-                    Vec::new(),
-                )
-            });
-            let _ = events.send(Event::Decided { decided, splits }).await;
-        });
+    }
+
+    /// A request from outside the job ([`crate::am::Request`]): kept
+    /// until the job is free to plan it ([`Driver::step_request`]).
+    pub(in crate::am::job) fn on_request(&mut self, request: crate::am::Request) {
+        match request {
+            crate::am::Request::Roles { roles, reply } => {
+                if self.rc.requested.is_some() {
+                    let _ = reply.send(Err("another request is waiting".into()));
+                    return;
+                }
+                self.rc.requested = Some(super::RequestedRoles { roles, reply });
+            }
+        }
+    }
+
+    /// Plans the roles asked for once nothing else is under way (a plan,
+    /// a look of the optimizer, a recovery, a recount), while the job
+    /// trains; refuses them once training is over.
+    pub(in crate::am::job) fn step_request(&mut self) {
+        if self.rc.requested.is_none() {
+            return;
+        }
+        let over = self.rc.stop_deferred
+            || !matches!(
+                self.phase,
+                Phase::Allocating | Phase::Loading | Phase::Training
+            );
+        let busy = self.phase != Phase::Training
+            || self.rc.plan.is_some()
+            || self.rc.deciding.is_some()
+            || !self.rc.recoveries.is_empty()
+            || !self.rc.restores.is_empty()
+            || self.rc.recount.is_some();
+        if busy && !over {
+            return;
+        }
+        let Some(r) = self.rc.requested.take() else {
+            return;
+        };
+        let answer = if over {
+            Err(format!(
+                "training is over (the job is {})",
+                self.phase.name()
+            ))
+        } else {
+            self.plan_roles(&r.roles)
+        };
+        match &answer {
+            Ok(summary) => tracing::info!("roles asked for: {summary}"),
+            Err(e) => tracing::info!("roles asked for, not planned: {e}"),
+        }
+        let _ = r.reply.send(answer);
+    }
+
+    /// Starts the plan to `roles`; its summary, or why it did not start.
+    fn plan_roles(&mut self, roles: &BTreeMap<EvaluatorId, Role>) -> Result<String, String> {
+        let evals = self.eval_facts();
+        let (mut snapshot, current) =
+            build_snapshot(self.job_facts(&evals), &evals, &self.rc.metrics);
+        snapshot.policy = Some(self.rc.policy.state());
+        let names = roles
+            .iter()
+            .map(|(&id, &role)| (ContainerName::Evaluator(id).to_string(), role))
+            .collect();
+        let p = self
+            .rc
+            .policy
+            .propose_roles(&snapshot, &current, &names)
+            .map_err(|e| e.to_string())?;
+        if p.plan.is_empty() {
+            return Err("the job already has those roles".into());
+        }
+        Ok(self.reconfigure(p, Box::new(snapshot), true))
     }
 
     /// What the optimizer is told about each member, the reclaimed ones marked.
@@ -207,27 +288,36 @@ impl Driver {
                 "considering {} (look {look} of {of}): predicted epoch {current_epoch_secs:.3} s → {predicted_epoch_secs:.3} s",
                 split_text(workers, servers),
             )),
-            Decision::Reconfigure(p) => self.reconfigure(*p, snapshot),
+            Decision::Reconfigure(p) => {
+                self.reconfigure(*p, snapshot, false);
+            }
         }
     }
 
-    /// Starts the plan a confirmed decision proposed (or, under
-    /// `optimizer.advise_only`, only says what it would do): the summary to
-    /// the log and the user, the snapshot it was decided from beside the
-    /// latest, the split being left to the policy's memory, the history.
-    fn reconfigure(&mut self, p: cruise_optimizer::Proposal, snapshot: Box<Snapshot>) {
+    /// Starts the plan a confirmed decision proposed, or one `asked` for
+    /// from outside (under `optimizer.advise_only` the optimizer's own only
+    /// says what it would do): the summary to the log and the user, the
+    /// snapshot it was decided from beside the latest, the split being left
+    /// to the policy's memory, the history. Returns the summary.
+    fn reconfigure(
+        &mut self,
+        p: cruise_optimizer::Proposal,
+        snapshot: Box<Snapshot>,
+        asked: bool,
+    ) -> String {
         let (w, s) = self.role_counts();
         let tw = p.target.values().filter(|x| x.role == Role::Worker).count() as u32;
         let ts = p.target.values().filter(|x| x.role == Role::Server).count() as u32;
-        if !p.forced && self.config.optimizer.advise_only {
-            self.note_decision(format!(
+        if !p.forced && !asked && self.config.optimizer.advise_only {
+            let text = format!(
                 "would reconfigure to {} (optimizer.advise_only): predicted epoch {:.3} s → {:.3} s ({:.1}% gain)",
                 split_text(tw, ts),
                 p.current_epoch_secs,
                 p.predicted_epoch_secs,
                 p.gain * 100.0
-            ));
-            return;
+            );
+            self.note_decision(text.clone());
+            return text;
         }
         let (bi, bm) = p.plan.blocks_moved();
         let summary = format!(
@@ -239,6 +329,8 @@ impl Driver {
             p.gain * 100.0,
             if p.forced {
                 "; forced: the resource manager reclaims containers"
+            } else if asked {
+                "; asked for"
             } else {
                 ""
             },
@@ -273,7 +365,8 @@ impl Driver {
             predicted_after_secs: p.predicted_epoch_secs,
             forced: p.forced,
         };
-        self.start_plan(p.plan, *snapshot, summary, started);
+        self.start_plan(p.plan, *snapshot, summary.clone(), started);
+        summary
     }
 
     pub(super) fn note_decision(&mut self, text: String) {
