@@ -1,7 +1,9 @@
 //! When to reconfigure: every `optimizer.interval_ms` while training (at
 //! once when the resource manager takes capacity back) the loop builds a
 //! snapshot of the job's measurements and asks the trigger policy; what it
-//! decided, and the capacity the resource manager offers.
+//! decided, the roles asked for from outside the job (`am::Request`, kept
+//! until the job is free to plan them), and the capacity the resource
+//! manager offers.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
