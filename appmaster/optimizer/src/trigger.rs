@@ -470,8 +470,10 @@ impl TriggerPolicy {
     /// others keep theirs), whatever it gains: an operator's or a test's
     /// choice, not the policy's. The solver places the blocks for the
     /// roles, every worker and server keeping at least one block of its
-    /// table (none is left idle and deleted); the proposal carries the predicted epoch times and plan cost
-    /// as [`TriggerPolicy::decide`]'s do, and is not forced. Fails on a
+    /// table (none is left idle and deleted). The target is priced as the
+    /// running configuration is (asynchronous workers by their summed
+    /// throughput), the plan as
+    /// [`TriggerPolicy::decide`]'s are; the proposal is not forced. Fails on a
     /// container the snapshot does not have, and on roles no partition
     /// fits (no worker, no server, more workers than input blocks).
     pub fn propose_roles(
@@ -501,12 +503,7 @@ impl TriggerPolicy {
         for (id, role) in model.ids().iter().zip(&wanted) {
             give_one_block(&mut target, id, *role);
         }
-        let epoch = model.evaluate(&target)?;
-        let epoch = if snapshot.job.asynchronous {
-            epoch.throughput_epoch_secs
-        } else {
-            epoch.epoch_secs
-        };
+        let epoch = as_running(&model.evaluate(&target)?, snapshot);
         let plan = Plan::between(current, &target)?;
         let current_epoch = current_epoch_secs(snapshot, current)?;
         let gain = gain_of(current_epoch, epoch);
@@ -877,26 +874,6 @@ impl TriggerPolicy {
     }
 }
 
-/// The running configuration's predicted epoch time (reclaimed containers
-/// included: they still run until the plan empties them; infinite when it
-/// cannot train). Asynchronous workers each go at their own pace whatever
-/// input they hold: the configuration is worth its workers' summed
-/// throughput ([`crate::cost::Breakdown::throughput_epoch_secs`]), its
-/// roles, model split and input as they are.
-///
-/// Targets are priced by the solvers' epoch, every worker's requests
-/// always queued at every server ([`crate::cost::Breakdown::epoch_secs`]),
-/// which for asynchronous workers is an upper bound of their throughput's:
-/// a plan must gain even if its target runs as slowly as that, judged
-/// against the best estimate of where the job is. A target the model knows
-/// only from afar (other roles, another model split) is where its errors
-/// lie, and a search for the best-looking one picks the most optimistic;
-/// the running configuration is measured. Judged by the bound alone, two
-/// workers on 30 Mbit/s links beside one on 848 Mbit/s were priced at 1.02
-/// s where they ran at 0.59 s, and the job dropped them for a split that
-/// ran at 0.9 s; judged by the throughput without the servers' queues, a
-/// 5W+3S priced at 0.73 s ran at 0.85 s and took the job from its best
-/// split.
 /// Makes `id` a container in `role` holding a block of its role's table
 /// if the solver left it without one (and idle), taken from the container
 /// of that role holding the most.
@@ -948,18 +925,43 @@ fn gain_of(from: f64, to: f64) -> f64 {
     }
 }
 
+/// The running configuration's predicted epoch time (reclaimed containers
+/// included: they still run until the plan empties them; infinite when it
+/// cannot train). Asynchronous workers each go at their own pace whatever
+/// input they hold: the configuration is worth its workers' summed
+/// throughput ([`crate::cost::Breakdown::throughput_epoch_secs`]), its
+/// roles, model split and input as they are.
+///
+/// Targets are priced by the solvers' epoch, every worker's requests
+/// always queued at every server ([`crate::cost::Breakdown::epoch_secs`]),
+/// which for asynchronous workers is an upper bound of their throughput's:
+/// a plan must gain even if its target runs as slowly as that, judged
+/// against the best estimate of where the job is. A target the model knows
+/// only from afar (other roles, another model split) is where its errors
+/// lie, and a search for the best-looking one picks the most optimistic;
+/// the running configuration is measured. Judged by the bound alone, two
+/// workers on 30 Mbit/s links beside one on 848 Mbit/s were priced at 1.02
+/// s where they ran at 0.59 s, and the job dropped them for a split that
+/// ran at 0.9 s; judged by the throughput without the servers' queues, a
+/// 5W+3S priced at 0.73 s ran at 0.85 s and took the job from its best
+/// split.
 fn current_epoch_secs(snapshot: &Snapshot, current: &Configuration) -> Result<f64, OptimizerError> {
     let now = CostModel::including_reclaimed(snapshot)?;
     Ok(now
         .evaluate(&current.counts())
-        .map(|b| {
-            if snapshot.job.asynchronous {
-                b.throughput_epoch_secs
-            } else {
-                b.epoch_secs
-            }
-        })
+        .map(|b| as_running(&b, snapshot))
         .unwrap_or(f64::INFINITY))
+}
+
+/// A configuration's epoch as [`current_epoch_secs`] prices the running
+/// one: its workers' summed throughput when they are asynchronous, else
+/// the slowest worker's epoch.
+fn as_running(b: &crate::cost::Breakdown, snapshot: &Snapshot) -> f64 {
+    if snapshot.job.asynchronous {
+        b.throughput_epoch_secs
+    } else {
+        b.epoch_secs
+    }
 }
 
 fn check_agreement(snapshot: &Snapshot, current: &Configuration) -> Result<(), OptimizerError> {

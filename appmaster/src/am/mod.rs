@@ -399,12 +399,13 @@ pub struct JobOptions {
 /// A request to a running job, answered on its `reply` channel.
 #[derive(Debug)]
 pub enum Request {
-    /// Reconfigure now to these roles (evaluator → role; the others keep
+    /// Reconfigure to these roles (evaluator → role; the others keep
     /// theirs), the blocks placed by the solver for them, whatever the
-    /// optimizer predicts: a plan chosen from outside. Answered with the
-    /// plan's summary once it started, or why the job did not start it (it
-    /// is not training, or a plan, a recovery or a recount is under way, or
-    /// the roles fit no partition).
+    /// optimizer predicts: a plan chosen from outside. It waits until no
+    /// plan, look of the optimizer, recovery or recount is under way, and is
+    /// answered with the plan's summary once it started, or why the job did
+    /// not start it (training is over, another request is waiting, the
+    /// roles fit no partition or are the job's already).
     Roles {
         /// The roles asked for.
         roles: std::collections::BTreeMap<EvaluatorId, Role>,

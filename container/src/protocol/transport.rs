@@ -35,13 +35,15 @@ struct FaultState {
     notify: Notify,
 }
 
+/// `d` in whole microseconds, saturating.
+fn micros(d: Duration) -> u64 {
+    d.as_micros().min(u128::from(u64::MAX)) as u64
+}
+
 impl Faults {
     /// Delays every frame sent from now on by `d` (zero to stop delaying).
     pub fn set_delay(&self, d: Duration) {
-        self.inner.delay_us.store(
-            d.as_micros().min(u128::from(u64::MAX)) as u64,
-            Ordering::Relaxed,
-        );
+        self.inner.delay_us.store(micros(d), Ordering::Relaxed);
     }
 
     /// The current delay.
@@ -54,10 +56,9 @@ impl Faults {
     /// delays) by `d` before each write from now on, the requests queued
     /// meanwhile going out with it: a slow worker.
     pub fn set_request_delay(&self, d: Duration) {
-        self.inner.request_delay_us.store(
-            d.as_micros().min(u128::from(u64::MAX)) as u64,
-            Ordering::Relaxed,
-        );
+        self.inner
+            .request_delay_us
+            .store(micros(d), Ordering::Relaxed);
     }
 
     /// The current request delay ([`Faults::set_request_delay`]).

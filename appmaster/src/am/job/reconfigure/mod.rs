@@ -282,17 +282,9 @@ pub(super) struct Reconfig {
     /// worker's input; see [`Driver::start_stopping`]). No plan starts
     /// meanwhile.
     pub(super) stop_deferred: bool,
-    /// Roles asked for from outside ([`crate::am::Request::Roles`]), and
-    /// where to answer: planned once nothing else is under way.
-    pub(super) requested: Option<RequestedRoles>,
-}
-
-/// Roles asked for, waiting for the job to be free to plan them.
-pub(super) struct RequestedRoles {
-    /// Evaluator → role.
-    pub(super) roles: BTreeMap<EvaluatorId, Role>,
-    /// The answer: the plan's summary, or why it was not planned.
-    pub(super) reply: tokio::sync::oneshot::Sender<Result<String, String>>,
+    /// A request from outside the job waiting for it to be free
+    /// ([`crate::am::Request`]): planned once nothing else is under way.
+    pub(super) requested: Option<crate::am::Request>,
 }
 
 impl Reconfig {

@@ -135,15 +135,12 @@ impl Driver {
     /// A request from outside the job ([`crate::am::Request`]): kept
     /// until the job is free to plan it ([`Driver::step_request`]).
     pub(in crate::am::job) fn on_request(&mut self, request: crate::am::Request) {
-        match request {
-            crate::am::Request::Roles { roles, reply } => {
-                if self.rc.requested.is_some() {
-                    let _ = reply.send(Err("another request is waiting".into()));
-                    return;
-                }
-                self.rc.requested = Some(super::RequestedRoles { roles, reply });
-            }
+        if self.rc.requested.is_some() {
+            let crate::am::Request::Roles { reply, .. } = request;
+            let _ = reply.send(Err("another request is waiting".into()));
+            return;
         }
+        self.rc.requested = Some(request);
     }
 
     /// Plans the roles asked for once nothing else is under way (a plan,
@@ -167,7 +164,7 @@ impl Driver {
         if busy && !over {
             return;
         }
-        let Some(r) = self.rc.requested.take() else {
+        let Some(crate::am::Request::Roles { roles, reply }) = self.rc.requested.take() else {
             return;
         };
         let answer = if over {
@@ -176,13 +173,13 @@ impl Driver {
                 self.phase.name()
             ))
         } else {
-            self.plan_roles(&r.roles)
+            self.plan_roles(&roles)
         };
         match &answer {
             Ok(summary) => tracing::info!("roles asked for: {summary}"),
             Err(e) => tracing::info!("roles asked for, not planned: {e}"),
         }
-        let _ = r.reply.send(answer);
+        let _ = reply.send(answer);
     }
 
     /// Starts the plan to `roles`; its summary, or why it did not start.
