@@ -46,6 +46,8 @@ mod outbound;
 mod requests;
 mod serve;
 
+pub use bulk::bulk_threads;
+
 use buffers::LargeBuffers;
 use inflight::Inflight;
 use outbound::OutConn;
