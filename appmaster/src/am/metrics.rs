@@ -556,24 +556,15 @@ impl Metrics {
         (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
     }
 
-    /// Records a server's report. Its work is all of its process's CPU
-    /// over the period at its CPU share (`process_secs`, or the serving
-    /// tasks' alone, `own_secs`, when that is unknown), in two parts: what
-    /// grows with the bytes (`values_secs`: applying, reading, encoding and
-    /// decoding the values), priced per byte, and the rest (reading,
-    /// answering and waking for the requests, and the runtime's work around
-    /// them), priced per mini-batch of the workers, counted over the same
-    /// period, since every worker's mini-batch asks every server holding
-    /// its keys whatever they hold. Without a CPU figure (an older
-    /// evaluator) the values' time (`busy_secs`) is its cost per byte.
-    ///
-    /// The process's CPU and not the serving tasks' alone: under a quota
-    /// the rest draws on the same share. Priced by the serving tasks' CPU,
-    /// 0.06-CPU servers measured 76% busy were at their quota (93–95% of
-    /// it spent, throttled in 50–90% of their periods), and a split with
-    /// five of them serving three workers (MLR 1,000 features,
-    /// `bench-optimizer --generated 1/3`) was predicted at 0.19–0.205 s an
-    /// epoch for 0.26 s measured (BENCHMARKS.md, issue #16).
+    /// Records a server's report. Its work is all of its CPU over the
+    /// period at its CPU share (`own_secs`), in two parts: what grows with
+    /// the bytes (`values_secs`: applying, reading, encoding and decoding
+    /// the values), priced per byte, and the rest (reading, answering and
+    /// waking for the requests), priced per mini-batch of the workers,
+    /// counted over the same period, since every worker's mini-batch asks
+    /// every server holding its keys whatever they hold. Without a CPU
+    /// figure (an older evaluator) the values' time (`busy_secs`) is its
+    /// cost per byte.
     ///
     /// Priced by the values alone a 0.05-CPU server looked as good as a fast
     /// one with the same link; priced all per byte, a server measured
@@ -602,9 +593,8 @@ impl Metrics {
         if r.own_secs > 0.0 {
             e.server_secs_per_byte.push(r.values_secs / bytes as f64);
             if let Some(n) = since.filter(|n| *n > 0) {
-                let work = r.own_secs.max(r.process_secs);
                 e.server_secs_per_mini_batch
-                    .push((work - r.values_secs).max(0.0) / n as f64);
+                    .push((r.own_secs - r.values_secs).max(0.0) / n as f64);
             }
         } else if r.busy_secs > 0.0 {
             e.server_secs_per_byte.push(r.busy_secs / bytes as f64);
@@ -874,11 +864,10 @@ mod tests {
         assert!((e.comp_secs_per_batch.mean().unwrap() - 0.1).abs() < 1e-12);
     }
 
-    // A server whose serving took 20 ms of wall time (its CPU at its share),
-    // 4 ms of it on the values, for 10 kB while the workers ran 40
-    // mini-batches is priced 0.4 µs a byte and 0.4 ms a mini-batch; one whose
-    // process took 25 ms in all, 0.525 ms a mini-batch; without a CPU
-    // figure, by its values' time alone: 0.1 µs a byte.
+    // A server that spent 20 ms of wall time on all its work (its CPU at its
+    // share), 4 ms of it on the values, for 10 kB while the workers ran 40
+    // mini-batches is priced 0.4 µs a byte and 0.4 ms a mini-batch; without
+    // a CPU figure, by its values' time alone: 0.1 µs a byte.
     #[test]
     fn a_servers_cost_is_all_its_work_at_its_share() {
         let report = |own_secs, values_secs| ServerReport {
@@ -888,12 +877,7 @@ mod tests {
             bytes_in: 4_000,
             bytes_out: 6_000,
             own_secs,
-            process_secs: 0.0,
             values_secs,
-        };
-        let whole = ServerReport {
-            process_secs: 0.025,
-            ..report(0.02, 0.004)
         };
         let mut m = Metrics::new(4, 0);
         let batches = |m: &mut Metrics, n: u32| {
@@ -906,11 +890,9 @@ mod tests {
         // The first report only marks where the count starts.
         m.server(EvaluatorId(1), &report(0.02, 0.004));
         m.server(EvaluatorId(2), &report(0.0, 0.0));
-        m.server(EvaluatorId(3), &whole);
         batches(&mut m, 40);
         m.server(EvaluatorId(1), &report(0.02, 0.004));
         m.server(EvaluatorId(2), &report(0.0, 0.0));
-        m.server(EvaluatorId(3), &whole);
         let w = |m: &Metrics, id, f: fn(&EvalMetrics) -> &Window| f(m.get(id).unwrap()).mean();
         let close = |a: Option<f64>, b: f64| {
             assert!(a.is_some_and(|a| (a - b).abs() < 1e-12), "{a:?} != {b}")
@@ -919,11 +901,6 @@ mod tests {
         close(
             w(&m, EvaluatorId(1), |e| &e.server_secs_per_mini_batch),
             0.016 / 40.0,
-        );
-        close(w(&m, EvaluatorId(3), |e| &e.server_secs_per_byte), 4e-7);
-        close(
-            w(&m, EvaluatorId(3), |e| &e.server_secs_per_mini_batch),
-            0.021 / 40.0,
         );
         close(w(&m, EvaluatorId(2), |e| &e.server_secs_per_byte), 1e-7);
         assert!(w(&m, EvaluatorId(2), |e| &e.server_secs_per_mini_batch).is_none());

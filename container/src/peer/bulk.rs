@@ -40,7 +40,6 @@ use std::borrow::Cow;
 use std::future::Future;
 use std::io::IoSlice;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -89,39 +88,6 @@ pub(super) struct BulkThread<T> {
     handle: Option<std::thread::JoinHandle<()>>,
 }
 
-/// Bulk threads this process has started, and those still running
-/// ([`bulk_threads`]).
-static BULK_STARTED: AtomicU64 = AtomicU64::new(0);
-static BULK_RUNNING: AtomicU64 = AtomicU64::new(0);
-
-/// `(started, running)`: the bulk threads this process has started so far
-/// and those running now. A period over which both stay the same and none
-/// ran saw no move's CPU in the process's (the server's report leaves its
-/// CPU out otherwise: `ps::server`).
-pub fn bulk_threads() -> (u64, u64) {
-    (
-        BULK_STARTED.load(Ordering::Acquire),
-        BULK_RUNNING.load(Ordering::Acquire),
-    )
-}
-
-/// Counts a bulk thread as running for as long as it lives.
-struct Running;
-
-impl Running {
-    fn start() -> Running {
-        BULK_RUNNING.fetch_add(1, Ordering::AcqRel);
-        BULK_STARTED.fetch_add(1, Ordering::AcqRel);
-        Running
-    }
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        BULK_RUNNING.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
 /// Starts `work` on a thread of its own (named `name`), in a current-thread
 /// runtime, at the bulk priority.
 pub(super) fn spawn<T, F, Fut>(name: String, work: F) -> std::io::Result<BulkThread<T>>
@@ -131,10 +97,7 @@ where
     T: Send + 'static,
 {
     let (tx, rx) = oneshot::channel();
-    // Counted before the thread runs, so that no report falls between.
-    let running = Running::start();
     let handle = std::thread::Builder::new().name(name).spawn(move || {
-        let _running = running;
         lower_priority();
         let out = match tokio::runtime::Builder::new_current_thread()
             .enable_all()

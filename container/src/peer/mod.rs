@@ -46,8 +46,6 @@ mod outbound;
 mod requests;
 mod serve;
 
-pub use bulk::bulk_threads;
-
 use buffers::LargeBuffers;
 use inflight::Inflight;
 use outbound::OutConn;

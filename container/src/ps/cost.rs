@@ -12,16 +12,12 @@ use crate::store::Store;
 
 /// CPU seconds used so far by the calling thread (the worker's loop), by
 /// the evaluator's outbound request connections ([`DataPlane::request_cpu_secs`]),
-/// by the loop's thread on its requests ([`RequestCpu::on_loop`]), and by
-/// the whole process, with the count of bulk threads it had started and
-/// had running ([`crate::peer::bulk_threads`]).
+/// and by the loop's thread on its requests ([`RequestCpu::on_loop`]).
 #[derive(Debug, Clone, Copy)]
 pub(super) struct CpuMark {
     pub(super) thread: f64,
     pub(super) requests: f64,
     pub(super) loop_requests: f64,
-    pub(super) process: f64,
-    pub(super) bulk: (u64, u64),
 }
 
 impl CpuMark {
@@ -30,38 +26,8 @@ impl CpuMark {
             thread: crate::os::thread_cpu_secs(),
             requests: cpu.connections,
             loop_requests: cpu.on_loop,
-            process: crate::os::process_cpu_secs(),
-            bulk: crate::peer::bulk_threads(),
         }
     }
-
-    /// The CPU seconds a mini-batch from `since` to here cost the
-    /// process: all of its threads' ([`process_cpu`]).
-    fn since(&self, since: &CpuMark) -> f64 {
-        let counted = (self.thread - since.thread) + (self.requests - since.requests).max(0.0);
-        process_cpu(
-            self.process - since.process,
-            counted,
-            since.process > 0.0 && self.bulk == since.bulk && self.bulk.1 == 0,
-        )
-    }
-}
-
-/// A mini-batch's CPU seconds: the process's (`process`: every thread,
-/// the runtime's work around the requests, its I/O driver, timers and
-/// clock reads as well as the loop's and the request connections'),
-/// at least the loop's and the connections' (`counted`, read on their own
-/// clocks); `counted` alone when a block move's bulk thread may have run
-/// meanwhile (`clean` false), whose CPU is the plan's. Under a CPU quota
-/// all of the process's CPU draws on the share: on a 0.32-CPU worker of
-/// MLR with 1,000 features beside five servers (`bench-optimizer
-/// --generated 1/3`), the process spent 0.47 ms of CPU a mini-batch where
-/// the loop's and connections' clocks showed 0.33 ms, and the model,
-/// pricing the 0.06-CPU containers' work from those clocks, predicted
-/// splits where they worked 16-29% fast.
-fn process_cpu(process: f64, counted: f64, clean: bool) -> f64 {
-    let counted = counted.max(0.0);
-    if clean { process.max(counted) } else { counted }
 }
 
 /// What a worker's requests have cost so far, in CPU seconds: on the
@@ -91,9 +57,8 @@ pub(super) struct RequestPricing {
 }
 
 /// Completes a mini-batch's report at its end, on the worker's loop thread:
-/// its wall time since the previous one ended (`since`), the process's CPU
-/// meanwhile ([`process_cpu`]) at the wall seconds a CPU second takes here
-/// (`cpu_wall_secs`, of which the AM
+/// its wall time since the previous one ended (`since`), its CPU at the
+/// wall seconds a CPU second takes here (`cpu_wall_secs`, of which the AM
 /// takes its own time over a window of reports: [`own_secs`]) and the part
 /// of that spent on its requests that grows with the `servers` it talks to
 /// ([`io_secs`]); `requests` is what its requests have cost so far
@@ -119,9 +84,10 @@ pub(super) fn finish(
     let end = BatchMark::now(requests);
     let loop_requests = (end.cpu.loop_requests - since.cpu.loop_requests).max(0.0);
     r.batch_secs = end.wall.duration_since(since.wall).as_secs_f64();
+    let loop_cpu = end.cpu.thread - since.cpu.thread;
     let request_cpu = (end.cpu.requests - since.cpu.requests).max(0.0);
     let wall_per_cpu = crate::os::wall_per_cpu();
-    r.cpu_wall_secs = end.cpu.since(&since.cpu) * wall_per_cpu;
+    r.cpu_wall_secs = (loop_cpu + request_cpu).max(0.0) * wall_per_cpu;
     let codec = pricing.codec_per_byte * (r.pull_bytes + r.push_bytes) as f64;
     let per_server = (request_cpu - codec + loop_requests)
         .min(ROUND_TRIPS_PER_SERVER * pricing.round_trip * servers as f64);
@@ -433,17 +399,6 @@ mod tests {
         close(own_secs(4.0, 1.0, 1.0, 9.0, 1.0), 4.0);
         // Without a CPU clock (0): the loop's own time.
         close(own_secs(4.0, 2.5, 1.0, 0.0, 1.0), 1.5);
-    }
-
-    /// A mini-batch costs the process's CPU, at least what the loop's and
-    /// the connections' clocks show, and only those when a move ran.
-    #[test]
-    fn a_mini_batch_costs_the_whole_process_cpu() {
-        assert_eq!(process_cpu(0.47e-3, 0.33e-3, true), 0.47e-3);
-        // The clocks are read one after another: never below the counted.
-        assert_eq!(process_cpu(0.32e-3, 0.33e-3, true), 0.33e-3);
-        assert_eq!(process_cpu(9e-3, 0.33e-3, false), 0.33e-3);
-        assert_eq!(process_cpu(0.0, -1e-9, false), 0.0);
     }
 
     /// The off-loop part of the own time is the request connections' CPU

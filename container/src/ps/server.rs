@@ -42,9 +42,6 @@ pub async fn run_server(
         ?store_per_byte,
         "serving CPU per byte, seconds"
     );
-    // After the calibrations, whose CPU is not serving's.
-    let mut last_process = crate::os::process_cpu_secs();
-    let mut last_bulk = crate::peer::bulk_threads();
     let mut tick = tokio::time::interval(period);
     tick.tick().await;
     loop {
@@ -63,16 +60,8 @@ pub async fn run_server(
         let store = store_per_byte.map_or(busy, |s| busy.min(s * bytes as f64));
         let values = store + codec_per_byte * bytes as f64;
         let own = (now.cpu_secs - last.cpu_secs).max(0.0);
-        let process = crate::os::process_cpu_secs();
-        let bulk = crate::peer::bulk_threads();
-        let process_secs = process_share(
-            (process - last_process).max(0.0),
-            own,
-            last_process > 0.0 && bulk == last_bulk && bulk.1 == 0,
-        ) * wall_per_cpu;
         let report = ServerReport {
             own_secs: own * wall_per_cpu,
-            process_secs,
             values_secs: values.min(own) * wall_per_cpu,
             period_secs: (t - last_t).as_secs_f64(),
             requests: now.requests - last.requests,
@@ -85,7 +74,7 @@ pub async fn run_server(
             idle_cpu_secs = now.idle_cpu_secs - last.idle_cpu_secs,
             "serving in the last period"
         );
-        (last, last_t, last_process, last_bulk) = (now, t, process, bulk);
+        (last, last_t) = (now, t);
         if report.requests > 0 {
             to_am
                 .send(EvalToAm::ServerReport(report))
@@ -99,25 +88,4 @@ pub async fn run_server(
         })
         .await
         .map_err(|_| PsError::ChannelClosed)
-}
-
-/// The process's CPU seconds over a report's period (`process`, all its
-/// threads), at least the serving's (`own`, measured on its own clock), or
-/// 0 (unknown) when no move's bulk thread may have run in it (`clean`):
-/// a move's CPU is the plan's, not the serving's.
-fn process_share(process: f64, own: f64, clean: bool) -> f64 {
-    if clean { process.max(own) } else { 0.0 }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::process_share;
-
-    #[test]
-    fn the_process_cpu_is_left_out_of_periods_with_a_move() {
-        assert_eq!(process_share(0.004, 0.003, true), 0.004);
-        // Each clock is read at its own instant: never below the serving's.
-        assert_eq!(process_share(0.0029, 0.003, true), 0.003);
-        assert_eq!(process_share(0.009, 0.003, false), 0.0);
-    }
 }

@@ -102,10 +102,9 @@ pub struct MiniBatchReport {
     /// applying its own pushes, routing requests), at the speed its CPU
     /// share allows.
     pub wait_secs: f64,
-    /// The worker's CPU seconds over its mini-batches (its process's, at
-    /// least its loop thread's and its request connections'; those alone
-    /// while a block move runs: `ps::cost`), at the wall seconds a CPU
-    /// second takes here: what they would take if every answer came at once. Not
+    /// The worker's CPU seconds over its mini-batches (its loop thread's
+    /// and its request connections'), at the wall seconds a CPU second
+    /// takes here: what they would take if every answer came at once. Not
     /// bounded by `batch_secs` in one mini-batch: under a CPU quota a
     /// worker spends its CPU in bursts at a core's speed, a burst's
     /// mini-batches take less wall time than their CPU costs at the quota,
@@ -179,18 +178,6 @@ pub struct ServerReport {
     /// fell by 18–25%; it still falls with load (0.58–1.17 ms beside one
     /// worker, 0.40 ms beside seven).
     pub own_secs: f64,
-    /// All of the process's CPU seconds over the period (every thread: the
-    /// serving's, and the runtime's own work around it, its I/O driver
-    /// waking for each request, its timers, the control channel), at the
-    /// same price; at least `own_secs`. 0 when unknown, or when a block
-    /// move's thread ran in the period. Under a CPU quota all of it draws
-    /// on the share serving has: on 0.06-CPU servers of MLR with 1,000
-    /// features (`bench-optimizer --generated 1/3`), the process spent
-    /// 0.055-0.057 CPU seconds a second where the serving tasks' clocks
-    /// showed 0.045, about 10 µs a request beyond them on fast and slow
-    /// containers alike.
-    #[serde(default)]
-    pub process_secs: f64,
     /// Of that, the part that grows with the bytes served, at the same
     /// price: applying and reading the values (`busy_secs`, at most the
     /// store's CPU per byte, `ps::store_cpu_per_byte`, times the bytes) and
