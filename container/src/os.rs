@@ -218,57 +218,6 @@ impl<F: std::future::Future> std::future::Future for OffPollCpu<F> {
     }
 }
 
-/// A sink whose calls are timed by the calling thread's CPU clock, the
-/// nanoseconds added to a shared counter (see [`CpuTimed`]): a connection's
-/// writer task, whose encoding and writing happen in them.
-pub struct CpuTimedSink<S> {
-    inner: S,
-    ns: std::sync::Arc<std::sync::atomic::AtomicU64>,
-}
-
-impl<S> CpuTimedSink<S> {
-    /// Times `inner`'s calls into `ns`.
-    pub fn new(inner: S, ns: std::sync::Arc<std::sync::atomic::AtomicU64>) -> Self {
-        CpuTimedSink { inner, ns }
-    }
-
-    fn timed<R>(&mut self, f: impl FnOnce(&mut S) -> R) -> R {
-        let t0 = thread_cpu_secs();
-        let r = f(&mut self.inner);
-        add_thread_cpu_since(t0, &self.ns);
-        r
-    }
-}
-
-impl<S: futures::Sink<M> + Unpin, M> futures::Sink<M> for CpuTimedSink<S> {
-    type Error = S::Error;
-
-    fn poll_ready(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Result<(), S::Error>> {
-        self.timed(|s| std::pin::Pin::new(s).poll_ready(cx))
-    }
-
-    fn start_send(mut self: std::pin::Pin<&mut Self>, item: M) -> Result<(), S::Error> {
-        self.timed(|s| std::pin::Pin::new(s).start_send(item))
-    }
-
-    fn poll_flush(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Result<(), S::Error>> {
-        self.timed(|s| std::pin::Pin::new(s).poll_flush(cx))
-    }
-
-    fn poll_close(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Result<(), S::Error>> {
-        self.timed(|s| std::pin::Pin::new(s).poll_close(cx))
-    }
-}
-
 /// This machine's host name.
 pub fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
@@ -478,27 +427,6 @@ pub(crate) mod tests {
         );
         assert!((0.03..0.045).contains(&busy), "busy {busy}");
         assert!((0.02..0.035).contains(&idle), "idle {idle}");
-    }
-
-    /// A timed sink counts the CPU its calls take, and only that.
-    #[test]
-    fn timed_sinks_count_the_cpu_of_their_calls() {
-        use futures::SinkExt;
-        let burn = burn_cpu;
-        let ns = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
-        let inner = futures::sink::drain::<u32>().with(|x: u32| {
-            burn(0.01);
-            futures::future::ready(Ok::<_, std::convert::Infallible>(x))
-        });
-        let mut sink = super::CpuTimedSink::new(inner, std::sync::Arc::clone(&ns));
-        futures::executor::block_on(async {
-            for i in 0..3 {
-                sink.send(i).await.unwrap();
-                burn(0.01); // between calls: not the sink's
-            }
-        });
-        let secs = ns.load(std::sync::atomic::Ordering::Relaxed) as f64 * 1e-9;
-        assert!((0.03..0.045).contains(&secs), "{secs}");
     }
 
     /// The thread's CPU between polls (parking, being woken) is counted;

@@ -130,7 +130,7 @@ impl Faults {
 /// returned channel are written in order; the task ends (after writing what
 /// was queued) when every sender is dropped. `what` names the connection in logs.
 pub fn spawn_writer<S, M>(
-    mut sink: S,
+    sink: S,
     capacity: usize,
     faults: Faults,
     cancel: CancellationToken,
@@ -141,61 +141,100 @@ where
     S: Sink<M, Error = ProtocolError> + Unpin + Send + 'static,
     M: Send + 'static,
 {
-    let (tx, mut rx) = mpsc::channel::<M>(capacity);
-    let handle = tracker.spawn(async move {
-        loop {
-            let first = tokio::select! {
-                biased;
-                _ = cancel.cancelled() => break,
+    let (tx, rx) = mpsc::channel::<M>(capacity);
+    let handle = tracker.spawn(write_queued(sink, rx, faults, cancel, what));
+    (tx, handle)
+}
+
+/// [`spawn_writer`], with the CPU its task takes (encoding, writing, taking
+/// messages off the queue) added to `ns` ([`crate::os::CpuTimed`]): two
+/// CPU-clock reads each time the task wakes, and it writes everything
+/// queued before it sleeps again. Timing each call of the sink instead
+/// read the clock six times an answer; that clock is a system call that
+/// takes a lock in the kernel, and on a 0.06-CPU server it was 7% of the
+/// process's CPU samples (`perf`, BENCHMARKS.md issue #16).
+pub fn spawn_timed_writer<S, M>(
+    sink: S,
+    capacity: usize,
+    faults: Faults,
+    cancel: CancellationToken,
+    tracker: &TaskTracker,
+    what: String,
+    ns: std::sync::Arc<std::sync::atomic::AtomicU64>,
+) -> (mpsc::Sender<M>, tokio::task::JoinHandle<()>)
+where
+    S: Sink<M, Error = ProtocolError> + Unpin + Send + 'static,
+    M: Send + 'static,
+{
+    let (tx, rx) = mpsc::channel::<M>(capacity);
+    let task = write_queued(sink, rx, faults, cancel, what);
+    let handle = tracker.spawn(crate::os::CpuTimed::new(task, ns));
+    (tx, handle)
+}
+
+/// A writer task's body: writes what `rx` brings, in order, batching what
+/// is already queued into one flush, until every sender is dropped.
+async fn write_queued<S, M>(
+    mut sink: S,
+    mut rx: mpsc::Receiver<M>,
+    faults: Faults,
+    cancel: CancellationToken,
+    what: String,
+) where
+    S: Sink<M, Error = ProtocolError> + Unpin + Send + 'static,
+    M: Send + 'static,
+{
+    loop {
+        let first = tokio::select! {
+            biased;
+            _ = cancel.cancelled() => break,
+            _ = faults.broken() => break,
+            m = rx.recv() => match m {
+                Some(m) => m,
+                None => break,
+            },
+        };
+        if faults.is_held() {
+            tokio::select! {
+                _ = faults.released() => {}
                 _ = faults.broken() => break,
-                m = rx.recv() => match m {
-                    Some(m) => m,
-                    None => break,
-                },
-            };
-            if faults.is_held() {
-                tokio::select! {
-                    _ = faults.released() => {}
-                    _ = faults.broken() => break,
-                    _ = cancel.cancelled() => break,
-                }
+                _ = cancel.cancelled() => break,
             }
-            let delay = faults.delay();
-            if !delay.is_zero() {
-                tokio::select! {
-                    _ = tokio::time::sleep(delay) => {}
-                    _ = cancel.cancelled() => break,
-                }
+        }
+        let delay = faults.delay();
+        if !delay.is_zero() {
+            tokio::select! {
+                _ = tokio::time::sleep(delay) => {}
+                _ = cancel.cancelled() => break,
             }
-            if let Err(e) = sink.feed(first).await {
+        }
+        if let Err(e) = sink.feed(first).await {
+            tracing::debug!("{what}: write failed: {e}");
+            cancel.cancel();
+            return;
+        }
+        // Batch what is already queued into one flush (not when every
+        // frame must be delayed or held on its own).
+        while faults.delay().is_zero() && !faults.is_held() {
+            let Ok(m) = rx.try_recv() else { break };
+            if let Err(e) = sink.feed(m).await {
                 tracing::debug!("{what}: write failed: {e}");
                 cancel.cancel();
                 return;
             }
-            // Batch what is already queued into one flush (not when every
-            // frame must be delayed or held on its own).
-            while faults.delay().is_zero() && !faults.is_held() {
-                let Ok(m) = rx.try_recv() else { break };
-                if let Err(e) = sink.feed(m).await {
-                    tracing::debug!("{what}: write failed: {e}");
-                    cancel.cancel();
-                    return;
-                }
-            }
-            if let Err(e) = sink.flush().await {
-                tracing::debug!("{what}: flush failed: {e}");
-                cancel.cancel();
-                return;
-            }
         }
-        if faults.is_broken() {
-            // Simulated network failure: drop the socket without a goodbye.
+        if let Err(e) = sink.flush().await {
+            tracing::debug!("{what}: flush failed: {e}");
             cancel.cancel();
             return;
         }
-        let _ = sink.close().await;
-    });
-    (tx, handle)
+    }
+    if faults.is_broken() {
+        // Simulated network failure: drop the socket without a goodbye.
+        cancel.cancel();
+        return;
+    }
+    let _ = sink.close().await;
 }
 
 #[cfg(test)]
@@ -236,6 +275,40 @@ mod tests {
             handle.await.unwrap();
             assert!(rx.next().await.is_none(), "closed after the last message");
         }
+    }
+
+    /// A timed writer counts the CPU its task spends writing (here a sink
+    /// that burns 10 ms a message), and not the sender's.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_timed_writer_counts_the_cpu_of_its_writes() {
+        use futures::SinkExt;
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicU64, Ordering};
+        let tracker = TaskTracker::new();
+        let ns = Arc::new(AtomicU64::new(0));
+        let sink = futures::sink::drain::<u32>()
+            .sink_map_err(|e| -> ProtocolError { match e {} })
+            .with(|x: u32| {
+                crate::os::tests::burn_cpu(0.01);
+                futures::future::ready(Ok::<_, ProtocolError>(x))
+            });
+        let (tx, handle) = spawn_timed_writer(
+            sink,
+            8,
+            Faults::default(),
+            CancellationToken::new(),
+            &tracker,
+            "test".into(),
+            Arc::clone(&ns),
+        );
+        for i in 0..3u32 {
+            tx.send(i).await.unwrap();
+            crate::os::tests::burn_cpu(0.01); // the sender's: not counted
+        }
+        drop(tx);
+        handle.await.unwrap();
+        let secs = ns.load(Ordering::Relaxed) as f64 * 1e-9;
+        assert!((0.03..0.045).contains(&secs), "{secs}");
     }
 
     /// Held frames wait (the clock is paused: a timeout fires only when
