@@ -146,6 +146,7 @@ pub async fn run(
         conn_cancel.clone(),
         &tracker,
         "control channel to the AM".to_string(),
+        None,
     );
     let (fail_tx, fail_rx) = mpsc::channel::<String>(16);
     let links = Links {

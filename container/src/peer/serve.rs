@@ -154,14 +154,14 @@ impl DataPlane {
         let (sink, mut stream) =
             super::split_requests::<ToClient, ToOwner, _>(framed, self.inner.settings.frames);
         let conn_cancel = self.inner.cancel.child_token();
-        let (tx, writer) = protocol::spawn_timed_writer(
+        let (tx, writer) = protocol::spawn_writer(
             sink,
             1024,
             self.inner.faults.clone(),
             conn_cancel.clone(),
             &self.inner.tasks,
             format!("data plane to evaluator {peer}"),
-            Arc::clone(&self.inner.counters.cpu_ns),
+            Some(Arc::clone(&self.inner.counters.cpu_ns)),
         );
         let _open = InboundOpen::new(&self.inner.inbound_from, peer);
         let mut directory = self.inner.directory_version.subscribe();

@@ -18,7 +18,7 @@ pub use auth::{PeerIdentity, Secret};
 pub use codec::{FrameCodec, FrameOptions};
 pub use frames::{FrameReader, FrameWriter, Placement};
 pub use messages::*;
-pub use transport::{Faults, spawn_timed_writer, spawn_writer};
+pub use transport::{Faults, spawn_writer};
 
 /// An error on a connection. Any of these closes the connection that produced
 /// it; none of them takes the process down.

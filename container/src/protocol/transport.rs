@@ -129,6 +129,14 @@ impl Faults {
 /// Spawns the writer task of a connection on `tracker`. Messages sent on the
 /// returned channel are written in order; the task ends (after writing what
 /// was queued) when every sender is dropped. `what` names the connection in logs.
+///
+/// With `cpu`, the CPU the task takes (encoding, writing, taking messages
+/// off the queue) is added to it ([`crate::os::CpuTimed`]): two CPU-clock
+/// reads each time the task wakes, and it writes everything queued before
+/// it sleeps again. Timing each call of the sink instead read the clock six
+/// times an answer; that clock is a system call that takes a lock in the
+/// kernel, and on a 0.06-CPU server it was 7% of the process's CPU samples
+/// (`perf`, BENCHMARKS.md issue #16).
 pub fn spawn_writer<S, M>(
     sink: S,
     capacity: usize,
@@ -136,31 +144,7 @@ pub fn spawn_writer<S, M>(
     cancel: CancellationToken,
     tracker: &TaskTracker,
     what: String,
-) -> (mpsc::Sender<M>, tokio::task::JoinHandle<()>)
-where
-    S: Sink<M, Error = ProtocolError> + Unpin + Send + 'static,
-    M: Send + 'static,
-{
-    let (tx, rx) = mpsc::channel::<M>(capacity);
-    let handle = tracker.spawn(write_queued(sink, rx, faults, cancel, what));
-    (tx, handle)
-}
-
-/// [`spawn_writer`], with the CPU its task takes (encoding, writing, taking
-/// messages off the queue) added to `ns` ([`crate::os::CpuTimed`]): two
-/// CPU-clock reads each time the task wakes, and it writes everything
-/// queued before it sleeps again. Timing each call of the sink instead
-/// read the clock six times an answer; that clock is a system call that
-/// takes a lock in the kernel, and on a 0.06-CPU server it was 7% of the
-/// process's CPU samples (`perf`, BENCHMARKS.md issue #16).
-pub fn spawn_timed_writer<S, M>(
-    sink: S,
-    capacity: usize,
-    faults: Faults,
-    cancel: CancellationToken,
-    tracker: &TaskTracker,
-    what: String,
-    ns: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    cpu: Option<std::sync::Arc<std::sync::atomic::AtomicU64>>,
 ) -> (mpsc::Sender<M>, tokio::task::JoinHandle<()>)
 where
     S: Sink<M, Error = ProtocolError> + Unpin + Send + 'static,
@@ -168,7 +152,10 @@ where
 {
     let (tx, rx) = mpsc::channel::<M>(capacity);
     let task = write_queued(sink, rx, faults, cancel, what);
-    let handle = tracker.spawn(crate::os::CpuTimed::new(task, ns));
+    let handle = match cpu {
+        Some(ns) => tracker.spawn(crate::os::CpuTimed::new(task, ns)),
+        None => tracker.spawn(task),
+    };
     (tx, handle)
 }
 
@@ -261,6 +248,7 @@ mod tests {
                 CancellationToken::new(),
                 &tracker,
                 "test".into(),
+                None,
             );
             let mut rx = Framed::new(b, FrameCodec::<u32, u32>::new(FrameOptions::default()));
             let sender = tokio::spawn(async move {
@@ -292,14 +280,14 @@ mod tests {
                 crate::os::tests::burn_cpu(0.01);
                 futures::future::ready(Ok::<_, ProtocolError>(x))
             });
-        let (tx, handle) = spawn_timed_writer(
+        let (tx, handle) = spawn_writer(
             sink,
             8,
             Faults::default(),
             CancellationToken::new(),
             &tracker,
             "test".into(),
-            Arc::clone(&ns),
+            Some(Arc::clone(&ns)),
         );
         for i in 0..3u32 {
             tx.send(i).await.unwrap();
@@ -326,6 +314,7 @@ mod tests {
             CancellationToken::new(),
             &tracker,
             "test".into(),
+            None,
         );
         let mut rx = Framed::new(b, FrameCodec::<u32, u32>::new(FrameOptions::default()));
         tx.send(1).await.unwrap();
@@ -358,6 +347,7 @@ mod tests {
             cancel.clone(),
             &tracker,
             "test".into(),
+            None,
         );
         let mut rx = Framed::new(b, FrameCodec::<u32, u32>::new(FrameOptions::default()));
         tx.send(1).await.unwrap();

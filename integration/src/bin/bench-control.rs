@@ -58,6 +58,7 @@ async fn codec_rate(n: u64, opts: FrameOptions) -> anyhow::Result<f64> {
         CancellationToken::new(),
         &tracker,
         "bench control".into(),
+        None,
     );
     let mut reader = Framed::new(b, FrameCodec::<AmToEval, EvalToAm>::new(opts));
     let t0 = Instant::now();

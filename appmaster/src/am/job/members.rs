@@ -219,6 +219,7 @@ impl Driver {
             conn_cancel.clone(),
             &self.links.tracker,
             format!("control channel to evaluator {id}"),
+            None,
         );
         self.links.tracker.spawn(control::read_loop(
             id,
