@@ -133,10 +133,10 @@ impl Faults {
 /// With `cpu`, the CPU the task takes (encoding, writing, taking messages
 /// off the queue) is added to it ([`crate::os::CpuTimed`]): two CPU-clock
 /// reads each time the task wakes, and it writes everything queued before
-/// it sleeps again. Timing each call of the sink instead read the clock six
-/// times an answer; that clock is a system call that takes a lock in the
-/// kernel, and on a 0.06-CPU server it was 7% of the process's CPU samples
-/// (`perf`, BENCHMARKS.md issue #16).
+/// it sleeps again. Per wake-up and not per call of the sink (three calls
+/// a message): the clock is a system call that takes a lock in the
+/// kernel, and on a 0.06-CPU server its reads are the container's CPU
+/// (BENCHMARKS.md, issue #16, twenty-first pass).
 pub fn spawn_writer<S, M>(
     sink: S,
     capacity: usize,
