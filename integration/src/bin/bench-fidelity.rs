@@ -21,6 +21,14 @@
 //!
 //! Targets (issue #16): median regret ≤ 1.03×, worst ≤ 1.10×.
 //!
+//! Each split runs once, on a shared host whose other load can slow one
+//! run by a fifth; a regret may be that run's. So where a bad start's
+//! snapshot predicts another best than the grid's, both splits run again
+//! ([`AGAIN`] times each, alternated, as the grid ran them), and each such
+//! snapshot's regret is also printed over the medians of all their runs:
+//! a miss that holds there is the model's, one that goes away was the
+//! host's. The targets are judged on the grid as first measured.
+//!
 //! ```text
 //! cargo run --release -p cruise-integration --bin bench-fidelity [-- --seed S]
 //!     [--clusters K] [--only I,J] [--cases all|small,medium,large]
@@ -43,6 +51,9 @@ use cruise_integration::optbench::{
 /// Targets for the regret of the predicted best.
 const MEDIAN_TARGET: f64 = 1.03;
 const WORST_TARGET: f64 = 1.10;
+
+/// Runs more of a split whose place as best a bad start's regret rests on.
+const AGAIN: usize = 2;
 
 const USAGE: &str = "\
 Usage: bench-fidelity [--seed S] [--clusters K] [--only I,J,...] [--cluster SPEC]
@@ -70,6 +81,11 @@ median prediction error and the regret of the predicted best.
   --replay DIR      run nothing: predict the grids kept in DIR again with
                     this build's cruise plan (seconds; for model changes);
                     with --only or --cases, only the grids they name
+
+Where a bad start's snapshot predicts another best than the grid's, both
+splits run again (twice each) and that regret is also printed over the
+medians of all their runs (\"measured again\"): a miss that holds there
+is the model's, one that goes away was a slow run of the host's.
 
 About 2 minutes per cluster and case on 2 cores.
 ";
@@ -154,6 +170,24 @@ struct GridRun {
     measured: f64,
     snapshot: Option<PathBuf>,
     by_shape: Vec<String>,
+    /// The epoch times of the split's further runs ([`again`]; failed
+    /// runs left out).
+    again: Vec<f64>,
+}
+
+impl GridRun {
+    /// The median of all of this split's runs.
+    fn all_runs(&self) -> f64 {
+        let mut v: Vec<f64> = std::iter::once(self.measured)
+            .chain(self.again.iter().copied())
+            .filter(|x| x.is_finite())
+            .collect();
+        if v.is_empty() {
+            f64::NAN
+        } else {
+            median(&mut v)
+        }
+    }
 }
 
 /// The measured grid of one cluster and case: what `--keep` saves
@@ -177,6 +211,7 @@ impl Grid {
                 "measured": r.measured,
                 "snapshot": r.snapshot.as_ref().and_then(|p| p.file_name()).map(|f| f.to_string_lossy().into_owned()),
                 "by_shape": r.by_shape,
+                "again": r.again,
             })).collect::<Vec<_>>(),
         })
     }
@@ -202,6 +237,11 @@ impl Grid {
                         .iter()
                         .filter_map(|x| x.as_str().map(str::to_string))
                         .collect(),
+                    // Absent from grids kept before there were further runs.
+                    again: r["again"]
+                        .as_array()
+                        .map(|v| v.iter().filter_map(Value::as_f64).collect())
+                        .unwrap_or_default(),
                 })
             })
             .collect::<anyhow::Result<Vec<_>>>()?;
@@ -333,6 +373,35 @@ struct Fidelity {
     /// bound ranks first, measured as the grid ran them, with even
     /// splits), NaN when not known.
     bound_regret: f64,
+    /// The regret over the medians of all runs of the predicted best and
+    /// the measured best ([`regret_again`]), NaN when they did not run again.
+    again: f64,
+}
+
+impl Fidelity {
+    /// The regret as the further runs leave it: over all runs of the two
+    /// splits where they ran again, else as the grid measured it.
+    fn settled(&self) -> f64 {
+        if self.again.is_finite() {
+            self.again
+        } else {
+            self.regret
+        }
+    }
+}
+
+/// The measured time of the predicted best `pb` over the measured best,
+/// each the median of all its runs, when both ran again; NaN otherwise.
+fn regret_again(runs: &[GridRun], pb: usize) -> f64 {
+    let best = (0..runs.len())
+        .filter(|&k| runs[k].measured.is_finite())
+        .min_by(|&a, &b| runs[a].measured.total_cmp(&runs[b].measured));
+    match best {
+        Some(b) if b != pb && !runs[b].again.is_empty() && !runs[pb].again.is_empty() => {
+            runs[pb].all_runs() / runs[b].all_runs()
+        }
+        _ => f64::NAN,
+    }
 }
 
 /// A named source of predictions and how good they were.
@@ -372,6 +441,7 @@ fn fidelity_of(predicted: &[f64], measured: &[f64]) -> Fidelity {
         error: median(&mut errors),
         predicted_best: pb,
         bound_regret: f64::NAN,
+        again: f64::NAN,
     }
 }
 
@@ -481,7 +551,7 @@ fn bench(s: &Settings, a: &Args) -> anyhow::Result<()> {
             } else {
                 format!("--seed {} --only {i}", a.seed)
             };
-            let grid = Grid {
+            let mut grid = Grid {
                 title: format!(
                     "cluster {} ({}, {} containers, CPU {:.2} of {cores} cores): `{}`; {} case (MLR {} features); rerun: bench-fidelity {rerun} --cases {}",
                     cluster.label(),
@@ -502,6 +572,7 @@ fn bench(s: &Settings, a: &Args) -> anyhow::Result<()> {
                 n: cluster.size(),
                 runs,
             };
+            again(s, cluster, case, &mut grid)?;
             if a.keep.is_some() {
                 let file = s.work.join(format!(
                     "grid-{}-{}-{}.json",
@@ -520,6 +591,8 @@ fn bench(s: &Settings, a: &Args) -> anyhow::Result<()> {
     let mut regrets = Vec::new();
     let mut bound_regrets = Vec::new();
     let mut errors = Vec::new();
+    let mut settled = Vec::new();
+    let mut measured_again = 0;
     for grid in &grids {
         let (rows, f) = evaluate(&s.cruise, grid)?;
         if a.replay.is_some() {
@@ -528,6 +601,8 @@ fn bench(s: &Settings, a: &Args) -> anyhow::Result<()> {
         for (which, fid) in &f {
             if which.starts_with("start") {
                 regrets.push(fid.regret);
+                settled.push(fid.settled());
+                measured_again += usize::from(fid.again.is_finite());
                 errors.push(fid.error);
                 if fid.bound_regret.is_finite() {
                     bound_regrets.push(fid.bound_regret);
@@ -575,6 +650,22 @@ fn bench(s: &Settings, a: &Args) -> anyhow::Result<()> {
                 ratio: Some(worst),
                 target: format!("≤ {WORST_TARGET:.2}×"),
                 pass: Some(worst <= WORST_TARGET),
+            },
+            Row {
+                figure: format!(
+                    "median / worst regret, the contested splits measured again ({} snapshots, {} of them contested)",
+                    settled.len(),
+                    measured_again
+                ),
+                value: format!(
+                    "{:.3} / {:.3}",
+                    median(&mut settled.clone()),
+                    settled.iter().copied().fold(f64::NAN, f64::max)
+                ),
+                reference: "the medians of their runs".into(),
+                ratio: None,
+                target: "reported".into(),
+                pass: None,
             },
             Row {
                 figure: format!(
@@ -658,6 +749,7 @@ fn measure(
                         measured: f64::NAN,
                         snapshot: None,
                         by_shape: grid.last().map(|g| g.by_shape.clone()).unwrap_or_default(),
+                        again: Vec::new(),
                     });
                     continue;
                 }
@@ -679,10 +771,86 @@ fn measure(
                 measured: grid_epoch(&r),
                 snapshot: snap.exists().then_some(snap),
                 by_shape,
+                again: Vec::new(),
             });
         }
     }
     Ok(grid)
+}
+
+/// The grid index `k` as its order (0 listed, 1 reversed) and workers.
+fn order_and_workers(n: u32, k: usize) -> (usize, u32) {
+    (k / (n as usize - 1), (k % (n as usize - 1)) as u32 + 1)
+}
+
+/// The splits whose place a bad start's regret rests on: the measured
+/// best and every other split a bad start's snapshot predicts best (none
+/// when they all agree).
+fn contested(g: &Grid, starts: &[Source]) -> Vec<usize> {
+    let measured: Vec<f64> = g.runs.iter().map(|r| r.measured).collect();
+    let Some(best) = (0..measured.len())
+        .filter(|&k| measured[k].is_finite())
+        .min_by(|&a, &b| measured[a].total_cmp(&measured[b]))
+    else {
+        return Vec::new();
+    };
+    let mut out = vec![best];
+    for (_, f) in starts {
+        if !out.contains(&f.predicted_best) {
+            out.push(f.predicted_best);
+        }
+    }
+    if out.len() == 1 { Vec::new() } else { out }
+}
+
+/// Runs each contested split of `grid` ([`contested`]) [`AGAIN`] more
+/// times, the splits in turn, as the grid ran them (the optimizer advising,
+/// not acting): the grid's other splits are left as measured once.
+fn again(s: &Settings, cluster: &Cluster, case: &Case, grid: &mut Grid) -> anyhow::Result<()> {
+    let (_, sources) = evaluate(&s.cruise, grid)?;
+    let starts: Vec<Source> = sources
+        .into_iter()
+        .filter(|(name, _)| name.starts_with("start"))
+        .collect();
+    let splits = contested(grid, &starts);
+    if splits.is_empty() {
+        return Ok(());
+    }
+    let input = datagen(s, case)?;
+    let spec = cluster.spec();
+    let n = grid.n;
+    for _ in 0..AGAIN {
+        for &k in &splits {
+            let (o, w) = order_and_workers(n, k);
+            let order = if o == 0 {
+                spec.clone()
+            } else {
+                reversed(&spec)
+            };
+            match run(
+                s,
+                &RunSpec {
+                    cluster: &order,
+                    n,
+                    case,
+                    input: &input,
+                    workers: w,
+                    // As the grid ran: advising, not acting.
+                    optimizer: true,
+                    epochs: case.grid_epochs,
+                    sets: vec!["optimizer.advise_only=true".into()],
+                },
+            ) {
+                Ok(r) => grid.runs[k].again.push(grid_epoch(&r)),
+                Err(e) => println!(
+                    "- a further run of {} failed, left out: {}",
+                    split(u64::from(w), u64::from(n - w)),
+                    format!("{e:#}").lines().next().unwrap_or("")
+                ),
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The fidelity of a measured grid's snapshots: the table's rows and
@@ -692,7 +860,7 @@ fn evaluate(cruise: &Path, g: &Grid) -> anyhow::Result<(Vec<Row>, Vec<Source>)> 
     let (n, grid) = (g.n, &g.runs);
     let measured: Vec<f64> = grid.iter().map(|g| g.measured).collect();
     let label = |k: usize| {
-        let (o, w) = (k / (n as usize - 1), (k % (n as usize - 1)) as u32 + 1);
+        let (o, w) = order_and_workers(n, k);
         format!(
             "{} ({})",
             split(u64::from(w), u64::from(n - w)),
@@ -714,6 +882,9 @@ fn evaluate(cruise: &Path, g: &Grid) -> anyhow::Result<(Vec<Row>, Vec<Source>)> 
     let starts = [(0usize, "start 1W"), (n as usize - 2, "start (n-1)W")];
     let mut rows = Vec::new();
     let best = measured.iter().copied().fold(f64::INFINITY, f64::min);
+    let best_k = (0..measured.len())
+        .filter(|&k| measured[k].is_finite())
+        .min_by(|&a, &b| measured[a].total_cmp(&measured[b]));
     for (k, m) in measured.iter().enumerate() {
         let from = |src: usize| {
             predictions[src]
@@ -746,21 +917,33 @@ fn evaluate(cruise: &Path, g: &Grid) -> anyhow::Result<(Vec<Row>, Vec<Source>)> 
         let bound = bounds[src]
             .as_ref()
             .map(|b| fidelity(&if tied { ties_by(b, p) } else { b.clone() }, &measured));
+        let f = fidelity(p, &measured);
         let f = Fidelity {
             bound_regret: bound.map_or(f64::NAN, |b| b.regret),
-            ..fidelity(p, &measured)
+            again: regret_again(grid, f.predicted_best),
+            ..f
         };
         all.push(f);
         if let Some((_, name)) = starts.iter().find(|x| x.0 == src) {
             rows.push(Row {
                 figure: format!("from the {name} snapshot ({})", label(src)),
                 value: format!(
-                    "ρ {:.2}, median error {:.0}%, predicted best {}; the bound's best {} ({:.2}×)",
+                    "ρ {:.2}, median error {:.0}%, predicted best {}; the bound's best {} ({:.2}×){}",
                     f.rho,
                     f.error * 100.0,
                     label(f.predicted_best),
                     bound.map_or("—".to_string(), |b| label(b.predicted_best)),
-                    f.bound_regret
+                    f.bound_regret,
+                    if f.again.is_finite() {
+                        format!(
+                            "; measured again, {:.2}× (medians of {} and {} runs)",
+                            f.again,
+                            1 + grid[f.predicted_best].again.len(),
+                            1 + best_k.map_or(0, |b| grid[b].again.len())
+                        )
+                    } else {
+                        String::new()
+                    }
                 ),
                 reference: "measured grid".into(),
                 ratio: Some(f.regret),
@@ -790,6 +973,7 @@ fn evaluate(cruise: &Path, g: &Grid) -> anyhow::Result<(Vec<Row>, Vec<Source>)> 
             error: med(&|f| f.error),
             predicted_best: 0,
             bound_regret: med(&|f| f.bound_regret),
+            again: f64::NAN,
         };
         rows.push(Row {
             figure: format!("median over all {} snapshots", all.len()),
@@ -830,6 +1014,64 @@ mod tests {
         let small = with(Some(vec![3]), Some(vec!["small"]));
         assert!(!replayed("grid-1-3-medium.json", &small));
         assert!(replayed("grid-2-3-small.json", &small));
+    }
+
+    fn run(measured: f64, again: &[f64]) -> GridRun {
+        GridRun {
+            measured,
+            snapshot: None,
+            by_shape: Vec::new(),
+            again: again.to_vec(),
+        }
+    }
+
+    #[test]
+    fn a_regret_measured_again_is_over_the_medians_of_all_runs() {
+        // The grid's best (1.0 s) ran again at 1.2 and 1.3 s, the
+        // predicted best (1.25 s) at 1.15 and 1.2 s: 1.2 / 1.2.
+        let runs = [
+            run(1.0, &[1.2, 1.3]),
+            run(1.25, &[1.15, 1.2]),
+            run(2.0, &[]),
+        ];
+        assert!((regret_again(&runs, 1) - 1.0).abs() < 1e-12);
+        // Predicted best is the best: nothing to measure again.
+        assert!(regret_again(&runs, 0).is_nan());
+        // A split that did not run again.
+        assert!(regret_again(&runs, 2).is_nan());
+        let f = Fidelity {
+            again: f64::NAN,
+            ..fidelity(&[3.0, 2.0, 1.0], &[1.0, 1.25, 2.0])
+        };
+        assert_eq!(f.settled(), 2.0);
+        assert_eq!(Fidelity { again: 1.1, ..f }.settled(), 1.1);
+    }
+
+    #[test]
+    fn contested_splits_are_the_best_and_the_bad_starts_picks() {
+        let grid = |measured: &[f64]| Grid {
+            title: String::new(),
+            name: String::new(),
+            n: 3,
+            runs: measured.iter().map(|&m| run(m, &[])).collect(),
+        };
+        let g = grid(&[2.0, 1.0, f64::NAN, 1.5]);
+        let pick = |k| {
+            let f = fidelity(&[1.0, 2.0, 3.0, 4.0], &[1.0, 2.0, 3.0, 4.0]);
+            (
+                "start".to_string(),
+                Fidelity {
+                    predicted_best: k,
+                    ..f
+                },
+            )
+        };
+        assert_eq!(contested(&g, &[pick(1), pick(1)]), Vec::<usize>::new());
+        assert_eq!(contested(&g, &[pick(3), pick(0)]), vec![1, 3, 0]);
+        assert_eq!(contested(&g, &[pick(1), pick(3)]), vec![1, 3]);
+        // Index 3 of 3 containers: reversed, 2 workers.
+        assert_eq!(order_and_workers(3, 3), (1, 2));
+        assert_eq!(order_and_workers(3, 0), (0, 1));
     }
 
     #[test]
