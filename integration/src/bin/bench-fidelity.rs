@@ -390,13 +390,18 @@ impl Fidelity {
     }
 }
 
+/// The index of the grid's best split as first measured (failed runs left
+/// out); `None` when every run failed.
+fn measured_best(runs: &[GridRun]) -> Option<usize> {
+    (0..runs.len())
+        .filter(|&k| runs[k].measured.is_finite())
+        .min_by(|&a, &b| runs[a].measured.total_cmp(&runs[b].measured))
+}
+
 /// The measured time of the predicted best `pb` over the measured best,
 /// each the median of all its runs, when both ran again; NaN otherwise.
 fn regret_again(runs: &[GridRun], pb: usize) -> f64 {
-    let best = (0..runs.len())
-        .filter(|&k| runs[k].measured.is_finite())
-        .min_by(|&a, &b| runs[a].measured.total_cmp(&runs[b].measured));
-    match best {
+    match measured_best(runs) {
         Some(b) if b != pb && !runs[b].again.is_empty() && !runs[pb].again.is_empty() => {
             runs[pb].all_runs() / runs[b].all_runs()
         }
@@ -532,7 +537,10 @@ fn bench(s: &Settings, a: &Args) -> anyhow::Result<()> {
                 std::fs::read_to_string(&f).with_context(|| format!("reading {}", f.display()))?;
             let v: Value = serde_json::from_str(&text)
                 .with_context(|| format!("{} is not JSON", f.display()))?;
-            grids.push(Grid::from_json(&v, dir).with_context(|| format!("{}", f.display()))?);
+            let grid = Grid::from_json(&v, dir).with_context(|| format!("{}", f.display()))?;
+            let (rows, sources) = evaluate(&s.cruise, &grid)?;
+            print_table(&grid.title, &rows);
+            grids.push((grid, sources));
         }
     }
     for cluster in chosen.iter().filter(|_| a.replay.is_none()) {
@@ -582,9 +590,9 @@ fn bench(s: &Settings, a: &Args) -> anyhow::Result<()> {
                     .with_context(|| format!("writing {}", file.display()))?;
             }
             // Printed as it comes: a long run shows its progress.
-            let (rows, _) = evaluate(&s.cruise, &grid)?;
+            let (rows, sources) = evaluate(&s.cruise, &grid)?;
             print_table(&grid.title, &rows);
-            grids.push(grid);
+            grids.push((grid, sources));
         }
     }
     let mut summary = Vec::new();
@@ -593,11 +601,7 @@ fn bench(s: &Settings, a: &Args) -> anyhow::Result<()> {
     let mut errors = Vec::new();
     let mut settled = Vec::new();
     let mut measured_again = 0;
-    for grid in &grids {
-        let (rows, f) = evaluate(&s.cruise, grid)?;
-        if a.replay.is_some() {
-            print_table(&grid.title, &rows);
-        }
+    for (grid, f) in grids {
         for (which, fid) in &f {
             if which.starts_with("start") {
                 regrets.push(fid.regret);
@@ -787,11 +791,7 @@ fn order_and_workers(n: u32, k: usize) -> (usize, u32) {
 /// best and every other split a bad start's snapshot predicts best (none
 /// when they all agree).
 fn contested(g: &Grid, starts: &[Source]) -> Vec<usize> {
-    let measured: Vec<f64> = g.runs.iter().map(|r| r.measured).collect();
-    let Some(best) = (0..measured.len())
-        .filter(|&k| measured[k].is_finite())
-        .min_by(|&a, &b| measured[a].total_cmp(&measured[b]))
-    else {
+    let Some(best) = measured_best(&g.runs) else {
         return Vec::new();
     };
     let mut out = vec![best];
@@ -882,9 +882,7 @@ fn evaluate(cruise: &Path, g: &Grid) -> anyhow::Result<(Vec<Row>, Vec<Source>)> 
     let starts = [(0usize, "start 1W"), (n as usize - 2, "start (n-1)W")];
     let mut rows = Vec::new();
     let best = measured.iter().copied().fold(f64::INFINITY, f64::min);
-    let best_k = (0..measured.len())
-        .filter(|&k| measured[k].is_finite())
-        .min_by(|&a, &b| measured[a].total_cmp(&measured[b]));
+    let best_k = measured_best(grid);
     for (k, m) in measured.iter().enumerate() {
         let from = |src: usize| {
             predictions[src]
@@ -1016,7 +1014,7 @@ mod tests {
         assert!(replayed("grid-2-3-small.json", &small));
     }
 
-    fn run(measured: f64, again: &[f64]) -> GridRun {
+    fn grid_run(measured: f64, again: &[f64]) -> GridRun {
         GridRun {
             measured,
             snapshot: None,
@@ -1030,9 +1028,9 @@ mod tests {
         // The grid's best (1.0 s) ran again at 1.2 and 1.3 s, the
         // predicted best (1.25 s) at 1.15 and 1.2 s: 1.2 / 1.2.
         let runs = [
-            run(1.0, &[1.2, 1.3]),
-            run(1.25, &[1.15, 1.2]),
-            run(2.0, &[]),
+            grid_run(1.0, &[1.2, 1.3]),
+            grid_run(1.25, &[1.15, 1.2]),
+            grid_run(2.0, &[]),
         ];
         assert!((regret_again(&runs, 1) - 1.0).abs() < 1e-12);
         // Predicted best is the best: nothing to measure again.
@@ -1053,7 +1051,7 @@ mod tests {
             title: String::new(),
             name: String::new(),
             n: 3,
-            runs: measured.iter().map(|&m| run(m, &[])).collect(),
+            runs: measured.iter().map(|&m| grid_run(m, &[])).collect(),
         };
         let g = grid(&[2.0, 1.0, f64::NAN, 1.5]);
         let pick = |k| {
