@@ -446,9 +446,9 @@ pub struct OptimizerConfig {
     pub prior_move_link_share: f64,
     /// Bytes of each bulk transfer that measures link capacity when training
     /// starts and when a container joins; a fan-out probe (one container
-    /// sending to all the others at once) sends about this many in all
-    /// (at least 256 KiB to each in each of its three tries). 0: do not
-    /// probe.
+    /// sending to all the others at once) sends about this many in all,
+    /// to each in proportion to its link as the pairs measured it (at
+    /// least 256 KiB to each in each of its three tries). 0: do not probe.
     pub probe_bytes: u64,
     /// How long training waits for the links to be measured before it
     /// starts, milliseconds: the first probes run on idle links (probes run

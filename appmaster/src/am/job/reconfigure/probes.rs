@@ -193,19 +193,26 @@ impl Driver {
     }
 
     /// `to` sends every other member its share of `optimizer.probe_bytes`
-    /// at once, in all its tries (at least 256 KiB a try; a probe asks the
-    /// other end to send). The round is timed whole, so the tries need not
+    /// at once, in all its tries (a probe asks the other end to send), each
+    /// member's share in proportion to its own link as the ring measured it
+    /// ([`fan_out_shares`]). The round is timed whole, so the tries need not
     /// each be long.
     async fn start_fan_out_round(&mut self, to: EvaluatorId) {
         let others: Vec<EvaluatorId> = self.members().filter(|&id| id != to).collect();
-        let each = (self.config.optimizer.probe_bytes
-            / (others.len().max(1) as u64 * u64::from(PROBE_TRIES)))
-        .max(FAN_OUT_MIN_BYTES);
+        let links: Vec<Option<f64>> = others
+            .iter()
+            .map(|&id| self.rc.metrics.capacity(id))
+            .collect();
+        let shares = fan_out_shares(
+            &links,
+            self.config.optimizer.probe_bytes / u64::from(PROBE_TRIES),
+            FAN_OUT_MIN_BYTES,
+        );
         if let StartProbes::FanOut { round, .. } = &mut self.rc.start_probes {
             *round = FanRound::new(to, others.iter().copied().collect());
         }
-        for from in others {
-            self.send(from, AmToEval::ProbeBandwidth { to, bytes: each })
+        for (from, bytes) in others.into_iter().zip(shares) {
+            self.send(from, AmToEval::ProbeBandwidth { to, bytes })
                 .await;
         }
     }
@@ -268,3 +275,90 @@ impl Driver {
 /// The least a fan-out probe sends each member in a try: fewer bytes than
 /// this say more about a connection's start than about the link.
 const FAN_OUT_MIN_BYTES: u64 = 256 * 1024;
+
+/// The bytes each member of a fan-out round is sent in a try: `per_try` in
+/// all, dealt in proportion to each member's own link (`links`, bytes a
+/// second as measured so far; a member without one counts as the mean of
+/// the others), and all scaled up together until the smallest share is at
+/// least `min`.
+///
+/// The round is timed whole, from its start to its last answer. With
+/// equal shares a member on a slow link finishes last, alone, and the
+/// round reads the number of members times that member's speed: three
+/// members at 91, 91 and 29 Mbit/s read 87 Mbit/s of a 199 Mbit/s link,
+/// less than its pairs with the 91 Mbit/s ones had shown, and the cost
+/// model took it for one of them. In proportion they finish together when the
+/// measured link is not the narrower, and the round reads what they
+/// carried at once (here 199 Mbit/s: the link's own); when it is the
+/// narrower, it is busy to the end either way.
+fn fan_out_shares(links: &[Option<f64>], per_try: u64, min: u64) -> Vec<u64> {
+    let known: Vec<f64> = links
+        .iter()
+        .flatten()
+        .copied()
+        .filter(|b| b.is_finite() && *b > 0.0)
+        .collect();
+    let fallback = if known.is_empty() {
+        1.0
+    } else {
+        known.iter().sum::<f64>() / known.len() as f64
+    };
+    let weights: Vec<f64> = links
+        .iter()
+        .map(|b| b.filter(|b| b.is_finite() && *b > 0.0).unwrap_or(fallback))
+        .collect();
+    let total: f64 = weights.iter().sum();
+    if weights.is_empty() || total <= 0.0 {
+        return Vec::new();
+    }
+    let raw: Vec<f64> = weights.iter().map(|w| per_try as f64 * w / total).collect();
+    let smallest = raw.iter().copied().fold(f64::INFINITY, f64::min);
+    let scale = (min as f64 / smallest).max(1.0);
+    raw.iter().map(|r| (r * scale).round() as u64).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fan_out_shares;
+
+    const MBIT: f64 = 1e6 / 8.0;
+
+    #[test]
+    fn fan_out_shares_follow_the_members_links() {
+        // 3 MB a try over links of 91, 91 and 29 Mbit/s (211 in all): each
+        // share takes the same time at its member's speed.
+        let s = fan_out_shares(
+            &[Some(91.0 * MBIT), Some(91.0 * MBIT), Some(29.0 * MBIT)],
+            3_000_000,
+            1,
+        );
+        assert_eq!(s, [1_293_839, 1_293_839, 412_322]);
+        let t: Vec<f64> = s
+            .iter()
+            .zip([91.0, 91.0, 29.0])
+            .map(|(&b, mbit)| b as f64 / (mbit * MBIT))
+            .collect();
+        assert!(t.iter().all(|x| (x - t[0]).abs() < 1e-6), "{t:?}");
+    }
+
+    #[test]
+    fn the_smallest_fan_out_share_is_raised_to_the_least_and_the_others_with_it() {
+        // 1 MB over 3:1 would give 250,000 bytes to the slow member; raised
+        // to 500,000, the fast one's grows to 1,500,000 (still 3:1).
+        let s = fan_out_shares(&[Some(3e6), Some(1e6)], 1_000_000, 500_000);
+        assert_eq!(s, [1_500_000, 500_000]);
+    }
+
+    #[test]
+    fn a_member_without_a_measured_link_counts_as_the_mean_of_the_others() {
+        // Unknown = (2 + 4) / 2 = 3 MB/s: shares 2 : 3 : 4 of 900,000.
+        let s = fan_out_shares(&[Some(2e6), None, Some(4e6)], 900_000, 1);
+        assert_eq!(s, [200_000, 300_000, 400_000]);
+        // None measured: equal shares.
+        assert_eq!(
+            fan_out_shares(&[None, None], 600_000, 1),
+            [300_000, 300_000]
+        );
+        assert!(fan_out_shares(&[], 600_000, 1).is_empty());
+    }
+}
