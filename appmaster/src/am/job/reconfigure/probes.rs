@@ -194,7 +194,7 @@ impl Driver {
 
     /// `to` sends every other member its share of `optimizer.probe_bytes`
     /// at once, in all its tries (a probe asks the other end to send), each
-    /// member's share in proportion to its own link as the ring measured it
+    /// member's share in proportion to its own link as measured so far
     /// ([`fan_out_shares`]). The round is timed whole, so the tries need not
     /// each be long.
     async fn start_fan_out_round(&mut self, to: EvaluatorId) {
@@ -287,17 +287,13 @@ const FAN_OUT_MIN_BYTES: u64 = 256 * 1024;
 /// round reads the number of members times that member's speed: three
 /// members at 91, 91 and 29 Mbit/s read 87 Mbit/s of a 199 Mbit/s link,
 /// less than its pairs with the 91 Mbit/s ones had shown, and the cost
-/// model took it for one of them. In proportion they finish together when the
-/// measured link is not the narrower, and the round reads what they
-/// carried at once (here 199 Mbit/s: the link's own); when it is the
-/// narrower, it is busy to the end either way.
+/// model took it for one of them. In proportion they finish together
+/// when the measured link is not the narrower, and the round reads what
+/// they carried at once (here 199 Mbit/s: the link's own); when it is
+/// the narrower, it is busy to the end either way.
 fn fan_out_shares(links: &[Option<f64>], per_try: u64, min: u64) -> Vec<u64> {
-    let known: Vec<f64> = links
-        .iter()
-        .flatten()
-        .copied()
-        .filter(|b| b.is_finite() && *b > 0.0)
-        .collect();
+    let measured = |b: &Option<f64>| b.filter(|b| b.is_finite() && *b > 0.0);
+    let known: Vec<f64> = links.iter().filter_map(measured).collect();
     let fallback = if known.is_empty() {
         1.0
     } else {
@@ -305,12 +301,12 @@ fn fan_out_shares(links: &[Option<f64>], per_try: u64, min: u64) -> Vec<u64> {
     };
     let weights: Vec<f64> = links
         .iter()
-        .map(|b| b.filter(|b| b.is_finite() && *b > 0.0).unwrap_or(fallback))
+        .map(|b| measured(b).unwrap_or(fallback))
         .collect();
-    let total: f64 = weights.iter().sum();
-    if weights.is_empty() || total <= 0.0 {
+    if weights.is_empty() {
         return Vec::new();
     }
+    let total: f64 = weights.iter().sum();
     let raw: Vec<f64> = weights.iter().map(|w| per_try as f64 * w / total).collect();
     let smallest = raw.iter().copied().fold(f64::INFINITY, f64::min);
     let scale = (min as f64 / smallest).max(1.0);
