@@ -360,10 +360,49 @@ pub fn report(
         write_fastest(&mut out, &snap, best, &config, &policy);
     }
     let decision = policy.decide(&snap, &config).map_err(bad)?;
+    if let Decision::Reconfigure(p) = &decision {
+        write_roles(&mut out, &p.target);
+    }
     // Counted against the looks the job had made, as the job counted it.
     let decision = policy.confirm(decision);
     write_decision(&mut out, &decision);
     Ok(out)
+}
+
+/// The roles of a proposed target, each container with the blocks it
+/// would hold: what a look proposes whether or not it is the one that
+/// reconfigures.
+fn write_roles(out: &mut String, target: &cruise_optimizer::Target) {
+    let mut ids: Vec<&String> = target.keys().collect();
+    ids.sort();
+    // A container holding no block of its role's table is idle.
+    let (mut workers, mut servers, mut idle) = (Vec::new(), Vec::new(), Vec::new());
+    for id in ids {
+        let p = target[id];
+        match p.role {
+            Role::Worker if p.input_blocks > 0 => {
+                workers.push(format!("{id} ({})", p.input_blocks));
+            }
+            Role::Server if p.model_blocks > 0 => {
+                servers.push(format!("{id} ({})", p.model_blocks));
+            }
+            _ => idle.push(id.clone()),
+        }
+    }
+    let list = |of: Vec<String>| {
+        if of.is_empty() {
+            "none".to_string()
+        } else {
+            of.join(", ")
+        }
+    };
+    let _ = writeln!(
+        out,
+        "proposed roles: workers {}; servers {}; idle {}",
+        list(workers),
+        list(servers),
+        list(idle)
+    );
 }
 
 /// Reads the snapshot at `path`, resized to `containers` if given.
@@ -640,6 +679,15 @@ mod tests {
             r.contains("switch e2 to Worker") || r.contains("switch e3 to Worker"),
             "{r}"
         );
+        // Which container takes which role, with the blocks it would hold.
+        let roles = r
+            .lines()
+            .find_map(|l| l.strip_prefix("proposed roles: "))
+            .unwrap_or_else(|| panic!("no proposed roles in {r}"));
+        let (workers, rest) = roles.split_once("; servers ").unwrap();
+        assert_eq!(workers.matches(" (").count(), 3, "{roles}");
+        assert!(workers.starts_with("workers e1 ("), "{roles}");
+        assert!(rest.ends_with("(8); idle none"), "{roles}");
     }
 
     /// `cruise plan` says whether the search proved its best split.

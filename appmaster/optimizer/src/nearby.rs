@@ -28,8 +28,8 @@
 //! each other (a difference the job would not reconfigure for) are ranked
 //! by the net saving at the throughput instead; every candidate must
 //! still gain and pay at its bound. The prefix splits of the containers
-//! by compute and by link (the best workers work, the rest serve) are
-//! candidates too. Each candidate's roles are solved under a cap, the
+//! in the orders of `solver::role_orders` (the best workers work, or the best
+//! servers serve) are candidates too. Each candidate's roles are solved under a cap, the
 //! most epoch time at which it could still be chosen over the best so far
 //! ([`solve_for_roles_within`]): roles that cannot reach it are ruled out
 //! early in the model-split search, which leaves the choice as it was and
@@ -49,7 +49,7 @@ use crate::cost::{CostModel, Placement, Target};
 use crate::error::OptimizerError;
 use crate::plan::{Configuration, Plan};
 use crate::snapshot::Role;
-use crate::solver::{Solution, solve_for_roles_within};
+use crate::solver::{Solution, role_orders, solve_for_roles_within};
 
 /// The most targets [`fewer_moves`] prices in one decision (each is an
 /// epoch evaluation and a plan): it keeps the best found when it runs out.
@@ -294,19 +294,14 @@ fn same_roles(a: &Target, b: &Target) -> bool {
 }
 
 /// The splits "the first `w` work, the rest serve" (`w` = 1 … n−1) of the
-/// containers in order of their compute per record, and in order of their
-/// links, the fastest first: where an asynchronous job's throughput and
-/// the solvers' bound disagree, the throughput's best is usually one of
-/// them (the best workers working, the rest serving), far from the
-/// running roles and from the bound's best.
+/// containers in each order of `solver::role_orders` (the best workers work, or
+/// the best servers serve): where an asynchronous job's throughput and the
+/// solvers' bound disagree, the throughput's best is usually one of them,
+/// far from the running roles and from the bound's best.
 fn prefix_splits(model: &CostModel) -> Vec<Vec<Role>> {
     let n = model.len();
-    let by_compute: Vec<f64> = (0..n).map(|i| model.compute_secs_per_record(i)).collect();
-    let by_link: Vec<f64> = (0..n).map(|i| -model.bandwidth(i)).collect();
     let mut out: Vec<Vec<Role>> = Vec::new();
-    for key in [by_compute, by_link] {
-        let mut order: Vec<usize> = (0..n).collect();
-        order.sort_by(|&a, &b| key[a].total_cmp(&key[b]).then(a.cmp(&b)));
+    for order in role_orders(model) {
         for w in 1..n {
             let mut roles = vec![Role::Server; n];
             for &i in &order[..w] {

@@ -19,8 +19,9 @@
 //!   [`SearchOptions::exhaustive_up_to`] containers (10), an exact branch and bound over
 //!   all `3^N` role assignments: each gets a lower bound, they are taken in order of it,
 //!   and each is solved exactly (as above) until the next bound exceeds the best time
-//!   found. Above, a search: prefix splits of three orderings (by compute cost, by
-//!   serving cost, by their ratio) and the current roles are the starting points, then
+//!   found. Above, a search: prefix splits of four orderings (`role_orders`: by a
+//!   record's cost as a worker, by compute, by serving cost, by compute over serving
+//!   cost) and the current roles are the starting points, then
 //!   best-improvement local search over single role changes (worker/server/idle) and
 //!   worker↔server swaps, then, from the best, also over changes of two containers at
 //!   once; memoised. Ties (within a relative 1e-10) prefer, for an asynchronous job,
@@ -291,17 +292,17 @@ pub fn solve_heterogeneous_with(
     finish(model, &search, &roles, part, bar, evaluations, false)
 }
 
-/// Starting points for the local search: for each of four orderings of
-/// the containers (by the cost of a record as a worker, by compute alone,
-/// by serving speed, by compute over serving cost), the best of "the first
-/// w work, the rest serve" and, for the three best w, of "only the best s
-/// of the rest serve, the others idle".
-fn greedy_starts(model: &CostModel, search: &mut Search) -> Vec<Vec<Role>> {
+/// The containers in four orders, the best worker first: by the cost of
+/// a record as a worker (its compute and its link's time for the record's
+/// share of a mini-batch with an equal peer), by compute alone, by serving
+/// cost (the worst server first: the best servers serve), and by compute
+/// over serving cost. "The first `w` work, the rest serve" of each is a
+/// split that gives every container what it is best at by that measure.
+pub(crate) fn role_orders(model: &CostModel) -> Vec<Vec<usize>> {
     let n = model.len();
     let serve_cost: Vec<f64> = (0..n)
         .map(|i| (1.0 / model.bandwidth(i)).max(model.server_secs_per_byte(i)))
         .collect();
-    // Seconds per record a container would need as a worker talking to an equal peer.
     let job = model.job();
     let per_record_comm = job.link_bytes() / job.mini_batch_size as f64;
     let work_cost: Vec<f64> = (0..n)
@@ -313,12 +314,29 @@ fn greedy_starts(model: &CostModel, search: &mut Search) -> Vec<Vec<Role>> {
         Box::new(|i| -serve_cost[i]),
         Box::new(|i| model.compute_secs_per_record(i) / serve_cost[i]),
     ];
+    keys.iter()
+        .map(|key| {
+            let mut order: Vec<usize> = (0..n).collect();
+            order.sort_by(|&a, &b| key(a).total_cmp(&key(b)).then(a.cmp(&b)));
+            order
+        })
+        .collect()
+}
+
+/// Starting points for the local search: for each order of
+/// [`role_orders`], the best of "the first w work, the rest serve" and,
+/// for the three best w, of "only the best s of the rest (by serving
+/// cost) serve, the others idle".
+fn greedy_starts(model: &CostModel, search: &mut Search) -> Vec<Vec<Role>> {
+    let n = model.len();
+    let job = model.job();
+    let serve_cost: Vec<f64> = (0..n)
+        .map(|i| (1.0 / model.bandwidth(i)).max(model.server_secs_per_byte(i)))
+        .collect();
     let mut by_serving: Vec<usize> = (0..n).collect();
     by_serving.sort_by(|&a, &b| serve_cost[a].total_cmp(&serve_cost[b]).then(a.cmp(&b)));
     let mut starts: Vec<Vec<Role>> = Vec::new();
-    for key in &keys {
-        let mut order: Vec<usize> = (0..n).collect();
-        order.sort_by(|&a, &b| key(a).total_cmp(&key(b)).then(a.cmp(&b)));
+    for order in role_orders(model) {
         let mut best: Option<(f64, Vec<Role>)> = None;
         // The first w of the ordering work, the rest serve; then, for the three best w,
         // only the best s of the rest (by serving cost) serve and the others idle.
