@@ -396,7 +396,15 @@ fn datagen_command(args: cli::DatagenArgs, verbose: u8) -> ExitCode {
 fn plan_command(args: cli::PlanArgs) -> ExitCode {
     let result = match &args.splits {
         Some(order) => cruise_appmaster::whatif::splits_report(&args.snapshot, order, args.json),
-        None => cruise_appmaster::whatif::report(&args.snapshot, args.containers, args.min_gain),
+        None => cruise_appmaster::whatif::report(
+            &args.snapshot,
+            &cruise_appmaster::whatif::WhatIf {
+                containers: args.containers,
+                min_gain: args.min_gain,
+                remaining_epochs: args.remaining_epochs,
+                json: args.json,
+            },
+        ),
     };
     match result {
         Ok(text) => {

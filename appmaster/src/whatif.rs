@@ -307,19 +307,42 @@ fn write_fastest(
     );
 }
 
-/// Runs the what-if analysis and returns the report text. `min_gain`
-/// overrides the snapshot's gain threshold (default: the job's, else 5%).
-pub fn report(
-    path: &Path,
-    containers: Option<usize>,
-    min_gain: Option<f64>,
-) -> Result<String, WhatIfError> {
+/// What `cruise plan` is asked, beside the snapshot.
+#[derive(Debug, Clone, Default)]
+pub struct WhatIf {
+    /// Plan for this many containers instead (more: offered; fewer: reclaimed).
+    pub containers: Option<usize>,
+    /// The least gain worth a reconfiguration (default: the job's, else 5%).
+    pub min_gain: Option<f64>,
+    /// Decide as if this many epochs remained (default: the snapshot's).
+    pub remaining_epochs: Option<f64>,
+    /// JSON instead of text: `{"decision": …, "proposed": {id: placement} | null}`.
+    pub json: bool,
+}
+
+/// Runs the what-if analysis and returns the report (text, or JSON when
+/// `what.json`).
+pub fn report(path: &Path, what: &WhatIf) -> Result<String, WhatIfError> {
+    let WhatIf {
+        containers,
+        min_gain,
+        remaining_epochs,
+        json,
+    } = what.clone();
     if let Some(g) = min_gain.filter(|g| !(0.0..1.0).contains(g)) {
         return Err(WhatIfError::Argument(format!(
             "--min-gain {g} is not within [0, 1)"
         )));
     }
-    let snap = load(path, containers)?;
+    if let Some(e) = remaining_epochs.filter(|e| !(e.is_finite() && *e >= 0.0)) {
+        return Err(WhatIfError::Argument(format!(
+            "--remaining-epochs {e} is not a finite number of epochs ≥ 0"
+        )));
+    }
+    let mut snap = load(path, containers)?;
+    if let Some(e) = remaining_epochs {
+        snap.job.remaining_epochs = e;
+    }
     let bad = |e: cruise_optimizer::OptimizerError| WhatIfError::Snapshot {
         path: path.display().to_string(),
         message: e.to_string(),
@@ -360,11 +383,19 @@ pub fn report(
         write_fastest(&mut out, &snap, best, &config, &policy);
     }
     let decision = policy.decide(&snap, &config).map_err(bad)?;
-    if let Decision::Reconfigure(p) = &decision {
-        write_roles(&mut out, &p.target);
+    let proposed = match &decision {
+        Decision::Reconfigure(p) => Some(p.target.clone()),
+        _ => None,
+    };
+    if let Some(target) = &proposed {
+        write_roles(&mut out, target);
     }
     // Counted against the looks the job had made, as the job counted it.
     let decision = policy.confirm(decision);
+    if json {
+        let v = serde_json::json!({ "decision": decision, "proposed": proposed });
+        return Ok(format!("{v}\n"));
+    }
     write_decision(&mut out, &decision);
     Ok(out)
 }
@@ -660,6 +691,14 @@ mod tests {
         {"id": "e4", "role": "server", "bandwidth_bytes_per_sec": 1e9, "model_blocks": 2}
       ]}"#;
 
+    fn what(containers: Option<usize>, min_gain: Option<f64>) -> WhatIf {
+        WhatIf {
+            containers,
+            min_gain,
+            ..WhatIf::default()
+        }
+    }
+
     fn write(dir: &Path) -> std::path::PathBuf {
         let p = dir.join("s.json");
         std::fs::write(&p, SNAP).unwrap();
@@ -669,7 +708,7 @@ mod tests {
     #[test]
     fn compute_bound_job_gets_more_workers() {
         let dir = tempfile::tempdir().unwrap();
-        let r = report(&write(dir.path()), None, Some(0.05)).unwrap();
+        let r = report(&write(dir.path()), &what(None, Some(0.05))).unwrap();
         assert!(r.contains("predicted epoch time per split"), "{r}");
         assert!(
             r.contains("decision: reconfigure to 3 workers + 1 servers"),
@@ -695,7 +734,7 @@ mod tests {
     fn the_search_says_whether_it_finished() {
         let dir = tempfile::tempdir().unwrap();
         let p = write(dir.path());
-        let r = report(&p, None, Some(0.05)).unwrap();
+        let r = report(&p, &what(None, Some(0.05))).unwrap();
         assert!(r.contains("proven best"), "{r}");
         // Unequal containers over the exhaustive search's limit (10):
         // local search.
@@ -719,7 +758,7 @@ mod tests {
         );
         let p = dir.path().join("big.json");
         std::fs::write(&p, big).unwrap();
-        let r = report(&p, None, Some(0.05)).unwrap();
+        let r = report(&p, &what(None, Some(0.05))).unwrap();
         assert!(r.contains("stopped early"), "{r}");
     }
 
@@ -730,7 +769,7 @@ mod tests {
         // With 10 epochs left, adding two containers (10 s each by the
         // default prior) saves less net of its plan than switching a
         // server to a worker; with 100 left it saves more.
-        let r = report(&p, Some(6), Some(0.05)).unwrap();
+        let r = report(&p, &what(Some(6), Some(0.05))).unwrap();
         assert!(
             r.contains("fastest: 4 workers + 2 servers")
                 && r.contains("decision: reconfigure to 2 workers + 2 servers"),
@@ -739,10 +778,53 @@ mod tests {
         let long = SNAP.replace("\"remaining_epochs\": 10.0", "\"remaining_epochs\": 100.0");
         let p6 = dir.path().join("long.json");
         std::fs::write(&p6, long).unwrap();
-        let r = report(&p6, Some(6), Some(0.05)).unwrap();
+        let r = report(&p6, &what(Some(6), Some(0.05))).unwrap();
         assert!(r.contains("add offered"), "{r}");
-        let r = report(&p, Some(3), Some(0.05)).unwrap();
+        let r = report(&p, &what(Some(3), Some(0.05))).unwrap();
         assert!(r.contains("forced") && r.contains("delete e4"), "{r}");
+    }
+
+    /// `--remaining-epochs` decides as if that many epochs were left (the
+    /// long snapshot above), and `--json` says the decision and the roles
+    /// it proposes.
+    #[test]
+    fn the_epochs_left_can_be_set_and_the_decision_read_as_json() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = write(dir.path());
+        let w = WhatIf {
+            containers: Some(6),
+            min_gain: Some(0.05),
+            remaining_epochs: Some(100.0),
+            json: true,
+        };
+        let v: serde_json::Value = serde_json::from_str(&report(&p, &w).unwrap()).unwrap();
+        let ops = v["decision"]["reconfigure"]["plan"]["ops"]
+            .as_array()
+            .unwrap();
+        assert!(ops.iter().any(|o| o["op"]["op"] == "add"), "{v}");
+        let proposed = v["proposed"].as_object().unwrap();
+        assert_eq!(proposed.len(), 6, "{v}");
+        let workers = proposed
+            .values()
+            .filter(|x| x["role"] == "worker" && x["input_blocks"].as_u64() > Some(0))
+            .count();
+        assert_eq!(workers, 4, "{v}");
+        // The snapshot's own 10 epochs: no container added.
+        let w = WhatIf {
+            remaining_epochs: None,
+            ..w
+        };
+        let v: serde_json::Value = serde_json::from_str(&report(&p, &w).unwrap()).unwrap();
+        let ops = v["decision"]["reconfigure"]["plan"]["ops"]
+            .as_array()
+            .unwrap();
+        assert!(ops.iter().all(|o| o["op"]["op"] != "add"), "{v}");
+        let bad = WhatIf {
+            remaining_epochs: Some(-1.0),
+            ..WhatIf::default()
+        };
+        let e = report(&p, &bad).unwrap_err().to_string();
+        assert!(e.contains("--remaining-epochs -1"), "{e}");
     }
 
     /// With two epochs left the default prior (a switch 2 s, a move 1 s)
@@ -754,7 +836,7 @@ mod tests {
         let short = SNAP.replace("\"remaining_epochs\": 10.0", "\"remaining_epochs\": 2.0");
         let p = dir.path().join("short.json");
         std::fs::write(&p, &short).unwrap();
-        let r = report(&p, None, None).unwrap();
+        let r = report(&p, &what(None, None)).unwrap();
         assert!(
             r.contains("policy (defaults: the snapshot has none)"),
             "{r}"
@@ -774,7 +856,7 @@ mod tests {
             1,
         );
         std::fs::write(&p, &with_policy).unwrap();
-        let r = report(&p, None, None).unwrap();
+        let r = report(&p, &what(None, None)).unwrap();
         assert!(r.contains("policy (the job's, from the snapshot)"), "{r}");
         assert!(r.contains("switch 0.002 s"), "{r}");
         assert!(
@@ -782,17 +864,17 @@ mod tests {
             "{r}"
         );
         // --min-gain still overrides the job's threshold...
-        let r = report(&p, None, Some(0.9)).unwrap();
+        let r = report(&p, &what(None, Some(0.9))).unwrap();
         assert!(
             r.contains("least gain 90.0%") && r.contains("decision: stay"),
             "{r}"
         );
         // ...within range.
-        let e = report(&p, None, Some(1.5)).unwrap_err().to_string();
+        let e = report(&p, &what(None, Some(1.5))).unwrap_err().to_string();
         assert!(e.contains("--min-gain 1.5"), "{e}");
         // A bad policy is named by its field.
         std::fs::write(&p, with_policy.replace("0.002", "-1")).unwrap();
-        let e = report(&p, None, None).unwrap_err().to_string();
+        let e = report(&p, &what(None, None)).unwrap_err().to_string();
         assert!(e.contains("policy.op_costs[0].per_op"), "{e}");
 
         // The job counted its looks: on the first of two it only considers
@@ -802,7 +884,7 @@ mod tests {
             "\"max_parallel\": 8, \"confirmations\": 2,",
         );
         std::fs::write(&p, &first).unwrap();
-        let r = report(&p, None, None).unwrap();
+        let r = report(&p, &what(None, None)).unwrap();
         assert!(r.contains("2 looks in a row to reconfigure"), "{r}");
         assert!(
             r.contains("decision: considering 3 workers + 1 servers") && r.contains("look 1 of 2"),
@@ -813,7 +895,7 @@ mod tests {
             "\"confirmations\": 2, \"proposed\": {\"workers\": 3, \"servers\": 1, \"looks\": 1},",
         );
         std::fs::write(&p, &second).unwrap();
-        let r = report(&p, None, None).unwrap();
+        let r = report(&p, &what(None, None)).unwrap();
         assert!(
             r.contains("decision: reconfigure to 3 workers + 1 servers"),
             "{r}"
@@ -821,7 +903,7 @@ mod tests {
         // A look that proposed another split counts too: the looks confirm
         // leaving, the latest says where to.
         std::fs::write(&p, second.replace("\"workers\": 3,", "\"workers\": 2,")).unwrap();
-        let r = report(&p, None, None).unwrap();
+        let r = report(&p, &what(None, None)).unwrap();
         assert!(
             r.contains("decision: reconfigure to 3 workers + 1 servers"),
             "{r}"
@@ -874,9 +956,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("bad.json");
         std::fs::write(&p, "{\"job\": 1}").unwrap();
-        let e = report(&p, None, Some(0.05)).unwrap_err().to_string();
+        let e = report(&p, &what(None, Some(0.05))).unwrap_err().to_string();
         assert!(e.contains("bad.json"), "{e}");
-        let e = report(&dir.path().join("missing.json"), None, Some(0.05))
+        let e = report(&dir.path().join("missing.json"), &what(None, Some(0.05)))
             .unwrap_err()
             .to_string();
         assert!(e.contains("missing.json"), "{e}");

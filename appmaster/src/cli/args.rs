@@ -122,10 +122,20 @@ pub struct PlanArgs {
     /// (comma-separated ids of the snapshot, e.g. `e3,e1,e2`): the first W
     /// work, the rest serve, blocks dealt as at a job's start. Compare
     /// with measured runs to check the cost model.
-    #[arg(long, value_name = "IDS", conflicts_with_all = ["containers", "min_gain"])]
+    #[arg(
+        long,
+        value_name = "IDS",
+        conflicts_with_all = ["containers", "min_gain", "remaining_epochs"]
+    )]
     pub splits: Option<String>,
-    /// With `--splits`: print JSON.
-    #[arg(long, requires = "splits")]
+    /// Decide as if this many epochs of training remained (default: the
+    /// snapshot's). The net saving of a plan grows with them: a snapshot
+    /// written near a job's end stays where one written early would move.
+    #[arg(long, value_name = "EPOCHS")]
+    pub remaining_epochs: Option<f64>,
+    /// Print JSON: the decision and the roles it proposes (with
+    /// `--splits`: every split's prediction).
+    #[arg(long)]
     pub json: bool,
 }
 

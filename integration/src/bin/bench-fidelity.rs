@@ -18,6 +18,12 @@
 //! measured time of the predicted best over the measured best. The sources
 //! that matter most are the closed loop's bad starts, `1W+(n-1)S` and
 //! `(n-1)W+1S` in listed order; the median over every source is printed too.
+//! From those two, the trigger's first decision is reported as well
+//! (`cruise plan --remaining-epochs E --json`, `E` the closed loop's
+//! epochs for the case): the split it goes to, mapped onto the grid's by
+//! the tiers of its containers, and that split's regret. One decision, not
+//! the loop; a target with an idle container, or whose containers are not
+//! in either of the grid's orders, is not a grid split and has none.
 //!
 //! Targets (issue #16): median regret ≤ 1.03×, worst ≤ 1.10×.
 //!
@@ -64,7 +70,8 @@ How right the optimizer's cost model is on generated clusters: the grid of
 every worker/server split is measured (optimizer advising, not acting), and
 each run's snapshot alone predicts every split (cruise plan --splits).
 Prints per configuration predicted vs measured, the rank correlation, the
-median prediction error and the regret of the predicted best.
+median prediction error and the regret of the predicted best; from the two
+bad starts also the regret of where the trigger's first decision goes.
 
   --seed S          the generator's seed (default 1)
   --clusters K      clusters 0..K-1 of that seed (default 10)
@@ -197,6 +204,10 @@ struct Grid {
     title: String,
     /// The summary's name for it.
     name: String,
+    /// The cluster as in `[emulation] containers`, tiers in listed order.
+    spec: String,
+    /// The MLR case's name (`small`, `medium`, `large`).
+    case: String,
     n: u32,
     runs: Vec<GridRun>,
 }
@@ -206,6 +217,8 @@ impl Grid {
         serde_json::json!({
             "title": self.title,
             "name": self.name,
+            "spec": self.spec,
+            "case": self.case,
             "n": self.n,
             "runs": self.runs.iter().map(|r| serde_json::json!({
                 "measured": r.measured,
@@ -245,9 +258,28 @@ impl Grid {
                 })
             })
             .collect::<anyhow::Result<Vec<_>>>()?;
+        let title = text("title")?;
+        // Grids kept before these were fields say them in the title only:
+        // "…: `SPEC`; CASE case (…".
+        let spec = text("spec").or_else(|_| {
+            title
+                .split('`')
+                .nth(1)
+                .map(str::to_string)
+                .context("no \"spec\", and none in the title")
+        })?;
+        let case = text("case").or_else(|_| {
+            title
+                .split_once(" case (")
+                .and_then(|(head, _)| head.rsplit(' ').next())
+                .map(str::to_string)
+                .context("no \"case\", and none in the title")
+        })?;
         Ok(Grid {
-            title: text("title")?,
+            title,
             name: text("name")?,
+            spec,
+            case,
             n: v["n"].as_u64().context("no \"n\"")? as u32,
             runs,
         })
@@ -292,6 +324,126 @@ fn predict(
         }
     }
     Ok(out)
+}
+
+/// Each listed container's tier (container `eK` of the spec at `K - 1`):
+/// which containers are alike, so that a target maps onto a grid split
+/// whichever of the alike containers it picks.
+fn tiers_of(spec: &str) -> anyhow::Result<Vec<usize>> {
+    let cluster = clusters::from_spec(spec)?;
+    Ok(cluster
+        .tiers
+        .iter()
+        .enumerate()
+        .flat_map(|(t, tier)| std::iter::repeat_n(t, tier.count as usize))
+        .collect())
+}
+
+/// A configuration by the tiers of its workers and of its servers (each
+/// sorted), as a grid split or a target maps onto the listed containers.
+type Shape = (Vec<usize>, Vec<usize>);
+
+/// The shape of grid split `k`: the first `w` of its run's containers
+/// work, the rest serve.
+fn split_shape(g: &Grid, tiers: &[usize], k: usize) -> Option<Shape> {
+    let (_, w) = order_and_workers(g.n, k);
+    let tier = |name: &String| -> Option<usize> {
+        let i: usize = name.strip_prefix('e')?.parse().ok()?;
+        tiers.get(i.checked_sub(1)?).copied()
+    };
+    let by_shape = &g.runs[k].by_shape;
+    let mut workers: Vec<usize> = by_shape[..w as usize]
+        .iter()
+        .map(tier)
+        .collect::<Option<_>>()?;
+    let mut servers: Vec<usize> = by_shape[w as usize..]
+        .iter()
+        .map(tier)
+        .collect::<Option<_>>()?;
+    workers.sort_unstable();
+    servers.sort_unstable();
+    Some((workers, servers))
+}
+
+/// Where the trigger's first decision from the snapshot of grid run `src`
+/// goes, as if `epochs` remained (`cruise plan --remaining-epochs
+/// --json`): its words, and the grid split it is when it is one (the
+/// run's own when it stays). A target with an idle container, or of
+/// containers in another order than the grid's two, is not a grid split.
+fn first_decision(
+    cruise: &Path,
+    g: &Grid,
+    tiers: &[usize],
+    src: usize,
+    epochs: f64,
+) -> anyhow::Result<(String, Option<usize>)> {
+    let run = &g.runs[src];
+    let Some(snap) = &run.snapshot else {
+        bail!("grid run {src} has no snapshot");
+    };
+    let o = Command::new(cruise)
+        .arg("plan")
+        .arg(snap)
+        .args(["--remaining-epochs", &epochs.to_string(), "--json"])
+        .output()
+        .context("running cruise plan")?;
+    if !o.status.success() {
+        bail!(
+            "cruise plan {} --remaining-epochs {epochs} --json failed: {}",
+            snap.display(),
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+    let v: Value = serde_json::from_slice(&o.stdout).context("cruise plan --json")?;
+    let Some(proposed) = v["proposed"].as_object() else {
+        let kind = v["decision"]
+            .as_object()
+            .and_then(|d| d.keys().next().cloned())
+            .unwrap_or_else(|| "no decision".into());
+        return Ok((format!("{kind}s at"), Some(src)));
+    };
+    // The snapshot's evaluator `eN` runs on the listed container
+    // `run.by_shape[N - 1]`.
+    let tier = |id: &str| -> Option<usize> {
+        let i: usize = id.strip_prefix('e')?.parse().ok()?;
+        let shape = run.by_shape.get(i.checked_sub(1)?)?;
+        let k: usize = shape.strip_prefix('e')?.parse().ok()?;
+        tiers.get(k.checked_sub(1)?).copied()
+    };
+    let (mut workers, mut servers, mut idle) = (Vec::new(), Vec::new(), 0);
+    for (id, p) in proposed {
+        let holds = |field: &str| p[field].as_u64().unwrap_or(0) > 0;
+        let Some(t) = tier(id) else {
+            return Ok((
+                format!("goes to a target with {id}, not a grid split"),
+                None,
+            ));
+        };
+        match p["role"].as_str() {
+            Some("worker") if holds("input_blocks") => workers.push(t),
+            Some("server") if holds("model_blocks") => servers.push(t),
+            _ => idle += 1,
+        }
+    }
+    let text = format!(
+        "{}{}",
+        split(workers.len() as u64, servers.len() as u64),
+        if idle > 0 {
+            format!(" and {idle} idle")
+        } else {
+            String::new()
+        }
+    );
+    workers.sort_unstable();
+    servers.sort_unstable();
+    let shape = (workers, servers);
+    let k = (idle == 0)
+        .then(|| (0..g.runs.len()).find(|&k| split_shape(g, tiers, k).as_ref() == Some(&shape)))
+        .flatten();
+    Ok(match k {
+        Some(_) => ("goes to".to_string(), k),
+        None => (format!("goes to {text}, not a grid split"), None),
+    })
 }
 
 /// Whether the job of a snapshot trains asynchronously (`job.asynchronous`).
@@ -376,6 +528,9 @@ struct Fidelity {
     /// The regret over the medians of all runs of the predicted best and
     /// the measured best ([`regret_again`]), NaN when they did not run again.
     again: f64,
+    /// The regret of the split the trigger's first decision goes to
+    /// ([`first_decision`]), NaN when not known or not a grid split.
+    trigger_regret: f64,
 }
 
 impl Fidelity {
@@ -447,6 +602,7 @@ fn fidelity_of(predicted: &[f64], measured: &[f64]) -> Fidelity {
         predicted_best: pb,
         bound_regret: f64::NAN,
         again: f64::NAN,
+        trigger_regret: f64::NAN,
     }
 }
 
@@ -577,6 +733,8 @@ fn bench(s: &Settings, a: &Args) -> anyhow::Result<()> {
                     cluster.correlation.name(),
                     case.name
                 ),
+                spec: cluster.spec(),
+                case: case.name.to_string(),
                 n: cluster.size(),
                 runs,
             };
@@ -598,6 +756,7 @@ fn bench(s: &Settings, a: &Args) -> anyhow::Result<()> {
     let mut summary = Vec::new();
     let mut regrets = Vec::new();
     let mut bound_regrets = Vec::new();
+    let (mut trigger_regrets, mut decisions) = (Vec::new(), 0);
     let mut errors = Vec::new();
     let mut settled = Vec::new();
     let mut measured_again = 0;
@@ -610,6 +769,10 @@ fn bench(s: &Settings, a: &Args) -> anyhow::Result<()> {
                 errors.push(fid.error);
                 if fid.bound_regret.is_finite() {
                     bound_regrets.push(fid.bound_regret);
+                }
+                decisions += 1;
+                if fid.trigger_regret.is_finite() {
+                    trigger_regrets.push(fid.trigger_regret);
                 }
             }
         }
@@ -655,37 +818,32 @@ fn bench(s: &Settings, a: &Args) -> anyhow::Result<()> {
                 target: format!("≤ {WORST_TARGET:.2}×"),
                 pass: Some(worst <= WORST_TARGET),
             },
-            Row {
-                figure: format!(
+            median_worst(
+                format!(
                     "median / worst regret, the contested splits measured again ({} snapshots, {} of them contested)",
                     settled.len(),
                     measured_again
                 ),
-                value: format!(
-                    "{:.3} / {:.3}",
-                    median(&mut settled.clone()),
-                    settled.iter().copied().fold(f64::NAN, f64::max)
-                ),
-                reference: "the medians of their runs".into(),
-                ratio: None,
-                target: "reported".into(),
-                pass: None,
-            },
-            Row {
-                figure: format!(
+                &settled,
+                "the medians of their runs",
+            ),
+            median_worst(
+                format!(
                     "the bound's best, blocks split by the solver (what the trigger prices targets by): median / worst regret ({} snapshots)",
                     bound_regrets.len()
                 ),
-                value: format!(
-                    "{:.3} / {:.3}",
-                    median(&mut bound_regrets.clone()),
-                    bound_regrets.iter().copied().fold(f64::NAN, f64::max)
+                &bound_regrets,
+                "measured grid",
+            ),
+            median_worst(
+                format!(
+                    "the trigger's first decision from each bad start, as if the closed loop's epochs were ahead: median / worst regret ({} of {} decisions are grid splits)",
+                    trigger_regrets.len(),
+                    decisions
                 ),
-                reference: "measured grid".into(),
-                ratio: None,
-                target: "reported".into(),
-                pass: None,
-            },
+                &trigger_regrets,
+                "measured grid",
+            ),
             Row {
                 figure: "median absolute prediction error per configuration".into(),
                 value: format!("{:.0}%", median(&mut errors) * 100.0),
@@ -697,6 +855,22 @@ fn bench(s: &Settings, a: &Args) -> anyhow::Result<()> {
         ],
     );
     Ok(())
+}
+
+/// A reported row: the median and the worst of `v`.
+fn median_worst(figure: String, v: &[f64], reference: &str) -> Row {
+    Row {
+        figure,
+        value: format!(
+            "{:.3} / {:.3}",
+            median(&mut v.to_vec()),
+            v.iter().copied().fold(f64::NAN, f64::max)
+        ),
+        reference: reference.into(),
+        ratio: None,
+        target: "reported".into(),
+        pass: None,
+    }
 }
 
 /// Runs the grid of one cluster and case.
@@ -880,6 +1054,10 @@ fn evaluate(cruise: &Path, g: &Grid) -> anyhow::Result<(Vec<Row>, Vec<Source>)> 
         });
     }
     let starts = [(0usize, "start 1W"), (n as usize - 2, "start (n-1)W")];
+    // The trigger decides from the bad starts as if the closed loop's job
+    // (`bench-optimizer`'s epochs for this case) were all ahead.
+    let epochs = f64::from(cruise_integration::optbench::case(&g.case)?.opt_epochs);
+    let tiers = tiers_of(&g.spec)?;
     let mut rows = Vec::new();
     let best = measured.iter().copied().fold(f64::INFINITY, f64::min);
     let best_k = measured_best(grid);
@@ -916,17 +1094,34 @@ fn evaluate(cruise: &Path, g: &Grid) -> anyhow::Result<(Vec<Row>, Vec<Source>)> 
             .as_ref()
             .map(|b| fidelity(&if tied { ties_by(b, p) } else { b.clone() }, &measured));
         let f = fidelity(p, &measured);
+        let start = starts.iter().find(|x| x.0 == src);
+        let decided = match start {
+            Some(_) => Some(first_decision(cruise, g, &tiers, src, epochs)?),
+            None => None,
+        };
         let f = Fidelity {
             bound_regret: bound.map_or(f64::NAN, |b| b.regret),
             again: regret_again(grid, f.predicted_best),
+            trigger_regret: decided
+                .as_ref()
+                .and_then(|d| d.1)
+                .map_or(f64::NAN, |k| measured[k] / best),
             ..f
         };
         all.push(f);
-        if let Some((_, name)) = starts.iter().find(|x| x.0 == src) {
+        if let Some((_, name)) = start {
+            let decided = decided.map_or(String::new(), |(text, k)| match k {
+                Some(k) => format!(
+                    "; the trigger's first decision ({epochs} epochs ahead) {text} {} ({:.2}×)",
+                    label(k),
+                    f.trigger_regret
+                ),
+                None => format!("; the trigger's first decision ({epochs} epochs ahead) {text}"),
+            });
             rows.push(Row {
                 figure: format!("from the {name} snapshot ({})", label(src)),
                 value: format!(
-                    "ρ {:.2}, median error {:.0}%, predicted best {}; the bound's best {} ({:.2}×){}",
+                    "ρ {:.2}, median error {:.0}%, predicted best {}; the bound's best {} ({:.2}×){}{decided}",
                     f.rho,
                     f.error * 100.0,
                     label(f.predicted_best),
@@ -972,6 +1167,7 @@ fn evaluate(cruise: &Path, g: &Grid) -> anyhow::Result<(Vec<Row>, Vec<Source>)> 
             predicted_best: 0,
             bound_regret: med(&|f| f.bound_regret),
             again: f64::NAN,
+            trigger_regret: f64::NAN,
         };
         rows.push(Row {
             figure: format!("median over all {} snapshots", all.len()),
@@ -1045,11 +1241,41 @@ mod tests {
         assert_eq!(Fidelity { again: 1.1, ..f }.settled(), 1.1);
     }
 
+    /// A grid kept before `spec` and `case` were fields: both from its
+    /// title. Its splits map onto the listed containers' tiers, so a split
+    /// of alike containers in another order is the same shape.
+    #[test]
+    fn grids_map_their_splits_onto_the_tiers_of_their_containers() {
+        let run = |order: &[&str]| serde_json::json!({"measured": 1.0, "snapshot": null, "by_shape": order});
+        let v = serde_json::json!({
+            "title": "cluster 3/8 (independent, 3 containers, CPU 0.42 of 2 cores): `2*0.16/364mbit, 1*0.10/67mbit`; medium case (MLR 1000 features); rerun: …",
+            "name": "3/8 independent medium",
+            "n": 3,
+            "runs": [run(&["e1", "e2", "e3"]), run(&["e1", "e2", "e3"]),
+                     run(&["e3", "e2", "e1"]), run(&["e3", "e1", "e2"])],
+        });
+        let g = Grid::from_json(&v, Path::new("d")).unwrap();
+        assert_eq!(g.spec, "2*0.16/364mbit, 1*0.10/67mbit");
+        assert_eq!(g.case, "medium");
+        let tiers = tiers_of(&g.spec).unwrap();
+        assert_eq!(tiers, vec![0, 0, 1]);
+        // Listed 1W+2S and 2W+1S; reversed 1W+2S (the slow one works).
+        assert_eq!(split_shape(&g, &tiers, 0), Some((vec![0], vec![0, 1])));
+        assert_eq!(split_shape(&g, &tiers, 1), Some((vec![0, 0], vec![1])));
+        assert_eq!(split_shape(&g, &tiers, 2), Some((vec![1], vec![0, 0])));
+        // Reversed 2W+1S whose run named the alike containers otherwise.
+        assert_eq!(split_shape(&g, &tiers, 3), Some((vec![0, 1], vec![0])));
+        let bad = serde_json::json!({"title": "no spec", "name": "x", "n": 3, "runs": []});
+        assert!(Grid::from_json(&bad, Path::new("d")).is_err());
+    }
+
     #[test]
     fn contested_splits_are_the_best_and_the_bad_starts_picks() {
         let grid = |measured: &[f64]| Grid {
             title: String::new(),
             name: String::new(),
+            spec: String::new(),
+            case: String::new(),
             n: 3,
             runs: measured.iter().map(|&m| grid_run(m, &[])).collect(),
         };
