@@ -23,7 +23,11 @@
 //! epochs for the case): the split it goes to, mapped onto the grid's by
 //! the tiers of its containers, and that split's regret. One decision, not
 //! the loop; a target with an idle container, or whose containers are not
-//! in either of the grid's orders, is not a grid split and has none.
+//! in either of the grid's orders, is not a grid split and has none. The
+//! grid ran each split with its blocks dealt evenly, the trigger's target
+//! places them as the solver does: where the two differ much (a fast
+//! server given most of the model beside slow ones), the split's measured
+//! time is not the target's.
 //!
 //! Targets (issue #16): median regret ≤ 1.03×, worst ≤ 1.10×.
 //!
@@ -395,12 +399,19 @@ fn first_decision(
         );
     }
     let v: Value = serde_json::from_slice(&o.stdout).context("cruise plan --json")?;
+    Ok(decided_split(g, tiers, src, &v))
+}
+
+/// [`first_decision`] from `cruise plan --json`'s answer `v` for grid
+/// run `src`'s snapshot.
+fn decided_split(g: &Grid, tiers: &[usize], src: usize, v: &Value) -> (String, Option<usize>) {
+    let run = &g.runs[src];
     let Some(proposed) = v["proposed"].as_object() else {
         let kind = v["decision"]
             .as_object()
             .and_then(|d| d.keys().next().cloned())
             .unwrap_or_else(|| "no decision".into());
-        return Ok((format!("{kind}s at"), Some(src)));
+        return (format!("{kind}s at"), Some(src));
     };
     // The snapshot's evaluator `eN` runs on the listed container
     // `run.by_shape[N - 1]`.
@@ -411,17 +422,21 @@ fn first_decision(
         tiers.get(k.checked_sub(1)?).copied()
     };
     let (mut workers, mut servers, mut idle) = (Vec::new(), Vec::new(), 0);
+    let mut model_blocks = Vec::new();
     for (id, p) in proposed {
-        let holds = |field: &str| p[field].as_u64().unwrap_or(0) > 0;
+        let blocks = |field: &str| p[field].as_u64().unwrap_or(0);
         let Some(t) = tier(id) else {
-            return Ok((
+            return (
                 format!("goes to a target with {id}, not a grid split"),
                 None,
-            ));
+            );
         };
         match p["role"].as_str() {
-            Some("worker") if holds("input_blocks") => workers.push(t),
-            Some("server") if holds("model_blocks") => servers.push(t),
+            Some("worker") if blocks("input_blocks") > 0 => workers.push(t),
+            Some("server") if blocks("model_blocks") > 0 => {
+                servers.push(t);
+                model_blocks.push(blocks("model_blocks") as f64);
+            }
             _ => idle += 1,
         }
     }
@@ -434,16 +449,33 @@ fn first_decision(
             String::new()
         }
     );
+    // The grid dealt the model evenly: a target that gives a server less
+    // than half its even share or half as much again is another
+    // configuration, however alike its roles.
+    let even = model_blocks.iter().sum::<f64>() / model_blocks.len().max(1) as f64;
+    if model_blocks
+        .iter()
+        .any(|&l| l < 0.5 * even || l > 1.5 * even)
+    {
+        let most = model_blocks.iter().copied().fold(0.0, f64::max);
+        let all = even * model_blocks.len() as f64;
+        return (
+            format!(
+                "goes to {text} with the model split unevenly (a server with {most} of {all} blocks), not a grid split"
+            ),
+            None,
+        );
+    }
     workers.sort_unstable();
     servers.sort_unstable();
     let shape = (workers, servers);
     let k = (idle == 0)
         .then(|| (0..g.runs.len()).find(|&k| split_shape(g, tiers, k).as_ref() == Some(&shape)))
         .flatten();
-    Ok(match k {
+    match k {
         Some(_) => ("goes to".to_string(), k),
         None => (format!("goes to {text}, not a grid split"), None),
-    })
+    }
 }
 
 /// Whether the job of a snapshot trains asynchronously (`job.asynchronous`).
@@ -1267,6 +1299,54 @@ mod tests {
         assert_eq!(split_shape(&g, &tiers, 3), Some((vec![0, 1], vec![0])));
         let bad = serde_json::json!({"title": "no spec", "name": "x", "n": 3, "runs": []});
         assert!(Grid::from_json(&bad, Path::new("d")).is_err());
+        // Decisions from run 3's snapshot, whose evaluators e1, e2, e3 run
+        // on the listed containers e3 (the slow one), e1 and e2.
+        let decide = |roles: &[(&str, &str, u64)]| {
+            let proposed: serde_json::Map<String, Value> = roles
+                .iter()
+                .map(|&(id, role, blocks)| {
+                    let (input, model) = match role {
+                        "worker" => (blocks, 0),
+                        "server" => (0, blocks),
+                        _ => (0, 0),
+                    };
+                    let p = serde_json::json!({"role": role, "input_blocks": input, "model_blocks": model});
+                    (id.to_string(), p)
+                })
+                .collect();
+            let v = serde_json::json!({"decision": {"reconfigure": {}}, "proposed": proposed});
+            decided_split(&g, &tiers, 3, &v)
+        };
+        let stays = serde_json::json!({"decision": {"stay": {}}, "proposed": null});
+        assert_eq!(
+            decided_split(&g, &tiers, 3, &stays),
+            ("stays at".into(), Some(3))
+        );
+        // The two fast ones work, the slow one serves: listed 2W+1S.
+        let to = decide(&[
+            ("e1", "server", 8),
+            ("e2", "worker", 4),
+            ("e3", "worker", 4),
+        ]);
+        assert_eq!(to, ("goes to".into(), Some(1)));
+        let to = decide(&[
+            ("e1", "worker", 4),
+            ("e2", "worker", 4),
+            ("e3", "server", 8),
+        ]);
+        assert_eq!(to, ("goes to".into(), Some(3)));
+        let (text, k) = decide(&[("e1", "idle", 0), ("e2", "worker", 8), ("e3", "server", 8)]);
+        assert!(
+            k.is_none() && text.contains("1 idle, not a grid split"),
+            "{text}"
+        );
+        // A server given most of the model: not the grid's even split.
+        let (text, k) = decide(&[
+            ("e1", "worker", 8),
+            ("e2", "server", 7),
+            ("e3", "server", 1),
+        ]);
+        assert!(k.is_none() && text.contains("unevenly"), "{text}");
     }
 
     #[test]
