@@ -28,12 +28,13 @@
 //! each other (a difference the job would not reconfigure for) are ranked
 //! by the net saving at the throughput instead; every candidate must
 //! still gain and pay at its bound. The prefix splits of the containers
-//! in the orders of `solver::role_orders` (the best workers work, or the best
-//! servers serve) are candidates too. Each candidate's roles are solved under a cap, the
-//! most epoch time at which it could still be chosen over the best so far
-//! ([`solve_for_roles_within`]): roles that cannot reach it are ruled out
-//! early in the model-split search, which leaves the choice as it was and
-//! a decision's time to the candidates that can win.
+//! in the orders of `solver::role_orders` (the best workers work, or the
+//! best servers serve) are candidates too. Each candidate's roles are
+//! solved under a cap, the most epoch time at which it could still be
+//! chosen over the best so far ([`solve_for_roles_within`]): roles that
+//! cannot reach it are ruled out early in the model-split search, which
+//! leaves the choice as it was and a decision's time to the candidates
+//! that can win.
 //!
 //! The bound is loosest for a server shared by workers of unequal links:
 //! it charges each worker every other worker's requests at the server. On
@@ -294,10 +295,11 @@ fn same_roles(a: &Target, b: &Target) -> bool {
 }
 
 /// The splits "the first `w` work, the rest serve" (`w` = 1 … n−1) of the
-/// containers in each order of `solver::role_orders` (the best workers work, or
-/// the best servers serve): where an asynchronous job's throughput and the
-/// solvers' bound disagree, the throughput's best is usually one of them,
-/// far from the running roles and from the bound's best.
+/// containers in each order of `solver::role_orders` (the best workers
+/// work, or the best servers serve): where an asynchronous job's
+/// throughput and the solvers' bound disagree, the throughput's best is
+/// usually one of them, far from the running roles and from the bound's
+/// best.
 fn prefix_splits(model: &CostModel) -> Vec<Vec<Role>> {
     let n = model.len();
     let mut out: Vec<Vec<Role>> = Vec::new();
