@@ -323,12 +323,12 @@ pub struct WhatIf {
 /// Runs the what-if analysis and returns the report (text, or JSON when
 /// `what.json`).
 pub fn report(path: &Path, what: &WhatIf) -> Result<String, WhatIfError> {
-    let WhatIf {
+    let &WhatIf {
         containers,
         min_gain,
         remaining_epochs,
         json,
-    } = what.clone();
+    } = what;
     if let Some(g) = min_gain.filter(|g| !(0.0..1.0).contains(g)) {
         return Err(WhatIfError::Argument(format!(
             "--min-gain {g} is not within [0, 1)"
@@ -349,6 +349,15 @@ pub fn report(path: &Path, what: &WhatIf) -> Result<String, WhatIfError> {
     };
     let model = CostModel::new(&snap).map_err(bad)?;
     let config = configuration_of(&snap);
+    let mut policy = policy_of(&snap, min_gain);
+    if json {
+        // The decision alone: the text's tables and its search are not in it.
+        let decision = policy.decide(&snap, &config).map_err(bad)?;
+        let proposed = proposed_target(&decision);
+        let decision = policy.confirm(decision);
+        let v = serde_json::json!({ "decision": decision, "proposed": proposed });
+        return Ok(format!("{v}\n"));
+    }
     let mut out = String::new();
     write_splits(&mut out, &snap, &model);
     if let Ok(now) =
@@ -377,27 +386,27 @@ pub fn report(path: &Path, what: &WhatIf) -> Result<String, WhatIfError> {
             }
         );
     }
-    let mut policy = policy_of(&snap, min_gain);
     write_policy(&mut out, &snap, &policy);
     if let Some(best) = &fastest {
         write_fastest(&mut out, &snap, best, &config, &policy);
     }
     let decision = policy.decide(&snap, &config).map_err(bad)?;
-    let proposed = match &decision {
-        Decision::Reconfigure(p) => Some(p.target.clone()),
-        _ => None,
-    };
-    if let Some(target) = &proposed {
-        write_roles(&mut out, target);
+    if let Some(target) = proposed_target(&decision) {
+        write_roles(&mut out, &target);
     }
     // Counted against the looks the job had made, as the job counted it.
     let decision = policy.confirm(decision);
-    if json {
-        let v = serde_json::json!({ "decision": decision, "proposed": proposed });
-        return Ok(format!("{v}\n"));
-    }
     write_decision(&mut out, &decision);
     Ok(out)
+}
+
+/// The target a look proposes, before the looks in a row confirm it (a
+/// decision that waits for more looks no longer carries it).
+fn proposed_target(decision: &Decision) -> Option<cruise_optimizer::Target> {
+    match decision {
+        Decision::Reconfigure(p) => Some(p.target.clone()),
+        _ => None,
+    }
 }
 
 /// The roles of a proposed target, each container with the blocks it

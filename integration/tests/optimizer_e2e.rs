@@ -357,19 +357,8 @@ async fn advise_only_decides_without_moving_and_its_snapshot_predicts_the_splits
         .collect();
     evals.sort();
     let order: Vec<String> = evals.iter().map(|(_, id)| format!("e{id}")).collect();
-    let out = cruise()
-        .arg("plan")
-        .arg(dir.path().join("snap.json"))
-        .args(["--splits", &order.join(","), "--json"])
-        .output()
-        .await
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let snap = dir.path().join("snap.json");
+    let v = plan_json(&snap, &["--splits", &order.join(","), "--json"]).await;
     let splits: Vec<f64> = v["splits"]
         .as_array()
         .unwrap()
@@ -383,4 +372,33 @@ async fn advise_only_decides_without_moving_and_its_snapshot_predicts_the_splits
         "1W+3S predicted {one_worker:.3} s, measured {measured:.3} s"
     );
     assert!(splits[2] < one_worker, "3W+1S not ahead: {v}");
+
+    // The decision from that snapshot as if 30 epochs were left, as
+    // JSON: the plan the job did not run, to more workers.
+    let v = plan_json(&snap, &["--remaining-epochs", "30", "--json"]).await;
+    let proposed = v["proposed"]
+        .as_object()
+        .unwrap_or_else(|| panic!("no proposed roles: {v}"));
+    let workers = proposed
+        .values()
+        .filter(|p| p["role"] == "worker" && p["input_blocks"].as_u64() > Some(0))
+        .count();
+    assert!(workers > 1, "{v}");
+}
+
+/// The real `cruise plan SNAPSHOT ARGS…`, its JSON answer.
+async fn plan_json(snap: &std::path::Path, args: &[&str]) -> Value {
+    let out = cruise()
+        .arg("plan")
+        .arg(snap)
+        .args(args)
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
 }

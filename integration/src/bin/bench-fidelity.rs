@@ -347,14 +347,19 @@ fn tiers_of(spec: &str) -> anyhow::Result<Vec<usize>> {
 /// sorted), as a grid split or a target maps onto the listed containers.
 type Shape = (Vec<usize>, Vec<usize>);
 
+/// The index of `eK` (an evaluator, or a listed container): `K - 1`.
+fn listed_index(name: &str) -> Option<usize> {
+    name.strip_prefix('e')?
+        .parse::<usize>()
+        .ok()?
+        .checked_sub(1)
+}
+
 /// The shape of grid split `k`: the first `w` of its run's containers
 /// work, the rest serve.
 fn split_shape(g: &Grid, tiers: &[usize], k: usize) -> Option<Shape> {
     let (_, w) = order_and_workers(g.n, k);
-    let tier = |name: &String| -> Option<usize> {
-        let i: usize = name.strip_prefix('e')?.parse().ok()?;
-        tiers.get(i.checked_sub(1)?).copied()
-    };
+    let tier = |name: &String| tiers.get(listed_index(name)?).copied();
     let by_shape = &g.runs[k].by_shape;
     let mut workers: Vec<usize> = by_shape[..w as usize]
         .iter()
@@ -415,11 +420,9 @@ fn decided_split(g: &Grid, tiers: &[usize], src: usize, v: &Value) -> (String, O
     };
     // The snapshot's evaluator `eN` runs on the listed container
     // `run.by_shape[N - 1]`.
-    let tier = |id: &str| -> Option<usize> {
-        let i: usize = id.strip_prefix('e')?.parse().ok()?;
-        let shape = run.by_shape.get(i.checked_sub(1)?)?;
-        let k: usize = shape.strip_prefix('e')?.parse().ok()?;
-        tiers.get(k.checked_sub(1)?).copied()
+    let tier = |id: &str| {
+        let shape = run.by_shape.get(listed_index(id)?)?;
+        tiers.get(listed_index(shape)?).copied()
     };
     let (mut workers, mut servers, mut idle) = (Vec::new(), Vec::new(), 0);
     let mut model_blocks = Vec::new();

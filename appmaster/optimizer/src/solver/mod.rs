@@ -300,9 +300,7 @@ pub fn solve_heterogeneous_with(
 /// split that gives every container what it is best at by that measure.
 pub(crate) fn role_orders(model: &CostModel) -> Vec<Vec<usize>> {
     let n = model.len();
-    let serve_cost: Vec<f64> = (0..n)
-        .map(|i| (1.0 / model.bandwidth(i)).max(model.server_secs_per_byte(i)))
-        .collect();
+    let serve_cost = serve_costs(model);
     let job = model.job();
     let per_record_comm = job.link_bytes() / job.mini_batch_size as f64;
     let work_cost: Vec<f64> = (0..n)
@@ -323,6 +321,14 @@ pub(crate) fn role_orders(model: &CostModel) -> Vec<Vec<usize>> {
         .collect()
 }
 
+/// Each container's seconds per byte served: its link's or its CPU's,
+/// whichever is slower.
+fn serve_costs(model: &CostModel) -> Vec<f64> {
+    (0..model.len())
+        .map(|i| (1.0 / model.bandwidth(i)).max(model.server_secs_per_byte(i)))
+        .collect()
+}
+
 /// Starting points for the local search: for each order of
 /// [`role_orders`], the best of "the first w work, the rest serve" and,
 /// for the three best w, of "only the best s of the rest (by serving
@@ -330,9 +336,7 @@ pub(crate) fn role_orders(model: &CostModel) -> Vec<Vec<usize>> {
 fn greedy_starts(model: &CostModel, search: &mut Search) -> Vec<Vec<Role>> {
     let n = model.len();
     let job = model.job();
-    let serve_cost: Vec<f64> = (0..n)
-        .map(|i| (1.0 / model.bandwidth(i)).max(model.server_secs_per_byte(i)))
-        .collect();
+    let serve_cost = serve_costs(model);
     let mut by_serving: Vec<usize> = (0..n).collect();
     by_serving.sort_by(|&a, &b| serve_cost[a].total_cmp(&serve_cost[b]).then(a.cmp(&b)));
     let mut starts: Vec<Vec<Role>> = Vec::new();
