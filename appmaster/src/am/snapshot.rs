@@ -160,9 +160,20 @@ pub fn build_snapshot(
     let tol = job.noise_tolerance;
     // Bandwidth is each container's capacity, measured by bulk transfers;
     // before any, the effective rate of its mini-batch transfers.
+    // A link carries at least what it was seen carrying in training: a
+    // probe from a container of little CPU, or one whose partners were all
+    // slower, can read below that (a 636 Mbit/s server of 0.1 CPU probed at
+    // 51 MB/s while its five workers drew 71 MB/s from it, and the cost
+    // model priced its own configuration 40% slower than it ran).
+    let carried = carried_bytes_per_sec(&job, evals, m);
     let mut bw: Vec<Option<f64>> = evals
         .iter()
-        .map(|e| m.capacity(e.id).or_else(|| m.node_bandwidth(e.id)))
+        .zip(&carried)
+        .map(|(e, &carried)| {
+            m.capacity(e.id)
+                .or_else(|| m.node_bandwidth(e.id))
+                .map(|b| carried.map_or(b, |c| b.max(c)))
+        })
         .collect();
     snap(&mut bw, job.bandwidth_noise_tolerance);
     // A container not measured yet (offered, or just joined) is priced as
@@ -274,6 +285,36 @@ fn measured_epoch_secs(job: &JobFacts, evals: &[EvalFacts], m: &Metrics) -> Opti
         slowest
     };
     (secs.is_finite() && secs > 0.0).then_some(secs)
+}
+
+/// What each evaluator's link carried on its busier direction while the
+/// running configuration trained, bytes a second (`None`: nothing yet). A
+/// worker carries its link bytes per mini-batch at its mini-batches' pace
+/// (the pace [`measured_epoch_secs`] counts); a server holding `l` of the
+/// `L` model blocks carries `l / L` of what every worker does, the share
+/// the cost model prices it for. Summing each worker's busier direction
+/// takes the server's pulls and pushes as busy as each other.
+fn carried_bytes_per_sec(job: &JobFacts, evals: &[EvalFacts], m: &Metrics) -> Vec<Option<f64>> {
+    let worker = |e: &EvalFacts| {
+        let x = m.get(e.id)?;
+        let bytes = x.link_bytes_per_batch.mean()?;
+        (e.role == Role::Worker && !e.input.is_empty() && x.batches > 0 && x.batch_secs > 0.0)
+            .then(|| bytes * f64::from(x.batches) / x.batch_secs)
+            .filter(|r| r.is_finite() && *r > 0.0)
+    };
+    let per_worker: Vec<Option<f64>> = evals.iter().map(worker).collect();
+    let all: f64 = per_worker.iter().flatten().sum();
+    let model_blocks = f64::from(job.model_blocks.max(1));
+    evals
+        .iter()
+        .zip(&per_worker)
+        .map(|(e, w)| {
+            w.or_else(|| {
+                (e.role == Role::Server && !e.model.is_empty() && all > 0.0)
+                    .then(|| all * e.model.len() as f64 / model_blocks)
+            })
+        })
+        .collect()
 }
 
 /// Per worker that trained: its seconds per record (its own time beyond
@@ -392,8 +433,22 @@ fn fit_latency(
             .iter()
             .filter_map(|&(g, _, c, b)| serial_fraction(c?, g + latency, b?)),
     )
-    .unwrap_or(1.0);
+    .unwrap_or_else(|| unmeasured_serial_fraction(job));
     (latency, serial)
+}
+
+/// The serial fraction where no worker's wall times tell it (each one's
+/// communication twenty times its computation or more, as behind a
+/// starved server): what the worker's loop does by construction. A
+/// pipelined worker computes while its pulls and pushes are in flight
+/// (0), the CPU both take being priced in its computation already; a
+/// serial one pulls, computes and pushes one after the other (1). Taken
+/// as 1 for a pipelined job, it priced the fast workers of a
+/// configuration that had them all waiting on one 32 Mbit/s server at
+/// their computation plus their transfers, 0.88 s an epoch for a split
+/// that then ran at 0.54 s.
+fn unmeasured_serial_fraction(job: &JobFacts) -> f64 {
+    if job.pipeline_depth > 0 { 0.0 } else { 1.0 }
 }
 
 /// Per container, a measured figure of its metrics, snapped (see [`snap`]).
@@ -697,6 +752,69 @@ mod tests {
             None,
             "a new configuration is measured anew"
         );
+    }
+
+    /// A link is priced at no less than it carried in training: a probe
+    /// that read 10 MB/s between a worker and its server gives way to the
+    /// 20 MB/s the worker's mini-batches drew (1 MB each way in 0.05 s),
+    /// for both ends; a faster probe stands.
+    #[test]
+    fn a_link_is_priced_at_least_at_what_it_carried() {
+        use cruise_container::protocol::MiniBatchReport;
+        let bandwidths = |probe: f64| {
+            let mut m = Metrics::new(4, 0);
+            m.bulk(
+                EvaluatorId(1),
+                EvaluatorId(2),
+                10 << 20,
+                (10 << 20) as f64 / probe,
+            );
+            let r = MiniBatchReport {
+                mini_batches: 4,
+                batch_secs: 0.2,
+                pull_bytes: 4_000_000,
+                push_bytes: 4_000_000,
+                ..MiniBatchReport::default()
+            };
+            m.mini_batch(EvaluatorId(1), &r, &[]);
+            one_worker_one_server(&m)
+                .containers
+                .iter()
+                .map(|c| c.bandwidth_bytes_per_sec)
+                .collect::<Vec<_>>()
+        };
+        let close = |v: Vec<f64>, b: f64| v.iter().all(|x| (x - b).abs() < 1e-6 * b);
+        assert!(close(bandwidths(1e7), 2e7), "{:?}", bandwidths(1e7));
+        assert!(close(bandwidths(1e8), 1e8), "{:?}", bandwidths(1e8));
+    }
+
+    /// A server holding `l` of `L` model blocks carries `l / L` of what
+    /// every worker draws.
+    #[test]
+    fn a_server_carries_its_share_of_every_workers_bytes() {
+        use cruise_container::protocol::MiniBatchReport;
+        let evals = vec![
+            facts(EvaluatorId(1), Role::Worker, &[0], &[], false),
+            facts(EvaluatorId(2), Role::Worker, &[1], &[], false),
+            facts(EvaluatorId(3), Role::Server, &[], &[0, 1, 2], false),
+            facts(EvaluatorId(4), Role::Server, &[], &[3], false),
+        ];
+        let mut m = Metrics::new(4, 0);
+        // 1 MB a mini-batch on the busier direction: 10 and 30 MB/s.
+        for (id, secs) in [(1, 0.1), (2, 0.1 / 3.0)] {
+            let r = MiniBatchReport {
+                mini_batches: 1,
+                batch_secs: secs,
+                pull_bytes: 1_000_000,
+                push_bytes: 400_000,
+                ..MiniBatchReport::default()
+            };
+            m.mini_batch(EvaluatorId(id), &r, &[]);
+        }
+        let c = carried_bytes_per_sec(&job_facts(2, 4, 0), &evals, &m);
+        let close = |a: Option<f64>, b: f64| a.is_some_and(|a| (a - b).abs() < 1e-6 * b);
+        assert!(close(c[0], 1e7) && close(c[1], 3e7), "{c:?}");
+        assert!(close(c[2], 3e7) && close(c[3], 1e7), "{c:?}");
     }
 
     /// The snapshot of evaluator 1 working on input block 0 and evaluator 2
@@ -1087,5 +1205,28 @@ mod tests {
         // explain, so no latency is left over.
         let deep = measured(4, 0.0045);
         assert!(deep.latency_secs_per_mini_batch.abs() < 1e-9, "{deep:?}");
+    }
+
+    /// A worker whose round trips are a hundred times its computation (a
+    /// starved server's) cannot tell its overlap: a pipelined one is priced
+    /// as overlapping (0), a serial one as adding up (1).
+    #[test]
+    fn an_unmeasurable_overlap_is_the_workers_own() {
+        let evals = vec![test_worker(EvaluatorId(1), 0), test_server(EvaluatorId(2))];
+        let fraction = |pipeline_depth: u32| {
+            let mut m = Metrics::new(8, 0);
+            link_to_server_2(&mut m, 1);
+            for _ in 0..8 {
+                m.mini_batch(EvaluatorId(1), &ten_mini_batches(0.5, 0.5), &[]);
+            }
+            let job = build_snapshot(test_job(1, pipeline_depth), &evals, &m)
+                .0
+                .job;
+            (job.serial_fraction, job.latency_secs_per_mini_batch)
+        };
+        let (piped, latency) = fraction(2);
+        assert_eq!(piped, 0.0);
+        assert!(latency > 0.2, "the wait is latency: {latency}");
+        assert_eq!(fraction(0).0, 1.0);
     }
 }
