@@ -286,9 +286,9 @@ fn scale_waits(snapshot: &mut Snapshot, share: f64, pipelined: bool) {
 /// fractions at which the cost model still prices the running
 /// configuration at its `measured` epoch or slower (as the trigger
 /// prices it: an asynchronous job by its throughput, else by its slowest
-/// worker): both are fitted to
-/// the waits each worker saw, and what a fit adds beyond what the epoch
-/// needs is charged to every other configuration for nothing.
+/// worker). Both are fitted to the waits each worker saw, and what a fit
+/// adds beyond what the epoch needs is charged to every other
+/// configuration for nothing.
 ///
 /// Behind a saturated server the waits are mostly that server's queue,
 /// which its capacity prices whatever the latency: the running
