@@ -356,14 +356,10 @@ fn measured_epoch_secs(job: &JobFacts, evals: &[EvalFacts], m: &Metrics) -> Opti
         .iter()
         .filter(|e| e.role == Role::Worker && !e.input.is_empty())
     {
-        let x = m.get(e.id)?;
-        if x.batches == 0 || x.batch_secs <= 0.0 {
-            return None;
-        }
-        let secs_per_batch = x.batch_secs / f64::from(x.batches);
-        records_per_sec += mini_batch / secs_per_batch;
+        let batches_per_sec = pace(m.get(e.id)?)?;
+        records_per_sec += mini_batch * batches_per_sec;
         let own_records = e.input.len() as f64 * records_per_block;
-        slowest = slowest.max(own_records / mini_batch * secs_per_batch);
+        slowest = slowest.max(own_records / mini_batch / batches_per_sec);
         workers += 1;
     }
     if workers == 0 {
@@ -377,6 +373,12 @@ fn measured_epoch_secs(job: &JobFacts, evals: &[EvalFacts], m: &Metrics) -> Opti
     (secs.is_finite() && secs > 0.0).then_some(secs)
 }
 
+/// A worker's mini-batches a second since the running configuration
+/// began (`None` before its first).
+fn pace(x: &super::metrics::EvalMetrics) -> Option<f64> {
+    (x.batches > 0 && x.batch_secs > 0.0).then(|| f64::from(x.batches) / x.batch_secs)
+}
+
 /// What each evaluator's link carried on its busier direction while the
 /// running configuration trained, bytes a second (`None`: nothing yet). A
 /// worker carries its link bytes per mini-batch at its mini-batches' pace
@@ -388,8 +390,9 @@ fn carried_bytes_per_sec(job: &JobFacts, evals: &[EvalFacts], m: &Metrics) -> Ve
     let worker = |e: &EvalFacts| {
         let x = m.get(e.id)?;
         let bytes = x.link_bytes_per_batch.mean()?;
-        (e.role == Role::Worker && !e.input.is_empty() && x.batches > 0 && x.batch_secs > 0.0)
-            .then(|| bytes * f64::from(x.batches) / x.batch_secs)
+        (e.role == Role::Worker && !e.input.is_empty())
+            .then(|| pace(x).map(|p| bytes * p))
+            .flatten()
             .filter(|r| r.is_finite() && *r > 0.0)
     };
     let per_worker: Vec<Option<f64>> = evals.iter().map(worker).collect();
